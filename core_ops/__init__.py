@@ -1,0 +1,24 @@
+"""core_ops: Apex's fused kernels, mixed precision and data parallelism for modern
+PyTorch, on CPU and CUDA, installable with plain pip.
+
+Importing never compiles anything and never fails for want of a compiler or GPU:
+native kernels build on first use (Note [Native build] in ``_build.py``) and every op
+has a pure-PyTorch reference to fall back on.
+"""
+
+from . import _library, reference  # noqa: F401  (op schemas, then reference kernels)
+from ._info import backend_report
+from .multi_tensor_apply import (
+    multi_tensor_axpby,
+    multi_tensor_l2norm,
+    multi_tensor_scale,
+    multi_tensor_unscale_l2norm,
+    update_scale,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "backend_report", "multi_tensor_axpby", "multi_tensor_l2norm", "multi_tensor_scale",
+    "multi_tensor_unscale_l2norm", "update_scale",
+]

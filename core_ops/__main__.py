@@ -1,0 +1,34 @@
+"""``python -m core_ops build [--cuda] [--arch "8.0;9.0"]`` and ``python -m core_ops info``."""
+
+import argparse
+import sys
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m core_ops")
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="prebuild the native kernels into the cache")
+    b.add_argument("--cuda", action="store_true", help="also build the CUDA kernels")
+    b.add_argument("--arch", default=None, help='CUDA arch list, e.g. "8.0;9.0"')
+    b.add_argument("--force", action="store_true", help="rebuild even if cached")
+    sub.add_parser("info", help="versions, cache path, and which backend each op uses")
+    args = parser.parse_args(argv)
+
+    from . import _build, _info
+
+    if args.command == "info":
+        print(_info.format_report(_info.backend_report()))
+        return 0
+    kinds = ["cpu", "cuda"] if args.cuda else ["cpu"]
+    ok = True
+    for kind in kinds:
+        # A failure recorded by an earlier build is retried: asking to build means it.
+        backend = _build.ensure(kind, force=True, arch=args.arch if kind == "cuda" else None, warn=False) \
+            if args.force else _build.ensure(kind, arch=args.arch, warn=False, retry_failed=True)
+        print(f"{kind}: {'ok' if backend.native else 'FAILED'}: {backend.reason}")
+        ok &= backend.native
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""Finding a compiler, building, caching and loading the native kernels.
+
+Note [Native build]: nothing is compiled at install time. The first op called on a
+device type builds that device's library from ``csrc/`` with ninja, through
+``torch.utils.cpp_extension``, into a cache folder keyed by everything that changes
+the binary (torch and CUDA versions, compiler, flags, CUDA arch list, source hash).
+A file lock makes ranks that start together build once while the others wait; later
+processes only load the cached library. Any failure (no compiler, no nvcc, a compile
+error) leaves the package working on the pure-PyTorch reference kernels, with one
+warning that names the cause; ``python -m core_ops info`` shows it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+KINDS = ("cpu", "cuda")
+DEFAULT_CUDA_ARCHS = "8.0;9.0"
+
+
+@dataclasses.dataclass
+class Backend:
+    native: bool
+    reason: str
+    path: str | None = None
+
+
+_backends: dict[str, Backend] = {}
+
+
+def forced_reference() -> bool:
+    return os.environ.get("CORE_OPS_BACKEND", "").strip().lower() == "reference"
+
+
+def cache_root() -> Path:
+    env = os.environ.get("CORE_OPS_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "core_ops"
+
+
+def sources(kind: str) -> list[Path]:
+    pattern = "*.cpp" if kind == "cpu" else "*.cu"
+    return sorted((CSRC / kind).glob(pattern))
+
+
+def _hashed_files(kind: str) -> list[Path]:
+    headers = sorted((CSRC / "include").rglob("*.h")) + sorted((CSRC / kind).glob("*.h"))
+    headers += sorted((CSRC / kind).glob("*.cuh"))
+    return sources(kind) + headers
+
+
+def _first_line(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    lines = [line for line in out.splitlines() if line.strip()]
+    return lines[-1] if "nvcc" in cmd[0] else (lines[0] if lines else "")
+
+
+def cxx() -> str | None:
+    return shutil.which(os.environ.get("CXX", "c++"))
+
+
+def cuda_home() -> str | None:
+    """The CUDA toolkit root: $CUDA_HOME / $CUDA_PATH, else asked of the nvcc on PATH.
+
+    nvcc is often a wrapper script (as here) so its folder's parent is not the
+    toolkit; ``nvcc --dryrun`` prints the real root as ``TOP=``.
+    """
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            return os.environ[var]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        try:
+            out = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                                 capture_output=True, text=True, timeout=30)
+            for line in (out.stdout + out.stderr).splitlines():
+                if "TOP=" in line:
+                    return os.path.normpath(line.split("TOP=", 1)[1].strip())
+        except (OSError, subprocess.SubprocessError):
+            pass
+        root = Path(nvcc).resolve().parent.parent
+        if (root / "include" / "cuda_runtime.h").exists():
+            return str(root)
+    if Path("/usr/local/cuda/include/cuda_runtime.h").exists():
+        return "/usr/local/cuda"
+    return None
+
+
+def cpu_flags() -> list[str]:
+    """Vector ISA flags matching what torch detected on this CPU; part of the cache key,
+    so a cache shared between machines never runs AVX2 code on a CPU without it."""
+    flags = ["-O3", "-fopenmp"]
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap in ("AVX2", "AVX512"):
+        # at::vec selects its AVX2 specializations from these macros.
+        flags += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
+    return flags
+
+
+def cuda_archs(arch: str | None = None) -> str:
+    if arch:
+        return arch
+    for var in ("CORE_OPS_CUDA_ARCH", "TORCH_CUDA_ARCH_LIST"):
+        if os.environ.get(var):
+            return os.environ[var]
+    if torch.cuda.is_available():
+        caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+        return ";".join(f"{major}.{minor}" for major, minor in sorted(caps))
+    return DEFAULT_CUDA_ARCHS
+
+
+def cuda_flags() -> list[str]:
+    # No --use_fast_math: the non-finite probe needs IEEE inf/nan (Note [Non-finite probe]).
+    return ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
+
+
+def build_key(kind: str, arch: str | None = None) -> str:
+    h = hashlib.sha256()
+    parts = [torch.__version__, str(torch.version.cuda), _first_line([cxx() or "c++", "--version"])]
+    if kind == "cpu":
+        parts += cpu_flags()
+    else:
+        home = cuda_home() or ""
+        parts += cuda_flags() + [cuda_archs(arch), home, _first_line([os.path.join(home, "bin", "nvcc"), "--version"])]
+    h.update("\0".join(parts).encode())
+    for f in _hashed_files(kind):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive lock across processes (ranks of one job); no-op where fcntl is absent."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        try:
+            import fcntl
+        except ImportError:  # Windows: builds are not shared between ranks there
+            yield
+            return
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _library_name(kind: str, key: str) -> str:
+    return f"core_ops_{kind}_{key}"
+
+
+def _compile(kind: str, name: str, build_dir: Path, arch: str | None) -> None:
+    home = cuda_home()
+    if home and not os.environ.get("CUDA_HOME"):
+        # Set before cpp_extension is imported: it resolves CUDA_HOME once, at import,
+        # from the nvcc wrapper's folder, which is not the toolkit.
+        os.environ["CUDA_HOME"] = home
+    from torch.utils import cpp_extension
+
+    includes = [str(CSRC / "include")]
+    extra = dict(extra_cflags=cpu_flags(), extra_ldflags=["-fopenmp"])
+    if kind == "cuda":
+        if home is None:
+            raise RuntimeError("no CUDA toolkit found (no nvcc on PATH and CUDA_HOME unset)")
+        cpp_extension.CUDA_HOME = home  # in case it was imported before this call
+        os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_archs(arch)
+        nvidia = Path(torch.__file__).resolve().parent.parent / "nvidia"
+        includes += [str(p) for p in nvidia.glob("*/include")]
+        extra = dict(extra_cflags=["-O3"], extra_cuda_cflags=cuda_flags())
+    cpp_extension.load(
+        name=name,
+        sources=[str(s) for s in sources(kind)],
+        extra_include_paths=includes,
+        build_directory=str(build_dir),
+        is_python_module=False,
+        with_cuda=(kind == "cuda"),
+        verbose=os.environ.get("CORE_OPS_VERBOSE_BUILD") == "1",
+        **extra,
+    )
+
+
+def _unavailable(kind: str, reason: str, warn: bool) -> Backend:
+    backend = Backend(False, reason)
+    _backends[kind] = backend
+    if warn:
+        warnings.warn(f"core_ops: native {kind.upper()} kernels unavailable ({reason}); "
+                      "every op runs on the pure-PyTorch reference", RuntimeWarning, stacklevel=4)
+    return backend
+
+
+def _precondition(kind: str) -> str | None:
+    """Why a native library for ``kind`` cannot be built here, or None."""
+    if kind == "cpu" and cxx() is None:
+        return "no C++ compiler found (set CXX or install g++)"
+    if kind == "cuda":
+        if torch.version.cuda is None:
+            return "this PyTorch build has no CUDA"
+        if cuda_home() is None:
+            return "no CUDA toolkit found (no nvcc on PATH and CUDA_HOME unset)"
+    if shutil.which("ninja") is None:
+        try:
+            import ninja  # noqa: F401  (the pip package puts ninja on PATH via its bin dir)
+        except ImportError:
+            return "ninja not found (pip install ninja)"
+    return None
+
+
+def ensure(kind: str, *, build: bool = True, force: bool = False, arch: str | None = None,
+           warn: bool = True, retry_failed: bool = False) -> Backend:
+    """Load (building if needed and ``build``) the native library for ``kind``.
+
+    Cheap after the first call: the outcome is remembered for the process.
+    """
+    if kind in _backends and not force:
+        return _backends[kind]
+    if forced_reference():
+        return _unavailable(kind, "CORE_OPS_BACKEND=reference", warn=False)
+    problem = _precondition(kind)
+    if problem:
+        return _unavailable(kind, problem, warn)
+    try:
+        key = build_key(kind, arch)
+    except OSError as e:
+        return _unavailable(kind, f"cannot read kernel sources: {e}", warn)
+    root = cache_root()
+    name = _library_name(kind, key)
+    build_dir = root / name
+    library = build_dir / f"{name}.so"
+    failed = build_dir / "FAILED"
+    with _file_lock(root / f"{name}.lock"):
+        if failed.exists() and not (force or retry_failed):
+            return _unavailable(kind, f"an earlier build failed, log in {failed}; "
+                                "`python -m core_ops build` retries", warn)
+        if not library.exists() or force:
+            if not build:
+                return _unavailable(kind, "not built yet: it builds on first use, or "
+                                    "run `python -m core_ops build`", warn=False)
+            build_dir.mkdir(parents=True, exist_ok=True)
+            failed.unlink(missing_ok=True)
+            print(f"core_ops: building native {kind.upper()} kernels once "
+                  f"(cached in {build_dir}) ...", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            try:
+                _compile(kind, name, build_dir, arch)
+            except Exception as e:  # noqa: BLE001  (any failure means: use the reference)
+                failed.write_text(str(e))
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                return _unavailable(kind, f"build failed: {first} (log in {failed})", warn)
+            print(f"core_ops: built native {kind.upper()} kernels in "
+                  f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        else:
+            try:
+                torch.ops.load_library(str(library))
+            except Exception as e:  # noqa: BLE001
+                return _unavailable(kind, f"cached library failed to load: {e}", warn)
+    _backends[kind] = Backend(True, f"native, {library}", str(library))
+    return _backends[kind]
+
+
+def ensure_for(device: torch.device) -> None:
+    """Called by every public op before dispatch: make the device's native kernels
+    available if they can be. Never raises; never builds while torch.compile traces."""
+    kind = device.type
+    if kind in _backends or kind not in KINDS:
+        return
+    if torch.compiler.is_compiling():
+        return
+    ensure(kind)

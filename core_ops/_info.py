@@ -1,0 +1,54 @@
+"""What runs where, and why: the report behind ``python -m core_ops info``."""
+
+import platform
+
+import torch
+
+from . import _build
+from ._library import LIB_NAME, OP_NAMES
+
+_DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+
+
+def op_backend(name, kind):
+    """'native' if the dispatcher holds a C++ kernel of ``name`` for ``kind``."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key(f"{LIB_NAME}::{name}", _DISPATCH_KEYS[kind])
+    return "native" if has else "reference"
+
+
+def backend_report(build=True):
+    """A dict: versions, cache path, and for every device kind the library status and
+    each op's backend. With ``build``, CPU kernels are built if missing (CUDA only
+    when a GPU is present), so the report says what a real call would get."""
+    report = {
+        "torch": torch.__version__,
+        "cuda (torch build)": str(torch.version.cuda),
+        "cuda toolkit": _build.cuda_home() or "not found",
+        "c++ compiler": _build._first_line([_build.cxx() or "c++", "--version"]) or "not found",
+        "python": platform.python_version(),
+        "cpu capability": torch.backends.cpu.get_cpu_capability(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+        "cache": str(_build.cache_root()),
+        "devices": {},
+    }
+    for kind in _build.KINDS:
+        wanted = build and (kind == "cpu" or torch.cuda.is_available())
+        backend = _build.ensure(kind, build=wanted, warn=False)
+        if kind == "cuda" and not torch.cuda.is_available() and backend.native:
+            note = "native library loaded (no GPU here to run it)"
+        else:
+            note = backend.reason
+        report["devices"][kind] = {
+            "library": note,
+            "ops": {name: op_backend(name, kind) for name in OP_NAMES},
+        }
+    return report
+
+
+def format_report(report):
+    lines = [f"{k:>20}: {v}" for k, v in report.items() if k != "devices"]
+    for kind, dev in report["devices"].items():
+        lines.append(f"\n[{kind}] {dev['library']}")
+        for name, backend in dev["ops"].items():
+            lines.append(f"  {name:<32} {backend}")
+    return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""Every op of core_ops, declared once: its schema and its fake (meta) kernel.
+
+Devices only add implementations: ``reference/`` registers a pure-PyTorch kernel for
+every device (CompositeExplicitAutograd) and the native libraries built from ``csrc/``
+register C++ kernels for CPU and CUDA with ``TORCH_LIBRARY_IMPL(core_ops, <key>, m)``.
+A native kernel, once loaded, takes precedence over the reference for its device, so
+dispatch is PyTorch's job and the ops work under ``torch.compile``.
+
+Conventions shared by all multi-tensor ops (Note [Multi-tensor conventions]):
+- every list holds tensors of one dtype on one device; lists may differ in dtype
+  (an fp16 ``src`` may be scaled into an fp32 ``dst``);
+- ``found_inf`` is a one-element float32 or int32 tensor on the same device; an op
+  sets it to 1 when it sees inf or nan and never clears it (Apex's ``noop_flag``);
+- arithmetic is done in float32 (float64 when a list is float64), norms are
+  accumulated in float32 and returned as float32 (float64 for float64 inputs).
+"""
+
+import torch
+
+LIB_NAME = "core_ops"
+_lib = torch.library.Library(LIB_NAME, "DEF")
+
+SCHEMAS = {
+    "multi_tensor_scale_": (
+        "multi_tensor_scale_(Tensor[] src, Tensor(a!)[] dst, Tensor scale, "
+        "Tensor(b!) found_inf) -> ()"
+    ),
+    "multi_tensor_axpby_": (
+        "multi_tensor_axpby_(Tensor[] x, Tensor[] y, Tensor(a!)[] out, float a, float b, "
+        "Tensor(b!) found_inf, int arg_to_check) -> ()"
+    ),
+    "multi_tensor_l2norm": (
+        "multi_tensor_l2norm(Tensor[] tensors, bool per_tensor) -> (Tensor, Tensor)"
+    ),
+    "multi_tensor_unscale_l2norm_": (
+        "multi_tensor_unscale_l2norm_(Tensor(a!)[] tensors, Tensor inv_scale, "
+        "Tensor(b!) found_inf, bool per_tensor) -> (Tensor, Tensor)"
+    ),
+    "update_scale_": (
+        "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, "
+        "Tensor(c!) hysteresis_tracker, Tensor found_inf, float growth_factor, "
+        "float backoff_factor, int growth_interval, int hysteresis, float min_scale, "
+        "float max_scale) -> ()"
+    ),
+}
+
+for _schema in SCHEMAS.values():
+    _lib.define(_schema)
+
+OP_NAMES = tuple(SCHEMAS)
+
+
+def norm_dtype(tensors):
+    """The dtype l2norm accumulates and returns in: float64 for float64 lists, else float32."""
+    if tensors and tensors[0].dtype == torch.float64:
+        return torch.float64
+    return torch.float32
+
+
+def _norm_outputs(tensors, per_tensor):
+    dtype = norm_dtype(tensors)
+    device = tensors[0].device if tensors else torch.device("cpu")
+    total = torch.empty((), dtype=dtype, device=device)
+    per = torch.empty((len(tensors) if per_tensor else 0,), dtype=dtype, device=device)
+    return total, per
+
+
+@torch.library.register_fake("core_ops::multi_tensor_scale_")
+def _(src, dst, scale, found_inf):
+    return None
+
+
+@torch.library.register_fake("core_ops::multi_tensor_axpby_")
+def _(x, y, out, a, b, found_inf, arg_to_check):
+    return None
+
+
+@torch.library.register_fake("core_ops::multi_tensor_l2norm")
+def _(tensors, per_tensor):
+    return _norm_outputs(tensors, per_tensor)
+
+
+@torch.library.register_fake("core_ops::multi_tensor_unscale_l2norm_")
+def _(tensors, inv_scale, found_inf, per_tensor):
+    return _norm_outputs(tensors, per_tensor)
+
+
+@torch.library.register_fake("core_ops::update_scale_")
+def _(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor, backoff_factor,
+      growth_interval, hysteresis, min_scale, max_scale):
+    return None
+
+
+def op(name):
+    """The OpOverload of ``core_ops::<name>``."""
+    return getattr(torch.ops.core_ops, name).default

@@ -1,0 +1,42 @@
+// The dynamic loss-scale update, written once for the CPU kernel and the one-thread
+// CUDA kernel. Semantics: Note [Loss-scale update] in core_ops/reference/loss_scale.py.
+#pragma once
+
+#include <cstdint>
+
+#include <core_ops/macros.h>
+
+namespace core_ops {
+
+template <typename T>
+CORE_OPS_HD bool finite_value(T x) {
+  return (x - x) == (x - x);  // nan - nan and inf - inf are nan; nan != nan
+}
+
+CORE_OPS_HD void update_scale_math(
+    float* scale, int32_t* growth_tracker, int32_t* hysteresis_tracker, bool found_inf,
+    float growth_factor, float backoff_factor, int64_t growth_interval,
+    int64_t hysteresis, float min_scale, float max_scale) {
+  if (found_inf) {
+    *growth_tracker = 0;
+    int32_t left = *hysteresis_tracker - 1;
+    *hysteresis_tracker = left > 0 ? left : 0;
+    if (left <= 0) {
+      float backed_off = *scale * backoff_factor;
+      *scale = backed_off < min_scale ? min_scale : backed_off;
+    }
+    return;
+  }
+  *hysteresis_tracker = static_cast<int32_t>(hysteresis);
+  int32_t count = *growth_tracker + 1;
+  if (count >= growth_interval) {
+    float grown = *scale * growth_factor;
+    if (finite_value(grown)) {
+      *scale = grown > max_scale ? max_scale : grown;
+    }
+    count = 0;
+  }
+  *growth_tracker = count;
+}
+
+}  // namespace core_ops

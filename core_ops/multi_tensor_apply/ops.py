@@ -1,0 +1,105 @@
+"""The multi-tensor ops as plain functions: validate, make native kernels available,
+dispatch. See Note [Multi-tensor conventions] in ``core_ops/_library.py``."""
+
+import math
+
+import torch
+
+from .. import _build, _validate
+from .._library import op
+
+
+def _prepare(*named_lists):
+    lists = [_validate.tensor_list(ts, name) for name, ts in named_lists]
+    ref_name, ref = named_lists[0][0], lists[0]
+    for (name, _), ts in zip(named_lists[1:], lists[1:]):
+        _validate.same_structure(ref, ref_name, ts, name)
+    _validate.no_float64_mix(*zip([n for n, _ in named_lists], lists))
+    device = ref[0].device if ref else torch.device("cpu")
+    _build.ensure_for(device)
+    return lists, device
+
+
+def multi_tensor_scale(src, dst, scale, found_inf=None):
+    """``dst[i] = src[i] * scale`` for every i; sets ``found_inf`` (returned) to 1 if any
+    element of ``src`` is inf or nan. ``scale`` is a number or a one-element tensor on
+    the tensors' device (no host sync). ``dst`` may be ``src`` (in place)."""
+    (src, dst), device = _prepare(("src", src), ("dst", dst))
+    found_inf = _validate.flag(found_inf, device)
+    scale = _validate.scalar_tensor(scale, device, "scale")
+    if src:
+        op("multi_tensor_scale_")(src, dst, scale, found_inf)
+    return found_inf
+
+
+def multi_tensor_axpby(x, y, out, a, b, found_inf=None, arg_to_check=-1):
+    """``out[i] = a * x[i] + b * y[i]``; sets ``found_inf`` (returned) if the inputs
+    chosen by ``arg_to_check`` (-1 both, 0 x, 1 y; Apex's meaning) hold inf or nan."""
+    if arg_to_check not in (-1, 0, 1):
+        raise ValueError(f"arg_to_check must be -1 (both), 0 (x) or 1 (y), got {arg_to_check!r}")
+    (x, y, out), device = _prepare(("x", x), ("y", y), ("out", out))
+    found_inf = _validate.flag(found_inf, device)
+    if x:
+        op("multi_tensor_axpby_")(x, y, out, float(a), float(b), found_inf, arg_to_check)
+    return found_inf
+
+
+def multi_tensor_l2norm(tensors, per_tensor=False):
+    """The L2 norm of all elements of ``tensors`` together, and if ``per_tensor`` the
+    norm of each (else an empty tensor). Accumulated and returned in float32
+    (float64 for float64 inputs), as 0-d and 1-d tensors on the tensors' device."""
+    (tensors,), _ = _prepare(("tensors", tensors))
+    return op("multi_tensor_l2norm")(tensors, bool(per_tensor))
+
+
+def multi_tensor_unscale_l2norm(tensors, inv_scale, found_inf=None, per_tensor=False):
+    """In one pass: ``t *= inv_scale`` in place for every tensor, the L2 norms of the
+    unscaled values (as ``multi_tensor_l2norm``), and ``found_inf`` set if any input
+    element was inf or nan. Returns ``(total_norm, per_tensor_norms, found_inf)``."""
+    (tensors,), device = _prepare(("tensors", tensors))
+    found_inf = _validate.flag(found_inf, device)
+    inv_scale = _validate.scalar_tensor(inv_scale, device, "inv_scale")
+    total, per = op("multi_tensor_unscale_l2norm_")(tensors, inv_scale, found_inf, bool(per_tensor))
+    return total, per, found_inf
+
+
+def _tracker(t, name, dtype, device):
+    if not isinstance(t, torch.Tensor) or t.numel() != 1 or t.dtype != dtype:
+        raise TypeError(f"{name} must be a one-element {dtype} tensor")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but scale is on {device}")
+    return t
+
+
+def update_scale(scale, growth_tracker, found_inf, *, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000, hysteresis=1, hysteresis_tracker=None,
+                 min_scale=0.0, max_scale=math.inf):
+    """The dynamic loss-scale update, in place on device tensors with no host sync
+    (Note [Loss-scale update] in ``core_ops/reference/loss_scale.py``). ``scale`` is a
+    one-element float32 tensor, the trackers one-element int32 tensors. Returns scale."""
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"scale must be a one-element float32 tensor, got {type(scale).__name__}")
+    device = scale.device
+    _tracker(scale, "scale", torch.float32, device)
+    _tracker(growth_tracker, "growth_tracker", torch.int32, device)
+    found_inf = _validate.flag(found_inf, device)
+    if not growth_factor > 1.0:
+        raise ValueError(f"growth_factor must be > 1, got {growth_factor}")
+    if not 0.0 < backoff_factor < 1.0:
+        raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor}")
+    if int(growth_interval) < 1 or int(hysteresis) < 1:
+        raise ValueError("growth_interval and hysteresis must be >= 1, got "
+                         f"{growth_interval} and {hysteresis}")
+    if not 0.0 <= min_scale <= max_scale:
+        raise ValueError(f"need 0 <= min_scale <= max_scale, got {min_scale} and {max_scale}")
+    if hysteresis_tracker is None:
+        if hysteresis != 1:
+            raise ValueError("hysteresis > 1 needs a hysteresis_tracker tensor that "
+                             "persists across steps")
+        hysteresis_tracker = torch.ones(1, dtype=torch.int32, device=device)
+    _tracker(hysteresis_tracker, "hysteresis_tracker", torch.int32, device)
+    _build.ensure_for(device)
+    op("update_scale_")(scale, growth_tracker, hysteresis_tracker, found_inf, float(growth_factor),
+                        float(backoff_factor), int(growth_interval), int(hysteresis),
+                        float(min_scale), float(max_scale))
+    return scale

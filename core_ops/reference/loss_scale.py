@@ -1,0 +1,30 @@
+"""Reference kernel of the dynamic loss-scale update (Note [Loss-scale update]).
+
+Note [Loss-scale update]: with ``found_inf`` set, the growth tracker resets and the
+hysteresis tracker counts down; the scale backs off (never below ``min_scale``) once
+the hysteresis tracker reaches zero. Without it, the hysteresis tracker is refilled
+and the growth tracker counts up; after ``growth_interval`` clean steps in a row the
+scale grows (never above ``max_scale``, and not at all if growing would overflow).
+With ``hysteresis=1`` and no bounds this is ATen's ``_amp_update_scale_``. The native
+kernels call ``update_scale_math`` in ``csrc/include/core_ops/loss_scale_math.h``.
+"""
+
+import torch
+
+
+@torch.library.impl("core_ops::update_scale_", "CompositeExplicitAutograd")
+def update_scale_(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
+                  backoff_factor, growth_interval, hysteresis, min_scale, max_scale):
+    # Branch-free tensor algebra so the host never waits for the device.
+    inf = found_inf.reshape(()) > 0
+    hyst = torch.where(inf, hysteresis_tracker - 1, torch.full_like(hysteresis_tracker, hysteresis))
+    backed_off = torch.clamp(scale * backoff_factor, min=min_scale)
+    count = growth_tracker + 1
+    grow = (~inf) & (count >= growth_interval)
+    grown = scale * growth_factor
+    grown = torch.where(torch.isfinite(grown), torch.clamp(grown, max=max_scale), scale)
+    new_scale = torch.where(inf & (hyst <= 0), backed_off, torch.where(grow, grown, scale))
+    new_count = torch.where(inf | grow, torch.zeros_like(growth_tracker), count)
+    scale.copy_(new_scale)
+    growth_tracker.copy_(new_count)
+    hysteresis_tracker.copy_(torch.clamp(hyst, min=0))
