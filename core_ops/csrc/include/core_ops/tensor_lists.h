@@ -1,0 +1,74 @@
+// Host-side helpers shared by the CPU and CUDA launchers: the guards that keep a
+// malformed call from reading or writing out of bounds (the user-facing checks, with
+// friendlier messages, are in core_ops/_validate.py), the found-inf flag, and
+// Note [Non-contiguous tensors].
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+namespace core_ops {
+
+inline void check_same_length(at::TensorList a, const char* a_name, at::TensorList b, const char* b_name) {
+  TORCH_CHECK_VALUE(a.size() == b.size(), b_name, " has ", b.size(), " tensors but ", a_name,
+                    " has ", a.size());
+}
+
+inline void check_list(at::TensorList ts, const char* name, c10::Device device) {
+  if (ts.empty()) return;
+  const auto dtype = ts[0].scalar_type();
+  for (size_t i = 0; i < ts.size(); ++i) {
+    TORCH_CHECK_VALUE(ts[i].device() == device, name, "[", i, "] is on ", ts[i].device(),
+                      " but the op runs on ", device);
+    TORCH_CHECK_TYPE(ts[i].scalar_type() == dtype, name, "[", i, "] has dtype ",
+                     ts[i].scalar_type(), " but ", name, "[0] has ", dtype);
+    TORCH_CHECK_VALUE(ts[i].layout() == c10::kStrided, name, "[", i, "] must be a dense tensor");
+  }
+}
+
+inline void check_same_numel(at::TensorList a, const char* a_name, at::TensorList b, const char* b_name) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    TORCH_CHECK_VALUE(a[i].sizes() == b[i].sizes(), b_name, "[", i, "] has shape ", b[i].sizes(),
+                      " but ", a_name, "[", i, "] has shape ", a[i].sizes());
+  }
+}
+
+inline void check_flag(const at::Tensor& found_inf, c10::Device device) {
+  TORCH_CHECK_VALUE(found_inf.numel() == 1 && found_inf.device() == device,
+                    "found_inf must be a one-element tensor on ", device);
+  TORCH_CHECK_TYPE(found_inf.scalar_type() == at::kFloat || found_inf.scalar_type() == at::kInt,
+                   "found_inf must be float32 or int32, got ", found_inf.scalar_type());
+}
+
+inline bool is_double_list(at::TensorList ts) {
+  return !ts.empty() && ts[0].scalar_type() == at::kDouble;
+}
+
+// Note [Non-contiguous tensors]: kernels walk raw memory, so every tensor they touch
+// must be contiguous. Inputs are made contiguous (a copy only when needed); an output
+// that is not contiguous is computed into a contiguous temporary that finish() copies
+// back, so the caller's tensor is written in place with the right strides.
+struct ContiguousList {
+  std::vector<at::Tensor> tensors;
+  std::vector<std::pair<at::Tensor, at::Tensor>> write_back;  // (user's, temporary)
+
+  ContiguousList(at::TensorList ts, bool output) {
+    tensors.reserve(ts.size());
+    for (const auto& t : ts) {
+      if (t.is_contiguous()) {
+        tensors.push_back(t);
+      } else {
+        tensors.push_back(t.contiguous());
+        if (output) write_back.emplace_back(t, tensors.back());
+      }
+    }
+  }
+  void finish() {
+    for (auto& [user, tmp] : write_back) user.copy_(tmp);
+  }
+};
+
+}  // namespace core_ops
