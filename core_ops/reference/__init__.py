@@ -1,4 +1,12 @@
 """Pure-PyTorch kernels: the specification of every op, the fallback on any device, and
-the oracle of the tests and benchmarks. Importing this package registers them."""
+the oracle of the tests and benchmarks. ``KERNELS`` maps op name to function."""
 
-from . import loss_scale, multi_tensor  # noqa: F401  (registration side effects)
+import torch
+
+from . import loss_scale, multi_tensor
+
+KERNELS = {**multi_tensor.KERNELS, **loss_scale.KERNELS}
+
+# Registered for every device; a native kernel, once loaded, overrides its device.
+for _name, _fn in KERNELS.items():
+    torch.library.impl(f"core_ops::{_name}", "CompositeExplicitAutograd")(_fn)

@@ -12,7 +12,6 @@ kernels call ``update_scale_math`` in ``csrc/include/core_ops/loss_scale_math.h`
 import torch
 
 
-@torch.library.impl("core_ops::update_scale_", "CompositeExplicitAutograd")
 def update_scale_(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
                   backoff_factor, growth_interval, hysteresis, min_scale, max_scale):
     # Branch-free tensor algebra so the host never waits for the device.
@@ -28,3 +27,8 @@ def update_scale_(scale, growth_tracker, hysteresis_tracker, found_inf, growth_f
     scale.copy_(new_scale)
     growth_tracker.copy_(new_count)
     hysteresis_tracker.copy_(torch.clamp(hyst, min=0))
+
+
+KERNELS = {
+    "update_scale_": update_scale_,
+}

@@ -24,7 +24,6 @@ def flag_nonfinite(found_inf, tensors):
     found_inf.copy_(torch.maximum(found_inf, bad.to(found_inf.dtype).reshape(found_inf.shape)))
 
 
-@torch.library.impl("core_ops::multi_tensor_scale_", "CompositeExplicitAutograd")
 def multi_tensor_scale_(src, dst, scale, found_inf):
     acc = compute_dtype(src, dst)
     s = scale.reshape(()).to(acc)
@@ -33,7 +32,6 @@ def multi_tensor_scale_(src, dst, scale, found_inf):
         out.copy_(x.to(acc) * s)
 
 
-@torch.library.impl("core_ops::multi_tensor_axpby_", "CompositeExplicitAutograd")
 def multi_tensor_axpby_(x, y, out, a, b, found_inf, arg_to_check):
     acc = compute_dtype(x, y, out)
     if arg_to_check in (-1, 0):
@@ -53,12 +51,10 @@ def _norms(tensors, per_tensor, dtype):
     return total, norms if per_tensor else norms.new_empty(0)
 
 
-@torch.library.impl("core_ops::multi_tensor_l2norm", "CompositeExplicitAutograd")
 def multi_tensor_l2norm(tensors, per_tensor):
     return _norms(tensors, per_tensor, norm_dtype(tensors))
 
 
-@torch.library.impl("core_ops::multi_tensor_unscale_l2norm_", "CompositeExplicitAutograd")
 def multi_tensor_unscale_l2norm_(tensors, inv_scale, found_inf, per_tensor):
     acc = compute_dtype(tensors)
     s = inv_scale.reshape(()).to(acc)
@@ -69,3 +65,11 @@ def multi_tensor_unscale_l2norm_(tensors, inv_scale, found_inf, per_tensor):
     # The norm is taken of the unscaled values before they are rounded to the
     # tensors' dtype: the native kernels do the same in one pass.
     return _norms(unscaled, per_tensor, norm_dtype(tensors))
+
+
+KERNELS = {
+    "multi_tensor_scale_": multi_tensor_scale_,
+    "multi_tensor_axpby_": multi_tensor_axpby_,
+    "multi_tensor_l2norm": multi_tensor_l2norm,
+    "multi_tensor_unscale_l2norm_": multi_tensor_unscale_l2norm_,
+}

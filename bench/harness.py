@@ -1,0 +1,148 @@
+"""Shared benchmark harness: timing, A/B comparison tables, CLI, plot and JSON output.
+
+Timings are wall-clock per call in ms. On CUDA the device is synchronized before and
+after each call, so a time covers the kernels the call launched, not just the launch.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+
+def sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time_once(fn, device):
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def summarize(times_ms):
+    """(median, IQR) of a list of times; IQR is the spread that ignores outliers."""
+    q1, med, q3 = statistics.quantiles(times_ms, n=4, method="inclusive")
+    return med, q3 - q1
+
+
+def time_fn(fn, device="cpu", repeats=30, warmup=3):
+    """Times of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    return [_time_once(fn, device) for _ in range(repeats)]
+
+
+def time_ab(baseline, candidate, device="cpu", repeats=30, warmup=3):
+    """Times of two callables run alternately (ABAB...), so that noise from other
+    jobs on the machine, frequency changes and the like hit both about equally
+    instead of landing on whichever happened to run during a busy spell."""
+    for _ in range(warmup):
+        baseline()
+        candidate()
+    a, b = [], []
+    for _ in range(repeats):
+        a.append(_time_once(baseline, device))
+        b.append(_time_once(candidate, device))
+    return a, b
+
+
+def row(case, baseline_name, base_times, core_times, target=None, **extra):
+    """One comparison result; ``target`` is the largest acceptable core/baseline ratio."""
+    bmed, biqr = summarize(base_times)
+    cmed, ciqr = summarize(core_times)
+    ratio = cmed / bmed
+    passed = None if target is None else ratio <= target
+    return dict(case=case, baseline=baseline_name, baseline_ms=bmed, baseline_iqr_ms=biqr,
+                core_ops_ms=cmed, core_ops_iqr_ms=ciqr, ratio=ratio, target=target,
+                passed=passed, **extra)
+
+
+def compare(rows):
+    """Prints the rows as a markdown table (medians with IQR in parentheses)."""
+    print("| case | baseline | baseline median ms | core_ops median ms "
+          "| ratio (core_ops / baseline) | target | pass/fail |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    for r in rows:
+        target = "-" if r["target"] is None else f"<= {r['target']:g}"
+        verdict = "-" if r["passed"] is None else ("pass" if r["passed"] else "FAIL")
+        print(f"| {r['case']} | `{r['baseline']}` "
+              f"| {r['baseline_ms']:.2f} (IQR {r['baseline_iqr_ms']:.2f}) "
+              f"| {r['core_ops_ms']:.2f} (IQR {r['core_ops_iqr_ms']:.2f}) "
+              f"| {r['ratio']:.2f} | {target} | {verdict} |")
+
+
+def copy_bandwidth(device="cpu", numel=64 * 2**20, repeats=20):
+    """This machine's copy bandwidth in GB/s: median of ``dst.copy_(src)`` on a fp32
+    buffer (256 MB by default, well past any cache), counting bytes read + written."""
+    src = torch.randn(numel, device=device)
+    dst = torch.empty_like(src)
+    med, _ = summarize(time_fn(lambda: dst.copy_(src), device, repeats))
+    return 2 * src.numel() * src.element_size() / (med * 1e-3) / 1e9
+
+
+def gbps(nbytes, ms):
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def parser(description, numel=20_000_000, tensors=200, repeats=30):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--repeats", type=int, default=repeats, help="timed calls per side")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--numel", type=int, default=numel, help="total elements over all tensors")
+    p.add_argument("--tensors", type=int, default=tensors, help="number of tensors")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG bar chart of the ratios")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    return p
+
+
+def check_device(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available here")
+
+
+def machine():
+    return dict(torch=torch.__version__, python=platform.python_version(),
+                cpu=platform.processor() or platform.machine(),
+                cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                threads=torch.get_num_threads(),
+                gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+
+
+def plot(rows, path, title=""):
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"--plot: matplotlib is not installed, so {path} was not written "
+              "(pip install matplotlib)")
+        return
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
+    ratios = [r["ratio"] for r in rows]
+    colors = ["tab:red" if r["passed"] is False else "tab:blue" for r in rows]
+    ax.bar(range(len(rows)), ratios, color=colors)
+    for i, r in enumerate(rows):
+        if r["target"] is not None:
+            ax.hlines(r["target"], i - 0.4, i + 0.4, colors="black", linestyles="dashed")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xticks(range(len(rows)), [r["case"] for r in rows], rotation=30, ha="right")
+    ax.set_ylabel("core_ops / baseline (median time; lower is better)")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def write_json(path, rows, **meta):
+    with open(path, "w") as f:
+        json.dump(dict(machine=machine(), **meta, rows=rows), f, indent=2)
+    print(f"wrote {path}")

@@ -1,0 +1,57 @@
+"""Devices, dtype ids and the one tolerance table of the test suite."""
+
+import pytest
+import torch
+
+import core_ops  # noqa: F401  (registers the ops)
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+REDUCED = [torch.float16, torch.bfloat16]
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def dtype_id(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+# Note [Test tolerances]: elementwise results differ from the reference by at most
+# one rounding of the output dtype (the native kernels may fuse a*x + b*y into one
+# FMA, the reference rounds twice), so rtol is one ulp of the output dtype and atol
+# covers results near zero. Norms are sums of up to ~1e6 squares accumulated in float32
+# in a different order (vector lanes, chunks) than torch, so 1e-5 relative.
+ELEMENTWISE_TOL = {
+    torch.float64: dict(rtol=1e-15, atol=1e-15),
+    torch.float32: dict(rtol=1.2e-7, atol=1e-7),
+    torch.float16: dict(rtol=9.8e-4, atol=1e-5),
+    torch.bfloat16: dict(rtol=7.9e-3, atol=1e-5),
+}
+NORM_TOL = {
+    torch.float64: dict(rtol=1e-12, atol=1e-12),
+    torch.float32: dict(rtol=1e-5, atol=1e-6),
+}
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def assert_axpby_close(out, x, y, a, b):
+    """``out`` equals a*x + b*y to within the rounding of the output dtype plus float32
+    rounding of each product: a kernel may fuse into one FMA, so under cancellation
+    the error is relative to |a*x| + |b*y|, not to the (small) result."""
+    xd, yd = x.double(), y.double()
+    exact = a * xd + b * yd
+    magnitude = (a * xd).abs() + (b * yd).abs()
+    bound = torch.finfo(out.dtype).eps * exact.abs() + 2 * torch.finfo(torch.float32).eps * magnitude
+    err = (out.double() - exact).abs()
+    assert bool((err <= bound + 1e-30).all()), f"max excess {(err - bound).max().item():.3g}"
