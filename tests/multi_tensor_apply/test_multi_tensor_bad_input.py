@@ -1,0 +1,61 @@
+"""Malformed calls raise TypeError / ValueError naming the argument; nothing is written."""
+
+import pytest
+import torch
+
+import core_ops
+
+
+def f32(*shape):
+    return torch.zeros(*shape)
+
+
+@pytest.mark.parametrize("call,exc,message", [
+    (lambda: core_ops.multi_tensor_scale([f32(3)], [f32(3), f32(3)], 1.0), ValueError, "dst has 2 tensors but src has 1"),
+    (lambda: core_ops.multi_tensor_scale([f32(3)], [f32(4)], 1.0), ValueError, r"dst\[0\] has shape \(4,\)"),
+    (lambda: core_ops.multi_tensor_scale(f32(3), [f32(3)], 1.0), TypeError, "src must be a list of tensors"),
+    (lambda: core_ops.multi_tensor_scale([f32(3), 2.0], [f32(3), f32(1)], 1.0), TypeError, r"src\[1\] must be a tensor"),
+    (lambda: core_ops.multi_tensor_scale([torch.zeros(3, dtype=torch.int64)], [f32(3)], 1.0), TypeError, "src has dtype torch.int64"),
+    (lambda: core_ops.multi_tensor_scale([torch.zeros(3, dtype=torch.complex64)], [f32(3)], 1.0), TypeError, "complex64"),
+    (lambda: core_ops.multi_tensor_scale([f32(3), f32(3).half()], [f32(3), f32(3)], 1.0), TypeError, r"src\[1\] has dtype torch.float16 but src\[0\]"),
+    (lambda: core_ops.multi_tensor_scale([f32(3).double()], [f32(3)], 1.0), TypeError, "float64 lists cannot be mixed"),
+    (lambda: core_ops.multi_tensor_scale([f32(3)], [f32(3)], "2"), TypeError, "scale must be a number"),
+    (lambda: core_ops.multi_tensor_scale([f32(3)], [f32(3)], torch.ones(2)), ValueError, "scale must be a number or a one-element"),
+    (lambda: core_ops.multi_tensor_scale([f32(3)], [f32(3)], 1.0, found_inf=torch.zeros(2)), ValueError, "found_inf must be a one-element"),
+    (lambda: core_ops.multi_tensor_scale([f32(3)], [f32(3)], 1.0, found_inf=torch.zeros(1, dtype=torch.int64)), ValueError, "float32 or int32"),
+    (lambda: core_ops.multi_tensor_scale([torch.zeros(3).to_sparse()], [f32(3)], 1.0), TypeError, "sparse"),
+    (lambda: core_ops.multi_tensor_axpby([f32(3)], [f32(3)], [f32(3)], 1, 1, arg_to_check=2), ValueError, "arg_to_check"),
+    (lambda: core_ops.multi_tensor_axpby([f32(3)], [f32(2)], [f32(3)], 1, 1), ValueError, r"y\[0\] has shape \(2,\)"),
+    (lambda: core_ops.multi_tensor_l2norm([f32(3), "x"]), TypeError, r"tensors\[1\] must be a tensor"),
+    (lambda: core_ops.update_scale(torch.ones(1), torch.zeros(1), None), TypeError, "growth_tracker must be a one-element torch.int32"),
+    (lambda: core_ops.update_scale(torch.ones(1), torch.zeros(1, dtype=torch.int32), None, hysteresis=2), ValueError, "hysteresis_tracker"),
+    (lambda: core_ops.update_scale(torch.ones(1), torch.zeros(1, dtype=torch.int32), None, backoff_factor=2.0), ValueError, "backoff_factor"),
+])
+def test_bad_input_is_named(call, exc, message):
+    with pytest.raises(exc, match=message):
+        call()
+
+
+def test_mixed_devices_are_rejected():
+    meta = torch.zeros(3, device="meta")
+    with pytest.raises(ValueError, match=r"src\[1\] is on meta but src\[0\] is on cpu"):
+        core_ops.multi_tensor_scale([f32(3), meta], [f32(3), f32(3)], 1.0)
+    with pytest.raises(ValueError, match="dst is on meta but src is on cpu"):
+        core_ops.multi_tensor_scale([f32(3)], [meta], 1.0)
+
+
+def test_rejected_call_writes_nothing():
+    dst = [torch.full((3,), 7.0), torch.full((3,), 7.0)]
+    with pytest.raises(TypeError):
+        core_ops.multi_tensor_scale([f32(3), torch.zeros(3, dtype=torch.int32)], dst, 2.0)
+    assert all(torch.equal(d, torch.full((3,), 7.0)) for d in dst)
+
+
+def test_native_op_called_directly_guards_memory():
+    # Bypassing the Python checks must still not read or write out of bounds.
+    from core_ops import _build
+    assert _build.ensure("cpu").native
+    with pytest.raises(ValueError, match="shape"):
+        torch.ops.core_ops.multi_tensor_scale_([f32(8)], [f32(4)], torch.ones(1), torch.zeros(1))
+    with pytest.raises(ValueError, match="tensors"):
+        torch.ops.core_ops.multi_tensor_axpby_([f32(4)], [f32(4), f32(4)], [f32(4)], 1.0, 1.0, torch.zeros(1), -1)
