@@ -1,7 +1,8 @@
 """core_ops multi-tensor ops vs the strongest PyTorch baseline, in the same run.
 
     python bench/bench_multi_tensor.py [--device cpu|cuda] [--repeats 30]
-        [--numel 20000000] [--tensors 200] [--plot ratios.png] [--json results.json]
+        [--numel 20000000] [--tensors 200] [--threads N]
+        [--plot ratios.png] [--json results.json]
 
 Every case first checks that core_ops and its baseline agree (values and found_inf),
 so no timing is ever of a wrong answer; then both are timed interleaved (ABAB...).
@@ -196,7 +197,7 @@ CASES = [
 
 def main():
     args = harness.parser(__doc__.splitlines()[0]).parse_args()
-    harness.check_device(args.device)
+    harness.setup(args)
     print(f"{args.numel:,} elements in {args.tensors} tensors on {args.device}, "
           f"{args.repeats} interleaved repeats, {torch.get_num_threads()} threads")
     copy_gbps = harness.copy_bandwidth(args.device)

@@ -1,0 +1,56 @@
+// CUDA kernel of update_scale_: the math is core_ops/loss_scale_math.h, run by one
+// thread so the scale and trackers never leave the device and the host never waits.
+#include <torch/library.h>
+
+#include <core_ops/loss_scale_math.h>
+#include <core_ops/tensor_lists.h>
+
+#include "multi_tensor_apply.cuh"
+
+namespace core_ops::cuda {
+namespace {
+
+__global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
+                                    int32_t* hysteresis_tracker, FoundInf found_inf,
+                                    float growth_factor, float backoff_factor,
+                                    int64_t growth_interval, int64_t hysteresis, float min_scale,
+                                    float max_scale) {
+  // `> 0` as the CPU kernel and the reference: a nan flag does not count as set.
+  const bool inf = found_inf.is_int ? *static_cast<const int32_t*>(found_inf.ptr) > 0
+                                    : *static_cast<const float*>(found_inf.ptr) > 0.f;
+  update_scale_math(scale, growth_tracker, hysteresis_tracker, inf, growth_factor,
+                    backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
+}
+
+void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                   const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
+                   double growth_factor, double backoff_factor, int64_t growth_interval,
+                   int64_t hysteresis, double min_scale, double max_scale) {
+  TORCH_CHECK_TYPE(scale.scalar_type() == at::kFloat && scale.numel() == 1,
+                   "scale must be a one-element float32 tensor");
+  TORCH_CHECK_TYPE(growth_tracker.scalar_type() == at::kInt && growth_tracker.numel() == 1,
+                   "growth_tracker must be a one-element int32 tensor");
+  TORCH_CHECK_TYPE(hysteresis_tracker.scalar_type() == at::kInt && hysteresis_tracker.numel() == 1,
+                   "hysteresis_tracker must be a one-element int32 tensor");
+  const auto device = scale.device();
+  check_cuda(device);
+  // The kernel dereferences all four: they must share scale's device.
+  TORCH_CHECK_VALUE(growth_tracker.device() == device && hysteresis_tracker.device() == device,
+                    "growth_tracker and hysteresis_tracker must be on ", device);
+  check_flag(found_inf, device);
+  const c10::cuda::CUDAGuard guard(device);
+  update_scale_kernel<<<1, 1, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      scale.data_ptr<float>(), growth_tracker.data_ptr<int32_t>(),
+      hysteresis_tracker.data_ptr<int32_t>(), found_inf_arg(found_inf),
+      static_cast<float>(growth_factor), static_cast<float>(backoff_factor), growth_interval,
+      hysteresis, static_cast<float>(min_scale), static_cast<float>(max_scale));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
+  m.impl("update_scale_", &update_scale_);
+}
+
+}  // namespace core_ops::cuda

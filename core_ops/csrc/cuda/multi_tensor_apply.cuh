@@ -1,0 +1,240 @@
+// CUDA multi-tensor apply: cut every tensor of the lists into chunks of kChunkSize
+// elements, one thread block per chunk, and describe a batch of chunks to a kernel
+// entirely through its argument struct, so a list of 2000 tensors costs a handful of
+// launches and no host-to-device copy. Also the per-thread load/store helpers, the
+// found-inf flag and the block reduction shared by the kernels.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime.h>
+
+#include <core_ops/macros.h>
+#include <core_ops/tensor_lists.h>
+
+namespace core_ops::cuda {
+
+constexpr int kBlockSize = 512;
+// Elements a thread moves per step: one 16-byte load for float, 8 for half/bfloat16.
+constexpr int kILP = 4;
+// A multiple of kILP (so every chunk of an aligned tensor starts aligned) and small
+// enough to fit an int, so in-chunk offsets are 32-bit while chunk starts are int64.
+constexpr int64_t kChunkSize = 65536;
+static_assert(kChunkSize % (kILP * kBlockSize) == 0, "a chunk is whole steps of a block");
+
+// The launch descriptor travels as a kernel argument. CUDA 12.1+ (with a Volta+ GPU
+// and an R530+ driver, which every torch build on such a toolkit requires anyway)
+// accepts 32764 bytes of arguments instead of 4096. We use about 20 KB there: 2048
+// chunks a launch keep an H100/H200 (132 SMs x 4 resident 512-thread blocks) busy for
+// ~4 waves, where Apex's 320 chunks fill barely half of one and leave memory
+// bandwidth idle; the rest of the 32 KB is not worth the larger per-launch copy.
+// Older toolkits get the classic limit, less room for the functor's own arguments.
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12010
+constexpr size_t kMetaBytes = 20 * 1024;
+constexpr int kMaxChunks = 2048;
+#else
+constexpr size_t kMetaBytes = 4096 - 256;
+constexpr int kMaxChunks = 320;
+#endif
+
+// Tensors one launch can name: what the budget leaves after the chunk table, capped
+// at 256 so the chunk table's tensor index fits a byte.
+template <int kDepth>
+constexpr int max_tensors() {
+  constexpr size_t left = kMetaBytes - kMaxChunks * (sizeof(int32_t) + sizeof(uint8_t)) - sizeof(int64_t);
+  constexpr size_t fit = left / (sizeof(void*) * kDepth + sizeof(int64_t));
+  return fit < 256 ? static_cast<int>(fit) : 256;
+}
+
+// Largest members first: no padding between the arrays.
+template <int kDepth>
+struct TensorListMeta {
+  static constexpr int kMaxTensors = max_tensors<kDepth>();
+  void* addresses[kDepth][kMaxTensors];
+  int64_t sizes[kMaxTensors];
+  int64_t first_chunk;                // global id of this launch's chunk 0
+  int32_t chunk_index[kMaxChunks];    // chunk of its tensor; * kChunkSize in int64
+  uint8_t chunk_tensor[kMaxChunks];   // slot in addresses / sizes
+};
+static_assert(sizeof(TensorListMeta<1>) <= kMetaBytes && sizeof(TensorListMeta<3>) <= kMetaBytes,
+              "the launch descriptor must fit the kernel-argument limit");
+
+// __grid_constant__ lets the kernel index the descriptor with runtime indices in
+// place; a plain by-value parameter would first be copied to local memory.
+template <int kDepth, typename Op>
+__global__ void __launch_bounds__(kBlockSize)
+    multi_tensor_apply_kernel(const __grid_constant__ TensorListMeta<kDepth> meta, const Op op) {
+  const int t = meta.chunk_tensor[blockIdx.x];
+  const int64_t begin = static_cast<int64_t>(meta.chunk_index[blockIdx.x]) * kChunkSize;
+  const int64_t rest = meta.sizes[t] - begin;
+  const int len = static_cast<int>(rest < kChunkSize ? rest : kChunkSize);
+  op(meta, t, begin, len, meta.first_chunk + blockIdx.x);
+}
+
+// Runs op(meta, tensor_slot, chunk_begin, chunk_len, global_chunk_id) once per block
+// over every chunk of lists[0]'s tensors; all lists must hold contiguous tensors of
+// the same numel index by index on one CUDA device. Global chunk ids count the chunks
+// of all tensors in list order (empty tensors have none), so the chunks of one tensor
+// are consecutive.
+template <int kDepth, typename Op>
+void multi_tensor_apply(const std::array<at::TensorList, kDepth>& lists, const Op& op) {
+  using Meta = TensorListMeta<kDepth>;
+  const at::TensorList first = lists[0];
+  if (first.empty()) return;
+  for (int d = 1; d < kDepth; ++d) TORCH_INTERNAL_ASSERT(lists[d].size() == first.size());
+
+  const c10::cuda::CUDAGuard guard(first[0].device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  Meta meta;
+  meta.first_chunk = 0;
+  int ntensors = 0, nchunks = 0;
+  auto launch = [&] {
+    multi_tensor_apply_kernel<kDepth, Op><<<nchunks, kBlockSize, 0, stream>>>(meta, op);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    meta.first_chunk += nchunks;
+    ntensors = nchunks = 0;
+  };
+
+  for (size_t t = 0; t < first.size(); ++t) {
+    const int64_t numel = first[t].numel();
+    const int64_t chunks = (numel + kChunkSize - 1) / kChunkSize;
+    TORCH_CHECK(chunks <= INT32_MAX, "tensor ", t, " is too large (", numel, " elements)");
+    int slot = -1;  // this tensor's slot in the current descriptor
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (nchunks == kMaxChunks) {
+        launch();
+        slot = -1;  // a tensor cut between launches is named again in the next one
+      }
+      if (slot < 0) {
+        if (ntensors == Meta::kMaxTensors) launch();
+        slot = ntensors++;
+        for (int d = 0; d < kDepth; ++d) {
+          TORCH_INTERNAL_ASSERT(lists[d][t].numel() == numel && lists[d][t].is_contiguous());
+          meta.addresses[d][slot] = lists[d][t].data_ptr();
+        }
+        meta.sizes[slot] = numel;
+      }
+      meta.chunk_index[nchunks] = static_cast<int32_t>(c);
+      meta.chunk_tensor[nchunks] = static_cast<uint8_t>(slot);
+      ++nchunks;
+    }
+  }
+  if (nchunks > 0) launch();
+}
+
+// Global chunk id of each tensor's first chunk, plus the total at the end: the layout
+// multi_tensor_apply gives a buffer indexed by global chunk id.
+inline std::vector<int64_t> chunk_starts(at::TensorList tensors) {
+  std::vector<int64_t> starts(tensors.size() + 1, 0);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    starts[t + 1] = starts[t] + (tensors[t].numel() + kChunkSize - 1) / kChunkSize;
+  }
+  return starts;
+}
+
+inline void check_cuda(c10::Device device) {
+  TORCH_CHECK_VALUE(device.is_cuda(), "the CUDA kernel was given tensors on ", device);
+}
+
+// A one-element scale factor as a dtype tensor on the device. The kernels read it
+// there, so the host never waits; a dtype change is a device-side cast.
+inline at::Tensor device_scalar(const at::Tensor& t, const char* name, c10::Device device,
+                                at::ScalarType dtype) {
+  TORCH_CHECK_VALUE(t.numel() == 1, name, " must be a one-element tensor, got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.device() == device, name, " is on ", t.device(), " but the op runs on ",
+                    device);
+  return t.to(dtype).contiguous();
+}
+
+// ---- device helpers -------------------------------------------------------------
+
+template <typename T>
+struct alignas(sizeof(T) * kILP) Pack {
+  T v[kILP];
+};
+
+template <typename T>
+__device__ __forceinline__ bool pack_aligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % alignof(Pack<T>) == 0;
+}
+
+// Elements p[0, n) as acc_t, n <= kILP, zero beyond n; one vector load when the
+// pointer allows (the caller checked alignment once per chunk: `vec`).
+template <typename acc_t, typename T>
+__device__ __forceinline__ void load_pack(acc_t (&r)[kILP], const T* p, int n, bool vec) {
+  if (vec && n == kILP) {
+    const Pack<T> pk = *reinterpret_cast<const Pack<T>*>(p);
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) r[k] = static_cast<acc_t>(pk.v[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) r[k] = k < n ? static_cast<acc_t>(p[k]) : acc_t(0);
+  }
+}
+
+template <typename T, typename acc_t>
+__device__ __forceinline__ void store_pack(T* p, const acc_t (&r)[kILP], int n, bool vec) {
+  if (vec && n == kILP) {
+    Pack<T> pk;
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) pk.v[k] = static_cast<T>(r[k]);
+    *reinterpret_cast<Pack<T>*>(p) = pk;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) {
+      if (k < n) p[k] = static_cast<T>(r[k]);
+    }
+  }
+}
+
+// The caller's found_inf (float32 or int32). Every writer stores 1 and nobody reads
+// it in the kernel, so concurrent stores from many threads are a benign race.
+struct FoundInf {
+  void* ptr;
+  bool is_int;
+
+  __device__ __forceinline__ void set() const {
+    if (is_int) {
+      *static_cast<int32_t*>(ptr) = 1;
+    } else {
+      *static_cast<float*>(ptr) = 1.f;
+    }
+  }
+};
+
+inline FoundInf found_inf_arg(const at::Tensor& found_inf) {
+  return {found_inf.data_ptr(), found_inf.scalar_type() == at::kInt};
+}
+
+// A summed Note [Non-finite probe] is nan exactly when a probed value was not finite.
+template <typename T>
+__device__ __forceinline__ bool probe_failed(T probe) {
+  return !(probe == probe);
+}
+
+// Sum over the block, valid in thread 0. The tree depends only on blockDim (a
+// multiple of 32), never on scheduling, so the result is bitwise reproducible.
+template <typename T>
+__device__ T block_sum(T v) {
+  __shared__ T warp_sums[32];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x / 32) ? warp_sums[lane] : T(0);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+  }
+  return v;
+}
+
+}  // namespace core_ops::cuda

@@ -1,0 +1,115 @@
+"""Building, caching and falling back (Note [Native build] in core_ops/_build.py).
+
+These run real builds in fresh cache folders, in subprocesses, as a user would meet them.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from core_ops import _build
+
+PY = sys.executable
+CALL = textwrap.dedent("""
+    import warnings, torch, core_ops
+    from core_ops import _build
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        total, _ = core_ops.multi_tensor_l2norm([torch.full((16,), 1.0), torch.full((9,), 1.0)])
+        core_ops.multi_tensor_l2norm([torch.ones(3)])
+    print("RESULT", total.item())
+    print("NATIVE", _build.ensure("cpu").native)
+    print("WARNINGS", len([w for w in caught if "core_ops" in str(w.message)]))
+    for w in caught: print("WARNING", w.message)
+""")
+
+
+def run(code, cache, **env):
+    full = dict(os.environ, CORE_OPS_CACHE_DIR=str(cache), **env)
+    full.pop("CORE_OPS_BACKEND", None) if "CORE_OPS_BACKEND" not in env else None
+    return subprocess.Popen([PY, "-c", code], env=full, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, timeout=600):
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    return out, err
+
+
+def test_concurrent_ranks_build_once_then_load_from_cache(tmp_path):
+    procs = [run(CALL, tmp_path) for _ in range(3)]
+    results = [finish(p) for p in procs]
+    builders = [err for _, err in results if "building native CPU kernels" in err]
+    assert len(builders) == 1, [err for _, err in results]
+    assert "built native CPU kernels in" in builders[0]
+    for out, _ in results:
+        assert "RESULT 5.0" in out and "NATIVE True" in out and "WARNINGS 0" in out
+    out, err = finish(run(CALL, tmp_path))
+    assert "building" not in err and "NATIVE True" in out
+    assert len(list(tmp_path.glob("core_ops_cpu_*/core_ops_cpu_*.so"))) == 1
+
+
+def test_no_compiler_falls_back_to_reference_with_one_warning(tmp_path):
+    out, _ = finish(run(CALL, tmp_path, CXX="/nonexistent/c++"))
+    assert "RESULT 5.0" in out and "NATIVE False" in out
+    assert "WARNINGS 1" in out and "no C++ compiler found" in out
+
+
+def test_compile_error_falls_back_and_is_not_retried(tmp_path):
+    broken = tmp_path / "csrc"
+    shutil.copytree(_build.CSRC, broken)
+    (broken / "cpu" / "broken.cpp").write_text("this is not C++;\n")
+    code = f"import core_ops._build as b; b.CSRC = __import__('pathlib').Path({str(broken)!r})\n" + CALL
+    out, _ = finish(run(code, tmp_path / "cache"))
+    assert "RESULT 5.0" in out and "NATIVE False" in out and "build failed" in out
+    assert len(list((tmp_path / "cache").glob("*/FAILED"))) == 1
+    out, err = finish(run(code, tmp_path / "cache"))
+    assert "building" not in err and "an earlier build failed" in out
+
+
+def test_forced_reference_backend(tmp_path):
+    proc = subprocess.run([PY, "-m", "core_ops", "info"], capture_output=True, text=True,
+                          env=dict(os.environ, CORE_OPS_BACKEND="reference", CORE_OPS_CACHE_DIR=str(tmp_path)))
+    assert proc.returncode == 0, proc.stderr
+    assert "CORE_OPS_BACKEND=reference" in proc.stdout
+    op_lines = [line for line in proc.stdout.splitlines() if line.strip().startswith("multi_tensor_")]
+    assert op_lines and all(line.split()[-1] == "reference" for line in op_lines)
+    assert not list(tmp_path.iterdir())  # nothing was built
+
+
+def test_info_reports_native_cpu_ops():
+    proc = subprocess.run([PY, "-m", "core_ops", "info"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    cpu = proc.stdout.split("[cpu]")[1].split("[cuda]")[0]
+    assert "native" in cpu.splitlines()[0]
+    for name in ("multi_tensor_scale_", "multi_tensor_l2norm", "update_scale_"):
+        assert f"{name}" in cpu and all(line.split()[-1] == "native" for line in cpu.splitlines()[1:] if line.strip())
+    for key in ("torch", "cache", "c++ compiler", "cuda toolkit"):
+        assert key in proc.stdout
+
+
+def test_cache_key_tracks_sources_flags_and_arch(tmp_path, monkeypatch):
+    assert _build.build_key("cuda", "8.0") != _build.build_key("cuda", "9.0")
+    before = _build.build_key("cpu")
+    copy = tmp_path / "csrc"
+    shutil.copytree(_build.CSRC, copy)
+    monkeypatch.setattr(_build, "CSRC", copy)
+    assert _build.build_key("cpu") == before
+    header = copy / "include" / "core_ops" / "multi_tensor_math.h"
+    header.write_text(header.read_text() + "\n// changed\n")
+    assert _build.build_key("cpu") != before
+
+
+@pytest.mark.skipif(_build.cuda_home() is None or not Path(_build.cuda_home(), "bin", "nvcc").exists(),
+                    reason="no CUDA toolkit on this machine")
+def test_cuda_extension_compiles_for_sm80_and_sm90_and_loads():
+    proc = subprocess.run([PY, "-m", "core_ops", "build", "--cuda", "--arch", "8.0;9.0"],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
+    assert "cuda: ok: native" in proc.stdout
