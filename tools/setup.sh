@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Sets up a development environment in .venv: torch, core_ops and both plugins
+# (editable), test tools. Safe to run again; it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+pip() { .venv/bin/python -m pip -q --disable-pip-version-check "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+# CI and the README use torch 2.14.1; pyproject admits >=2.4,<2.15.
+.venv/bin/python -c "import torch" 2>/dev/null || pip install "torch==2.14.1"
+pip install -e ".[test]" -e plugins/lightning -e plugins/accelerate
+.venv/bin/python -c "import core_ops, core_ops_lightning, core_ops_accelerate" \
+  || { echo "setup failed: packages do not import" >&2; exit 1; }
