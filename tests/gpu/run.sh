@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds and runs every GPU test and GPU benchmark on a bare GPU machine whose python3
+# holds a CUDA build of torch (nothing is installed: the repo is put on PYTHONPATH and
+# the kernels build on first use). Budget: under 8 minutes; prints a short summary.
+#   bash tests/gpu/run.sh            # from the repo root
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-python3}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export CORE_OPS_CACHE_DIR=${CORE_OPS_CACHE_DIR:-/tmp/core_ops_gpu_cache}
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+LOG=${OUT:-/tmp}/gpu_run
+mkdir -p "$LOG"
+summary=()
+step() {  # step NAME TIMEOUT_S CMD...: run, keep the log, remember the verdict
+  local name=$1 limit=$2; shift 2
+  local t0=$(date +%s)
+  timeout "$limit" "$@" >"$LOG/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-12s rc=%-3s %4ss  %s' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(tail -n 1 "$LOG/$name.log")")")
+  return $rc
+}
+
+$PY -c "import torch; assert torch.cuda.is_available(), 'no GPU'; print(torch.__version__, torch.cuda.get_device_name(0))" \
+  || { echo "no usable GPU: nothing to run"; exit 1; }
+step build 240 $PY -m core_ops build --cuda
+step info 60 $PY -m core_ops info
+step tests 240 $PY -m pytest -q -p no:cacheprovider tests/multi_tensor_apply tests/test_op_registration.py -k "cuda or gpu"
+step bench 150 $PY bench/bench_multi_tensor.py --device cuda --numel 200000000 --tensors 200
+
+echo "==== core_ops GPU run: $($PY -c 'import torch; print(torch.cuda.get_device_name(0))') ===="
+printf '%s\n' "${summary[@]}"
+echo "---- bench ----"; tail -n 20 "$LOG/bench.log"
+echo "---- failures ----"; grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -20
