@@ -35,8 +35,30 @@ void map_scalar(const in_t* x, out_t* y, int64_t begin, int64_t end, const F& f,
 
 template <bool kWrite, bool kProbe, bool kReduce, typename in_t, typename out_t, typename F>
 ChunkStats<float> map_chunk(const in_t* x, out_t* y, int64_t n, const F& f) {
-  fVec probe(0.f), sum0(0.f), sum1(0.f);
+  fVec probe(0.f), sum0(0.f), sum1(0.f), sum2(0.f), sum3(0.f);
   int64_t i = 0;
+  if constexpr (kReduce) {
+    // Four independent accumulators: one chain of vector adds is latency-bound
+    // below the memory bandwidth of a single core.
+    for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+      fVec a, b, c, d;
+      VecIO<in_t>::load(x + i, a, b);
+      VecIO<in_t>::load(x + i + kWidth, c, d);
+      if constexpr (kProbe) {
+        probe = probe + (nonfinite_probe(a) + nonfinite_probe(b)) +
+                (nonfinite_probe(c) + nonfinite_probe(d));
+      }
+      const fVec ra = f(a), rb = f(b), rc = f(c), rd = f(d);
+      sum0 = sum0 + square_math(ra);
+      sum1 = sum1 + square_math(rb);
+      sum2 = sum2 + square_math(rc);
+      sum3 = sum3 + square_math(rd);
+      if constexpr (kWrite) {
+        VecIO<out_t>::store(y + i, ra, rb);
+        VecIO<out_t>::store(y + i + kWidth, rc, rd);
+      }
+    }
+  }
   for (; i + kWidth <= n; i += kWidth) {
     fVec a, b;
     VecIO<in_t>::load(x + i, a, b);
@@ -51,7 +73,7 @@ ChunkStats<float> map_chunk(const in_t* x, out_t* y, int64_t n, const F& f) {
   ChunkStats<float> st;
   map_scalar<kWrite, kProbe, kReduce>(x, y, i, n, f, st);
   if constexpr (kProbe) st.probe += horizontal_sum(probe);
-  if constexpr (kReduce) st.sumsq += horizontal_sum(sum0 + sum1);
+  if constexpr (kReduce) st.sumsq += horizontal_sum((sum0 + sum1) + (sum2 + sum3));
   return st;
 }
 

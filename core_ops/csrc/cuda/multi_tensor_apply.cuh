@@ -29,14 +29,16 @@ constexpr int kILP = 4;
 constexpr int64_t kChunkSize = 65536;
 static_assert(kChunkSize % (kILP * kBlockSize) == 0, "a chunk is whole steps of a block");
 
-// The launch descriptor travels as a kernel argument. CUDA 12.1+ (with a Volta+ GPU
-// and an R530+ driver, which every torch build on such a toolkit requires anyway)
-// accepts 32764 bytes of arguments instead of 4096. We use about 20 KB there: 2048
-// chunks a launch keep an H100/H200 (132 SMs x 4 resident 512-thread blocks) busy for
-// ~4 waves, where Apex's 320 chunks fill barely half of one and leave memory
-// bandwidth idle; the rest of the 32 KB is not worth the larger per-launch copy.
-// Older toolkits get the classic limit, less room for the functor's own arguments.
-#if defined(CUDART_VERSION) && CUDART_VERSION >= 12010
+// The launch descriptor travels as a kernel argument. CUDA 12.1+ accepts 32764 bytes
+// of arguments instead of 4096 (on Volta+ with an R530+ driver; a driver too old
+// fails the launch check loudly, and torch's CUDA 13 builds need a newer one anyway).
+// We use about 20 KB there: 2048 chunks a launch keep an H100/H200 (132 SMs x 4
+// resident 512-thread blocks) busy for ~4 waves, where 320 chunks (what fits 4 KB)
+// fill 60% of one wave and leave memory bandwidth idle at every launch boundary; the
+// rest of the 32 KB is not worth the larger per-launch copy. Older toolkits get the
+// classic limit, less room for the functor's own arguments;
+// -DCORE_OPS_SMALL_KERNEL_ARGS forces it, to compare the two on a given GPU.
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12010 && !defined(CORE_OPS_SMALL_KERNEL_ARGS)
 constexpr size_t kMetaBytes = 20 * 1024;
 constexpr int kMaxChunks = 2048;
 #else
