@@ -17,6 +17,8 @@ Conventions shared by all multi-tensor ops (Note [Multi-tensor conventions]):
 
 import torch
 
+from ._validate import check_lists
+
 LIB_NAME = "core_ops"
 _lib = torch.library.Library(LIB_NAME, "DEF")
 
@@ -67,21 +69,23 @@ def _norm_outputs(tensors, per_tensor):
 
 @torch.library.register_fake("core_ops::multi_tensor_scale_")
 def _(src, dst, scale, found_inf):
-    return None
+    check_lists(("src", src), ("dst", dst))
 
 
 @torch.library.register_fake("core_ops::multi_tensor_axpby_")
 def _(x, y, out, a, b, found_inf, arg_to_check):
-    return None
+    check_lists(("x", x), ("y", y), ("out", out))
 
 
 @torch.library.register_fake("core_ops::multi_tensor_l2norm")
 def _(tensors, per_tensor):
+    check_lists(("tensors", tensors))
     return _norm_outputs(tensors, per_tensor)
 
 
 @torch.library.register_fake("core_ops::multi_tensor_unscale_l2norm_")
 def _(tensors, inv_scale, found_inf, per_tensor):
+    check_lists(("tensors", tensors))
     return _norm_outputs(tensors, per_tensor)
 
 

@@ -1,9 +1,10 @@
-"""The user-facing argument checks of the multi-tensor ops: one place, every backend.
+"""The argument checks of the multi-tensor ops.
 
 They raise TypeError for a wrong kind of thing (not a list, not a tensor, an integer
-or complex dtype) and ValueError for a wrong arrangement (lengths, shapes, devices),
-naming the argument and the index. The C++ kernels repeat the few checks that guard
-memory safety, for callers that reach ``torch.ops.core_ops`` directly.
+or complex dtype, a sparse tensor) and ValueError for a wrong arrangement (lengths,
+shapes, devices), naming the argument and the index. The public functions make the
+cheap checks; the per-tensor ones (``check_lists``) run in the reference and fake
+kernels here and in the C++ kernels natively, so they cost one C++ loop per call.
 """
 
 import torch
@@ -12,59 +13,55 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def tensor_list(value, name):
-    """``value`` as a list of dense floating tensors of one dtype and device."""
+    """``value`` as a list of tensors. Cheap (one isinstance per element): the
+    per-tensor checks run inside the kernels, see ``check_lists``."""
     if isinstance(value, torch.Tensor) or not isinstance(value, (list, tuple)):
         raise TypeError(f"{name} must be a list of tensors, got {type(value).__name__}")
     ts = list(value)
-    for i, t in enumerate(ts):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}[{i}] must be a tensor, got {type(t).__name__}")
-    if not ts:
-        return ts
-    dtypes = {t.dtype for t in ts}
-    devices = {t.device for t in ts}
-    if len(dtypes) > 1 or len(devices) > 1 or any(t.layout != torch.strided for t in ts):
-        _explain_mixed(ts, name)
-    dtype = ts[0].dtype
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} has dtype {dtype}; expected float32, float16, bfloat16 "
-                        "or float64")
+    if not all(isinstance(t, torch.Tensor) for t in ts):
+        i, bad = next((i, t) for i, t in enumerate(ts) if not isinstance(t, torch.Tensor))
+        raise TypeError(f"{name}[{i}] must be a tensor, got {type(bad).__name__}")
     return ts
 
 
-def _explain_mixed(ts, name):
-    first = ts[0]
-    for i, t in enumerate(ts):
-        if t.layout != torch.strided:
-            raise TypeError(f"{name}[{i}] is a {t.layout} tensor; only dense tensors are "
-                            "supported (sparse gradients cannot be fused)")
-        if t.device != first.device:
-            raise ValueError(f"{name}[{i}] is on {t.device} but {name}[0] is on "
-                             f"{first.device}; one list must be on one device")
-        if t.dtype != first.dtype:
-            raise TypeError(f"{name}[{i}] has dtype {t.dtype} but {name}[0] has "
-                            f"{first.dtype}; group tensors by dtype first")
-
-
-def same_structure(ref, ref_name, other, other_name):
-    """``other`` matches ``ref`` in length, device and per-index shape."""
+def same_length(ref, ref_name, other, other_name):
     if len(other) != len(ref):
         raise ValueError(f"{other_name} has {len(other)} tensors but {ref_name} has {len(ref)}")
-    if ref and other and other[0].device != ref[0].device:
-        raise ValueError(f"{other_name} is on {other[0].device} but {ref_name} is on "
-                         f"{ref[0].device}")
-    for i, (a, b) in enumerate(zip(ref, other)):
-        if a.shape != b.shape:
-            raise ValueError(f"{other_name}[{i}] has shape {tuple(b.shape)} but "
-                             f"{ref_name}[{i}] has shape {tuple(a.shape)}")
 
 
-def no_float64_mix(*named_lists):
-    kinds = {ts[0].dtype == torch.float64 for _, ts in named_lists if ts}
-    if len(kinds) > 1:
+def check_lists(*named_lists):
+    """The per-tensor checks, for the reference and fake kernels; the C++ kernels make
+    the same checks with the same wording (core_ops/tensor_lists.h), where a Python
+    loop over thousands of tensors would cost more than the op.
+
+    Every tensor dense and on the first tensor's device; one dtype per list, floating;
+    shapes equal index by index to the first list; float64 lists not mixed with others.
+    """
+    named_lists = [(n, ts) for n, ts in named_lists]
+    ref_name, ref = named_lists[0]
+    if not ref:
+        return
+    device = ref[0].device
+    for name, ts in named_lists:
+        for i, t in enumerate(ts):
+            if t.layout != torch.strided:
+                raise TypeError(f"{name}[{i}] is a {t.layout} tensor; only dense tensors are "
+                                "supported (sparse gradients cannot be fused)")
+            if t.device != device:
+                raise ValueError(f"{name}[{i}] is on {t.device} but the op runs on {device}")
+            if t.dtype != ts[0].dtype:
+                raise TypeError(f"{name}[{i}] has dtype {t.dtype} but {name}[0] has "
+                                f"{ts[0].dtype}; group tensors by dtype first")
+            if t.shape != ref[i].shape:
+                raise ValueError(f"{name}[{i}] has shape {list(t.shape)} but {ref_name}[{i}] "
+                                 f"has shape {list(ref[i].shape)}")
+        if ts and ts[0].dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: expected float32, float16, bfloat16 or float64 "
+                            f"tensors, got {ts[0].dtype}")
+    doubles = {ts[0].dtype == torch.float64 for _, ts in named_lists if ts}
+    if len(doubles) > 1:
         names = ", ".join(n for n, _ in named_lists)
-        raise TypeError(f"{names}: float64 lists cannot be mixed with reduced-precision "
-                        "lists in one call")
+        raise TypeError(f"{names}: float64 lists cannot be mixed with other dtypes")
 
 
 def flag(found_inf, device, name="found_inf"):

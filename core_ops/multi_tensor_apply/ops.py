@@ -10,11 +10,11 @@ from .._library import op
 
 
 def _prepare(*named_lists):
+    """Cheap checks, then the device's native kernels made available if they can be."""
     lists = [_validate.tensor_list(ts, name) for name, ts in named_lists]
     ref_name, ref = named_lists[0][0], lists[0]
     for (name, _), ts in zip(named_lists[1:], lists[1:]):
-        _validate.same_structure(ref, ref_name, ts, name)
-    _validate.no_float64_mix(*zip([n for n, _ in named_lists], lists))
+        _validate.same_length(ref, ref_name, ts, name)
     device = ref[0].device if ref else torch.device("cpu")
     _build.ensure_for(device)
     return lists, device

@@ -6,6 +6,7 @@ Written for clarity, not speed: they loop over tensors and never sync the host.
 import torch
 
 from .._library import norm_dtype
+from .._validate import check_lists
 
 
 def compute_dtype(*lists):
@@ -25,6 +26,7 @@ def flag_nonfinite(found_inf, tensors):
 
 
 def multi_tensor_scale_(src, dst, scale, found_inf):
+    check_lists(("src", src), ("dst", dst))
     acc = compute_dtype(src, dst)
     s = scale.reshape(()).to(acc)
     flag_nonfinite(found_inf, src)
@@ -33,6 +35,7 @@ def multi_tensor_scale_(src, dst, scale, found_inf):
 
 
 def multi_tensor_axpby_(x, y, out, a, b, found_inf, arg_to_check):
+    check_lists(("x", x), ("y", y), ("out", out))
     acc = compute_dtype(x, y, out)
     if arg_to_check in (-1, 0):
         flag_nonfinite(found_inf, x)
@@ -52,10 +55,12 @@ def _norms(tensors, per_tensor, dtype):
 
 
 def multi_tensor_l2norm(tensors, per_tensor):
+    check_lists(("tensors", tensors))
     return _norms(tensors, per_tensor, norm_dtype(tensors))
 
 
 def multi_tensor_unscale_l2norm_(tensors, inv_scale, found_inf, per_tensor):
+    check_lists(("tensors", tensors))
     acc = compute_dtype(tensors)
     s = inv_scale.reshape(()).to(acc)
     flag_nonfinite(found_inf, tensors)

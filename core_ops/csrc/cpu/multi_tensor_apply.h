@@ -45,14 +45,27 @@ inline std::vector<Chunk> make_chunks(at::TensorList tensors) {
   return chunks;
 }
 
+// Note [Dynamic chunk claiming]: threads claim small batches of chunks from a shared
+// counter instead of taking a fixed half each, so a thread slowed by another process
+// (common on shared machines) does not hold the others back. Results stay
+// deterministic: every per-chunk output is stored by chunk index, not by thread.
+constexpr int64_t kClaimBatch = 4;
+
 template <typename F>
 void parallel_chunks(const std::vector<Chunk>& chunks, F&& f) {
   int64_t total = 0;
   for (const auto& c : chunks) total += c.end - c.begin;
   const int64_t n = static_cast<int64_t>(chunks.size());
-  const int64_t grain = total < kSerialBelow ? std::max<int64_t>(n, 1) : 1;
-  at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) f(chunks[i]);
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), (n + kClaimBatch - 1) / kClaimBatch);
+  if (total < kSerialBelow || workers <= 1) {
+    for (const auto& c : chunks) f(c);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t b = next.fetch_add(kClaimBatch); b < n; b = next.fetch_add(kClaimBatch)) {
+      for (int64_t i = b; i < std::min(n, b + kClaimBatch); ++i) f(chunks[i]);
+    }
   });
 }
 

@@ -8,6 +8,17 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include <string>
+
+namespace core_ops {
+
+// A dtype as Python spells it ("torch.float16"), so C++ and Python errors read alike.
+inline std::string dtype_name(c10::ScalarType t) {
+  return "torch." + std::string(c10::getDtypeNames(t).first);
+}
+
+}  // namespace core_ops
+
 #define CORE_OPS_CASE_TYPE(ENUM, CPP, NAME, ...) \
   case ENUM: {                                   \
     using NAME = CPP;                            \
@@ -22,5 +33,5 @@
     CORE_OPS_CASE_TYPE(c10::ScalarType::Half, c10::Half, NAME, __VA_ARGS__)         \
     CORE_OPS_CASE_TYPE(c10::ScalarType::BFloat16, c10::BFloat16, NAME, __VA_ARGS__) \
     default:                                                                        \
-      TORCH_CHECK_TYPE(false, ARG, ": expected float32, float16 or bfloat16 tensors, got ", TYPE); \
+      TORCH_CHECK_TYPE(false, ARG, ": expected float32, float16, bfloat16 or float64 tensors, got ", core_ops::dtype_name(TYPE)); \
   }

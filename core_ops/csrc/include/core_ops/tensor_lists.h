@@ -1,7 +1,6 @@
-// Host-side helpers shared by the CPU and CUDA launchers: the guards that keep a
-// malformed call from reading or writing out of bounds (the user-facing checks, with
-// friendlier messages, are in core_ops/_validate.py), the found-inf flag, and
-// Note [Non-contiguous tensors].
+// Host-side helpers shared by the CPU and CUDA launchers: the per-tensor argument
+// checks, worded as core_ops/_validate.py's check_lists (which serves the reference
+// and fake kernels), and Note [Non-contiguous tensors].
 #pragma once
 
 #include <utility>
@@ -9,6 +8,8 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
+
+#include <core_ops/dispatch.h>
 
 namespace core_ops {
 
@@ -24,8 +25,10 @@ inline void check_list(at::TensorList ts, const char* name, c10::Device device) 
     TORCH_CHECK_VALUE(ts[i].device() == device, name, "[", i, "] is on ", ts[i].device(),
                       " but the op runs on ", device);
     TORCH_CHECK_TYPE(ts[i].scalar_type() == dtype, name, "[", i, "] has dtype ",
-                     ts[i].scalar_type(), " but ", name, "[0] has ", dtype);
-    TORCH_CHECK_VALUE(ts[i].layout() == c10::kStrided, name, "[", i, "] must be a dense tensor");
+                     dtype_name(ts[i].scalar_type()), " but ", name, "[0] has ", dtype_name(dtype),
+                     "; group tensors by dtype first");
+    TORCH_CHECK_TYPE(ts[i].layout() == c10::kStrided, name, "[", i, "] is a ", ts[i].layout(),
+                     " tensor; only dense tensors are supported (sparse gradients cannot be fused)");
   }
 }
 
