@@ -64,12 +64,15 @@ def check_flags(base_flag, core_flag, expect):
     assert base_flag.item() == core_flag.item() == expect, (base_flag, core_flag, expect)
 
 
+def twin_inputs(args, dtype):
+    """Equal tensors and zeroed flags for the baseline and core_ops, which each write."""
+    base_ts = make_tensors(args.numel, args.tensors, dtype, args.device)
+    return base_ts, clone(base_ts), torch.zeros(1, device=args.device), torch.zeros(1, device=args.device)
+
+
 def case_unscale(args, dtype):
     """In-place unscale with the inf/nan check."""
-    base_ts = make_tensors(args.numel, args.tensors, dtype, args.device)
-    core_ts = clone(base_ts)
-    base_flag = torch.zeros(1, device=args.device)
-    core_flag = torch.zeros(1, device=args.device)
+    base_ts, core_ts, base_flag, core_flag = twin_inputs(args, dtype)
 
     def base(inv):
         torch._amp_foreach_non_finite_check_and_unscale_(base_ts, base_flag, inv)
@@ -108,10 +111,7 @@ def case_l2norm(args, dtype):
 
 def case_unscale_l2norm(args, dtype):
     """Unscale in place, check inf/nan and take the norm of the unscaled values."""
-    base_ts = make_tensors(args.numel, args.tensors, dtype, args.device)
-    core_ts = clone(base_ts)
-    base_flag = torch.zeros(1, device=args.device)
-    core_flag = torch.zeros(1, device=args.device)
+    base_ts, core_ts, base_flag, core_flag = twin_inputs(args, dtype)
 
     def base(inv):
         torch._amp_foreach_non_finite_check_and_unscale_(base_ts, base_flag, inv)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -173,6 +174,9 @@ def _compile(kind: str, name: str, build_dir: Path, arch: str | None) -> None:
         # Set before cpp_extension is imported: it resolves CUDA_HOME once, at import,
         # from the nvcc wrapper's folder, which is not the toolkit.
         os.environ["CUDA_HOME"] = home
+    # Without a GPU, importing cpp_extension logs "No CUDA runtime is found": true,
+    # and irrelevant to building, so it is not shown.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension
 
     includes = [str(CSRC / "include")]

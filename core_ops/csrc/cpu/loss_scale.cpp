@@ -12,13 +12,7 @@ void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker,
                    const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval,
                    int64_t hysteresis, double min_scale, double max_scale) {
-  TORCH_CHECK_TYPE(scale.scalar_type() == at::kFloat && scale.numel() == 1,
-                   "scale must be a one-element float32 tensor");
-  TORCH_CHECK_TYPE(growth_tracker.scalar_type() == at::kInt && growth_tracker.numel() == 1,
-                   "growth_tracker must be a one-element int32 tensor");
-  TORCH_CHECK_TYPE(hysteresis_tracker.scalar_type() == at::kInt && hysteresis_tracker.numel() == 1,
-                   "hysteresis_tracker must be a one-element int32 tensor");
-  check_flag(found_inf, scale.device());
+  check_update_scale_args(scale, growth_tracker, hysteresis_tracker, found_inf);
   const bool inf = found_inf.scalar_type() == at::kFloat ? *found_inf.data_ptr<float>() > 0
                                                          : *found_inf.data_ptr<int32_t>() > 0;
   update_scale_math(scale.data_ptr<float>(), growth_tracker.data_ptr<int32_t>(),

@@ -8,22 +8,14 @@ namespace {
 
 void multi_tensor_scale_(at::TensorList src, at::TensorList dst, const at::Tensor& scale,
                          const at::Tensor& found_inf) {
-  check_same_length(src, "src", dst, "dst");
-  if (src.empty()) return;
-  const auto device = src[0].device();
-  check_list(src, "src", device);
-  check_list(dst, "dst", device);
-  check_same_numel(src, "src", dst, "dst");
-  check_flag(found_inf, device);
+  if (!check_scale_args(src, dst, found_inf)) return;
   const double s = read_scalar(scale, "scale");
 
   ContiguousList in(src, false), out(dst, true);
   const auto chunks = make_chunks(src);
   std::atomic<bool> bad{false};
 
-  if (is_double_list(src) || is_double_list(dst)) {
-    TORCH_CHECK_TYPE(is_double_list(src) && is_double_list(dst),
-                     "src and dst: float64 lists cannot be mixed with other dtypes");
+  if (all_or_no_double({src, dst}, "src and dst")) {
     parallel_chunks(chunks, [&](const Chunk& c) {
       ChunkStats<double> st;
       map_scalar<true, true, false>(in.tensors[c.tensor].data_ptr<double>(),
@@ -50,26 +42,13 @@ void multi_tensor_scale_(at::TensorList src, at::TensorList dst, const at::Tenso
 void multi_tensor_axpby_(at::TensorList x, at::TensorList y, at::TensorList out_list,
                          double a, double b, const at::Tensor& found_inf,
                          int64_t arg_to_check) {
-  check_same_length(x, "x", y, "y");
-  check_same_length(x, "x", out_list, "out");
-  TORCH_CHECK_VALUE(arg_to_check >= -1 && arg_to_check <= 1,
-                    "arg_to_check must be -1 (both), 0 (x) or 1 (y), got ", arg_to_check);
-  if (x.empty()) return;
-  const auto device = x[0].device();
-  check_list(x, "x", device);
-  check_list(y, "y", device);
-  check_list(out_list, "out", device);
-  check_same_numel(x, "x", y, "y");
-  check_same_numel(x, "x", out_list, "out");
-  check_flag(found_inf, device);
+  if (!check_axpby_args(x, y, out_list, found_inf, arg_to_check)) return;
 
   ContiguousList xs(x, false), ys(y, false), outs(out_list, true);
   const auto chunks = make_chunks(x);
   std::atomic<bool> x_bad{false}, y_bad{false};
 
-  if (is_double_list(x) || is_double_list(y) || is_double_list(out_list)) {
-    TORCH_CHECK_TYPE(is_double_list(x) && is_double_list(y) && is_double_list(out_list),
-                     "x, y and out: float64 lists cannot be mixed with other dtypes");
+  if (all_or_no_double({x, y, out_list}, "x, y and out")) {
     parallel_chunks(chunks, [&](const Chunk& c) {
       double px = 0, py = 0;
       axpby_scalar<double>(xs.tensors[c.tensor].data_ptr<double>(),

@@ -26,18 +26,9 @@ void update_scale_(const at::Tensor& scale, const at::Tensor& growth_tracker,
                    const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval,
                    int64_t hysteresis, double min_scale, double max_scale) {
-  TORCH_CHECK_TYPE(scale.scalar_type() == at::kFloat && scale.numel() == 1,
-                   "scale must be a one-element float32 tensor");
-  TORCH_CHECK_TYPE(growth_tracker.scalar_type() == at::kInt && growth_tracker.numel() == 1,
-                   "growth_tracker must be a one-element int32 tensor");
-  TORCH_CHECK_TYPE(hysteresis_tracker.scalar_type() == at::kInt && hysteresis_tracker.numel() == 1,
-                   "hysteresis_tracker must be a one-element int32 tensor");
+  check_update_scale_args(scale, growth_tracker, hysteresis_tracker, found_inf);
   const auto device = scale.device();
   check_cuda(device);
-  // The kernel dereferences all four: they must share scale's device.
-  TORCH_CHECK_VALUE(growth_tracker.device() == device && hysteresis_tracker.device() == device,
-                    "growth_tracker and hysteresis_tracker must be on ", device);
-  check_flag(found_inf, device);
   const c10::cuda::CUDAGuard guard(device);
   update_scale_kernel<<<1, 1, 0, c10::cuda::getCurrentCUDAStream()>>>(
       scale.data_ptr<float>(), growth_tracker.data_ptr<int32_t>(),

@@ -3,6 +3,7 @@
 // and fake kernels), and Note [Non-contiguous tensors].
 #pragma once
 
+#include <initializer_list>
 #include <utility>
 #include <vector>
 
@@ -73,5 +74,65 @@ struct ContiguousList {
     for (auto& [user, tmp] : write_back) user.copy_(tmp);
   }
 };
+
+// ---- each op's argument checks, shared by its CPU and CUDA kernels ----------------
+
+// True when every non-empty list is float64 (the op computes in double), false when
+// none is; mixing is an error.
+inline bool all_or_no_double(std::initializer_list<at::TensorList> lists, const char* names) {
+  int doubles = 0, others = 0;
+  for (const auto& ts : lists) {
+    if (ts.empty()) continue;
+    (ts[0].scalar_type() == at::kDouble ? doubles : others) += 1;
+  }
+  TORCH_CHECK_TYPE(doubles == 0 || others == 0, names,
+                   ": float64 lists cannot be mixed with other dtypes");
+  return doubles > 0;
+}
+
+// Returns false when there is nothing to do (empty lists).
+inline bool check_scale_args(at::TensorList src, at::TensorList dst, const at::Tensor& found_inf) {
+  check_same_length(src, "src", dst, "dst");
+  if (src.empty()) return false;
+  const auto device = src[0].device();
+  check_list(src, "src", device);
+  check_list(dst, "dst", device);
+  check_same_numel(src, "src", dst, "dst");
+  check_flag(found_inf, device);
+  return true;
+}
+
+inline bool check_axpby_args(at::TensorList x, at::TensorList y, at::TensorList out,
+                             const at::Tensor& found_inf, int64_t arg_to_check) {
+  check_same_length(x, "x", y, "y");
+  check_same_length(x, "x", out, "out");
+  TORCH_CHECK_VALUE(arg_to_check >= -1 && arg_to_check <= 1,
+                    "arg_to_check must be -1 (both), 0 (x) or 1 (y), got ", arg_to_check);
+  if (x.empty()) return false;
+  const auto device = x[0].device();
+  check_list(x, "x", device);
+  check_list(y, "y", device);
+  check_list(out, "out", device);
+  check_same_numel(x, "x", y, "y");
+  check_same_numel(x, "x", out, "out");
+  check_flag(found_inf, device);
+  return true;
+}
+
+inline void check_update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                                    const at::Tensor& hysteresis_tracker,
+                                    const at::Tensor& found_inf) {
+  TORCH_CHECK_TYPE(scale.scalar_type() == at::kFloat && scale.numel() == 1,
+                   "scale must be a one-element float32 tensor");
+  TORCH_CHECK_TYPE(growth_tracker.scalar_type() == at::kInt && growth_tracker.numel() == 1,
+                   "growth_tracker must be a one-element int32 tensor");
+  TORCH_CHECK_TYPE(hysteresis_tracker.scalar_type() == at::kInt && hysteresis_tracker.numel() == 1,
+                   "hysteresis_tracker must be a one-element int32 tensor");
+  // The kernels dereference all four: they must share scale's device.
+  TORCH_CHECK_VALUE(growth_tracker.device() == scale.device() &&
+                    hysteresis_tracker.device() == scale.device(),
+                    "growth_tracker and hysteresis_tracker must be on ", scale.device());
+  check_flag(found_inf, scale.device());
+}
 
 }  // namespace core_ops
