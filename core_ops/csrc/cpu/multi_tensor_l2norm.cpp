@@ -61,7 +61,10 @@ std::tuple<at::Tensor, at::Tensor> norm_impl(at::TensorList tensors, double mul,
       parallel_chunks(chunks, [&](const Chunk& c) {
         scalar_t* p = ts.tensors[c.tensor].data_ptr<scalar_t>() + c.begin;
         const auto st = map_chunk<kWrite, kProbe, true>(
-            p, p, c.end - c.begin, [mf](auto v) { return scale_math(v, decltype(v)(mf)); });
+            p, p, c.end - c.begin, [mf](auto v) {
+              // l2norm reads only: skip the multiply by one.
+              if constexpr (kWrite) return scale_math(v, decltype(v)(mf)); else return v;
+            });
         sumsq[&c - chunks.data()] = st.sumsq;
         if (st.nonfinite()) bad = true;
       }));
@@ -81,7 +84,6 @@ std::tuple<at::Tensor, at::Tensor> multi_tensor_l2norm(at::TensorList tensors, b
     return {at::zeros({}, opts), at::empty({0}, opts)};
   }
   check_tensors(tensors);
-  // l2norm only reads; identity multiply by 1 keeps one code path (exact in IEEE).
   return norm_impl<false, false>(tensors, 1.0, per_tensor, nullptr);
 }
 
