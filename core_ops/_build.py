@@ -107,7 +107,11 @@ def cuda_home() -> str | None:
 def cpu_flags() -> list[str]:
     """Vector ISA flags matching what torch detected on this CPU; part of the cache key,
     so a cache shared between machines never runs AVX2 code on a CPU without it."""
-    flags = ["-O3", "-fopenmp"]
+    # -ffp-contract=off: each + and * rounds once, as in torch.optim's formulas and the
+    # reference kernels; letting the compiler fuse them into FMAs moved results by an
+    # ulp per step (Note [Adam as torch.optim computes it]). The kernels are bound by
+    # memory, not arithmetic, so nothing is lost.
+    flags = ["-O3", "-fopenmp", "-ffp-contract=off"]
     cap = torch.backends.cpu.get_cpu_capability()
     if cap in ("AVX2", "AVX512"):
         # at::vec selects its AVX2 specializations from these macros.

@@ -17,7 +17,7 @@ Conventions shared by all multi-tensor ops (Note [Multi-tensor conventions]):
 
 import torch
 
-from ._validate import check_lists
+from ._validate import check_lists, check_optimizer_lists
 
 LIB_NAME = "core_ops"
 _lib = torch.library.Library(LIB_NAME, "DEF")
@@ -43,6 +43,20 @@ SCHEMAS = {
         "Tensor(c!) hysteresis_tracker, Tensor found_inf, float growth_factor, "
         "float backoff_factor, int growth_interval, int hysteresis, float min_scale, "
         "float max_scale) -> ()"
+    ),
+    # Note [Fused optimizer ops]: one call updates one (device, dtype) group of params.
+    # steps are per-tensor float32 counters (torch.optim's state["step"]) advanced by
+    # the op; found_inf set means the op changes nothing, steps included; grads are
+    # divided by grad_scale inside the op (never written); lr_tensor, when given,
+    # replaces lr (capturable / tensor lr, read on the device); master_params, when
+    # not empty, are float32 copies the math updates, the params receiving their
+    # rounding. State is float32 (float64 for float64 params).
+    "fused_adam_": (
+        "fused_adam_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+        "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] master_params, "
+        "Tensor(f!)[] steps, float lr, float beta1, float beta2, float eps, float weight_decay, "
+        "bool adam_w_mode, bool bias_correction, bool amsgrad, bool maximize, "
+        "Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()"
     ),
 }
 
@@ -93,6 +107,15 @@ def _(tensors, inv_scale, found_inf, per_tensor):
 def _(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor, backoff_factor,
       growth_interval, hysteresis, min_scale, max_scale):
     return None
+
+
+@torch.library.register_fake("core_ops::fused_adam_")
+def _(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr, beta1,
+      beta2, eps, weight_decay, adam_w_mode, bias_correction, amsgrad, maximize, lr_tensor,
+      grad_scale, found_inf):
+    check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
+                          max_exp_avg_sqs=max_exp_avg_sqs if amsgrad else None,
+                          master_params=master_params or None)
 
 
 def op(name):

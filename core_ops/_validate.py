@@ -91,3 +91,29 @@ def scalar_tensor(value, device, name):
         raise TypeError(f"{name} must be a number or a one-element tensor, got "
                         f"{type(value).__name__}")
     return torch.full((1,), float(value), dtype=torch.float32, device=device)
+
+
+def state_dtype(param_dtype):
+    """Optimizer state and master weights: float32, float64 for float64 params."""
+    return torch.float64 if param_dtype == torch.float64 else torch.float32
+
+
+def check_optimizer_lists(params, grads, steps, **states):
+    """The checks of a fused optimizer op (Note [Fused optimizer ops]), for the
+    reference and fake kernels; csrc/include/core_ops/optimizer_args.h words the same
+    checks for the C++ kernels. ``states`` maps a list's name to the list, or to None
+    for an optional list that is absent."""
+    check_lists(("params", params), ("grads", grads))
+    if not params:
+        return
+    same_length(params, "params", steps, "steps")
+    if params[0].dtype != grads[0].dtype:
+        raise TypeError(f"grads have dtype {grads[0].dtype} but params have {params[0].dtype}")
+    want = state_dtype(params[0].dtype)
+    for name, ts in states.items():
+        if ts is None:
+            continue
+        same_length(params, "params", ts, name)
+        check_lists(("params", params), (name, ts))
+        if ts[0].dtype != want:
+            raise TypeError(f"{name} must be {want} for {params[0].dtype} params, got {ts[0].dtype}")

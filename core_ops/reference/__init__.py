@@ -3,9 +3,9 @@ the oracle of the tests and benchmarks. ``KERNELS`` maps op name to function."""
 
 import torch
 
-from . import loss_scale, multi_tensor
+from . import adam, loss_scale, multi_tensor
 
-KERNELS = {**multi_tensor.KERNELS, **loss_scale.KERNELS}
+KERNELS = {**multi_tensor.KERNELS, **loss_scale.KERNELS, **adam.KERNELS}
 
 # Registered for every device; a native kernel, once loaded, overrides its device.
 for _name, _fn in KERNELS.items():

@@ -1,0 +1,142 @@
+// CPU kernel of fused_adam_: the math is core_ops/adam_math.h; this file moves memory.
+#include <torch/library.h>
+
+#include <core_ops/adam_math.h>
+
+#include "optimizer_step.h"
+
+namespace core_ops::cpu {
+namespace {
+
+struct AdamPtrs {
+  void* param;
+  const void* grad;
+  void* exp_avg;
+  void* exp_avg_sq;
+  void* max_exp_avg_sq;  // amsgrad only
+  void* master;          // master weights only
+};
+
+// One chunk [begin, end) of one tensor. The weights the math updates are the fp32
+// master copy when there is one, else the param itself (in float).
+template <bool kAdamW, bool kAmsgrad, bool kMaster, typename param_t>
+void adam_chunk(const AdamPtrs& t, int64_t begin, int64_t end, const AdamCoeffs<float>& c,
+                float grad_div) {
+  auto* p = static_cast<param_t*>(t.param);
+  auto* g = static_cast<const param_t*>(t.grad);
+  auto* m = static_cast<float*>(t.exp_avg);
+  auto* v = static_cast<float*>(t.exp_avg_sq);
+  auto* vmax = static_cast<float*>(t.max_exp_avg_sq);
+  auto* w = static_cast<float*>(t.master);
+  const fVec div(grad_div);
+  int64_t i = begin;
+  for (; i + kWidth <= end; i += kWidth) {
+    fVec p0, p1, g0, g1, m0, m1, v0, v1, x0, x1;
+    if constexpr (kMaster) VecIO<float>::load(w + i, p0, p1); else VecIO<param_t>::load(p + i, p0, p1);
+    VecIO<param_t>::load(g + i, g0, g1);
+    VecIO<float>::load(m + i, m0, m1);
+    VecIO<float>::load(v + i, v0, v1);
+    if constexpr (kAmsgrad) VecIO<float>::load(vmax + i, x0, x1);
+    adam_math<kAdamW, kAmsgrad>(p0, g0 / div, m0, v0, x0, c);
+    adam_math<kAdamW, kAmsgrad>(p1, g1 / div, m1, v1, x1, c);
+    VecIO<float>::store(m + i, m0, m1);
+    VecIO<float>::store(v + i, v0, v1);
+    if constexpr (kAmsgrad) VecIO<float>::store(vmax + i, x0, x1);
+    if constexpr (kMaster) VecIO<float>::store(w + i, p0, p1);
+    VecIO<param_t>::store(p + i, p0, p1);
+  }
+  for (; i < end; ++i) {
+    float pv = kMaster ? w[i] : static_cast<float>(p[i]);
+    float xv = kAmsgrad ? vmax[i] : 0.f;
+    adam_math<kAdamW, kAmsgrad>(pv, static_cast<float>(g[i]) / grad_div, m[i], v[i], xv, c);
+    if constexpr (kAmsgrad) vmax[i] = xv;
+    if constexpr (kMaster) w[i] = pv;
+    p[i] = static_cast<param_t>(pv);
+  }
+}
+
+// float64 params keep float64 state and compute in double (scalar loop).
+template <bool kAdamW, bool kAmsgrad>
+void adam_chunk_double(const AdamPtrs& t, int64_t begin, int64_t end,
+                       const AdamCoeffs<double>& c, double grad_div) {
+  auto* p = static_cast<double*>(t.param);
+  auto* g = static_cast<const double*>(t.grad);
+  auto* m = static_cast<double*>(t.exp_avg);
+  auto* v = static_cast<double*>(t.exp_avg_sq);
+  auto* vmax = static_cast<double*>(t.max_exp_avg_sq);
+  for (int64_t i = begin; i < end; ++i) {
+    double xv = kAmsgrad ? vmax[i] : 0.0;
+    adam_math<kAdamW, kAmsgrad>(p[i], g[i] / grad_div, m[i], v[i], xv, c);
+    if constexpr (kAmsgrad) vmax[i] = xv;
+  }
+}
+
+template <typename F>
+void bool_switch(bool b, F&& f) {
+  if (b) f(std::true_type{}); else f(std::false_type{});
+}
+
+void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                 at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                 at::TensorList master_params, at::TensorList steps, double lr, double beta1,
+                 double beta2, double eps, double weight_decay, bool adam_w_mode,
+                 bool bias_correction, bool amsgrad, bool maximize,
+                 const std::optional<at::Tensor>& lr_tensor,
+                 const std::optional<at::Tensor>& grad_scale,
+                 const std::optional<at::Tensor>& found_inf) {
+  if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return;
+  check_state_list(params, exp_avgs, "exp_avgs", false);
+  check_state_list(params, exp_avg_sqs, "exp_avg_sqs", false);
+  check_state_list(params, max_exp_avg_sqs, "max_exp_avg_sqs", !amsgrad);
+  TORCH_CHECK_VALUE(!amsgrad || !max_exp_avg_sqs.empty(), "amsgrad needs max_exp_avg_sqs");
+  check_state_list(params, master_params, "master_params", true);
+  check_layouts(params, {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"},
+                         {max_exp_avg_sqs, "max_exp_avg_sqs"}, {master_params, "master_params"}});
+  if (flag_is_set(found_inf)) return;  // a skipped step changes nothing, steps included
+
+  lr = value_or(lr_tensor, lr);
+  const double scale = value_or(grad_scale, 1.0);
+  const double grad_div = maximize ? -scale : scale;  // division by -s also negates: exact
+  const std::vector<double> step = advance_steps(steps);
+  const bool is_double = params[0].scalar_type() == at::kDouble;
+  const bool master = !master_params.empty();
+  TORCH_CHECK_VALUE(!(is_double && master), "float64 params take no master_params");
+
+  const std::vector<at::Tensor> gs = grads_like_params(params, grads);
+  std::vector<AdamPtrs> ptrs(params.size());
+  std::vector<AdamCoeffs<float>> cf(params.size());
+  std::vector<AdamCoeffs<double>> cd(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    ptrs[i] = {params[i].data_ptr(), gs[i].data_ptr(), exp_avgs[i].data_ptr(),
+               exp_avg_sqs[i].data_ptr(), amsgrad ? max_exp_avg_sqs[i].data_ptr() : nullptr,
+               master ? master_params[i].data_ptr() : nullptr};
+    cf[i] = adam_coeffs<float>(lr, beta1, beta2, eps, weight_decay, step[i], bias_correction);
+    cd[i] = adam_coeffs<double>(lr, beta1, beta2, eps, weight_decay, step[i], bias_correction);
+  }
+  const auto chunks = make_chunks(params);
+  bool_switch(adam_w_mode, [&](auto adamw) {
+    bool_switch(amsgrad, [&](auto ams) {
+      if (is_double) {
+        parallel_chunks(chunks, [&](const Chunk& ch) {
+          adam_chunk_double<adamw, ams>(ptrs[ch.tensor], ch.begin, ch.end, cd[ch.tensor], grad_div);
+        });
+        return;
+      }
+      bool_switch(master, [&](auto has_master) {
+        CORE_OPS_DISPATCH_FLOAT_HALF_BF16(params[0].scalar_type(), "params", param_t,
+          parallel_chunks(chunks, [&](const Chunk& ch) {
+            adam_chunk<adamw, ams, has_master, param_t>(ptrs[ch.tensor], ch.begin, ch.end,
+                                                        cf[ch.tensor], static_cast<float>(grad_div));
+          }));
+      });
+    });
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
+  m.impl("fused_adam_", &fused_adam_);
+}
+
+}  // namespace core_ops::cpu

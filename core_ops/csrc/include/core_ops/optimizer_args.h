@@ -1,0 +1,98 @@
+// Argument checks of the fused optimizer ops, shared by their CPU and CUDA kernels.
+// Worded as core_ops/_validate.py's check_optimizer_lists, which serves the reference
+// and fake kernels.
+#pragma once
+
+#include <initializer_list>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
+
+#include <core_ops/tensor_lists.h>
+
+namespace core_ops {
+
+// The dtype optimizer state and master weights are kept in for params of `param`.
+inline at::ScalarType state_dtype(at::ScalarType param) {
+  return param == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+inline void check_state_list(at::TensorList params, at::TensorList ts, const char* name,
+                             bool optional) {
+  if (optional && ts.empty()) return;
+  check_same_length(params, "params", ts, name);
+  if (params.empty()) return;
+  check_list(ts, name, params[0].device());
+  check_same_numel(params, "params", ts, name);
+  const auto want = state_dtype(params[0].scalar_type());
+  TORCH_CHECK_TYPE(ts[0].scalar_type() == want, name, " must be ", dtype_name(want),
+                   " for ", dtype_name(params[0].scalar_type()), " params, got ",
+                   dtype_name(ts[0].scalar_type()));
+}
+
+// Note [Optimizer memory layout]: the kernels walk each tensor's memory as one flat
+// array, so every params[i] must be dense (contiguous, channels_last, ...) and its
+// state tensors laid out alike (the optimizers create them with zeros_like). A grad
+// laid out otherwise is copied into the param's layout first.
+inline void check_layouts(at::TensorList params, std::initializer_list<std::pair<at::TensorList, const char*>> states) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK_VALUE(params[i].is_non_overlapping_and_dense(), "params[", i,
+                      "] must be dense (contiguous or a permutation of it), got strides ",
+                      params[i].strides());
+    for (const auto& [ts, name] : states) {
+      if (ts.empty()) continue;
+      TORCH_CHECK_VALUE(ts[i].strides() == params[i].strides(), name, "[", i,
+                        "] must have the strides of params[", i, "] ", params[i].strides(),
+                        ", got ", ts[i].strides());
+    }
+  }
+}
+
+inline std::vector<at::Tensor> grads_like_params(at::TensorList params, at::TensorList grads) {
+  std::vector<at::Tensor> out(grads.begin(), grads.end());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].strides() != params[i].strides()) {
+      out[i] = at::empty_like(params[i]).copy_(grads[i]);
+    }
+  }
+  return out;
+}
+
+// params / grads as one (device, dtype) group; steps one-element float32 tensors on
+// the params' device; found_inf, grad_scale and lr_tensor one-element on that device.
+inline bool check_optimizer_group(at::TensorList params, at::TensorList grads,
+                                  at::TensorList steps,
+                                  const std::optional<at::Tensor>& lr_tensor,
+                                  const std::optional<at::Tensor>& grad_scale,
+                                  const std::optional<at::Tensor>& found_inf) {
+  check_same_length(params, "params", grads, "grads");
+  if (params.empty()) return false;
+  const auto device = params[0].device();
+  check_list(params, "params", device);
+  check_list(grads, "grads", device);
+  check_same_numel(params, "params", grads, "grads");
+  TORCH_CHECK_TYPE(grads[0].scalar_type() == params[0].scalar_type(), "grads have dtype ",
+                   dtype_name(grads[0].scalar_type()), " but params have ",
+                   dtype_name(params[0].scalar_type()));
+  check_same_length(params, "params", steps, "steps");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    TORCH_CHECK_VALUE(steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat &&
+                          steps[i].device() == device,
+                      "steps[", i, "] must be a one-element float32 tensor on ", device);
+  }
+  for (const auto* t : {&lr_tensor, &grad_scale}) {
+    if (t->has_value()) {
+      TORCH_CHECK_VALUE((*t)->numel() == 1 && (*t)->device() == device,
+                        t == &lr_tensor ? "lr" : "grad_scale",
+                        " must be a one-element tensor on ", device);
+    }
+  }
+  if (found_inf.has_value()) check_flag(*found_inf, device);
+  return true;
+}
+
+}  // namespace core_ops

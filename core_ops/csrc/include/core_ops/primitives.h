@@ -1,0 +1,31 @@
+// The few functions the per-element math needs beyond + - * /, overloaded for every
+// value type the math runs on: float and double (host and device) and, in CPU
+// translation units, at::vec::Vectorized<float>. The math headers call these
+// unqualified, so one template serves the CUDA functor, the CPU tail loop and the
+// CPU vector loop (Note [Math written once]).
+#pragma once
+
+#include <cmath>
+
+#include <core_ops/macros.h>
+
+#if !defined(__CUDACC__) && !defined(__HIPCC__)
+#include <ATen/cpu/vec/vec.h>
+#endif
+
+namespace core_ops {
+
+CORE_OPS_HD float vsqrt(float x) { return sqrtf(x); }
+CORE_OPS_HD double vsqrt(double x) { return sqrt(x); }
+CORE_OPS_HD float vmax(float a, float b) { return fmaxf(a, b); }
+CORE_OPS_HD double vmax(double a, double b) { return fmax(a, b); }
+
+#if !defined(__CUDACC__) && !defined(__HIPCC__)
+inline at::vec::Vectorized<float> vsqrt(const at::vec::Vectorized<float>& x) { return x.sqrt(); }
+inline at::vec::Vectorized<float> vmax(const at::vec::Vectorized<float>& a,
+                                       const at::vec::Vectorized<float>& b) {
+  return at::vec::maximum(a, b);
+}
+#endif
+
+}  // namespace core_ops

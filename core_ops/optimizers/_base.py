@@ -1,0 +1,148 @@
+"""What every fused optimizer shares: grouping params by (device, dtype), lazy state,
+fp32 master weights, grad_scale / found_inf (torch.amp.GradScaler's fused protocol),
+clipping by global norm folded into the update, and state dicts that interoperate
+with torch.optim."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+
+import torch
+from torch.optim import Optimizer
+
+from .. import _build, _validate
+from ..multi_tensor_apply import multi_tensor_l2norm
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+class FusedOptimizer(Optimizer):
+    # torch.amp.GradScaler.step() sets self.grad_scale / self.found_inf and lets the
+    # step unscale and skip inside the kernel instead of unscaling grads first.
+    _step_supports_amp_scaling = True
+    # State tensors kept in the state dtype (float32) whatever the param dtype.
+    _state_keys: tuple[str, ...] = ()
+
+    def __init__(self, params, defaults, *, set_grad_none, master_weights=False, capturable=False):
+        self.set_grad_none = set_grad_none
+        self.master_weights = master_weights
+        self.capturable = capturable
+        self.last_grad_norm = None
+        super().__init__(params, defaults)
+
+    # ---- construction -------------------------------------------------------------
+
+    def add_param_group(self, param_group):
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError(f"{type(self).__name__}: a parameter appears twice in one param group")
+        super().add_param_group(param_group)
+
+    # ---- grads --------------------------------------------------------------------
+
+    def zero_grad(self, set_to_none: bool | None = None):
+        super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
+
+    def _grouped(self, group):
+        """Params of ``group`` that have grads, bucketed by (device, dtype)."""
+        buckets = defaultdict(list)
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+            if p.grad.shape != p.shape:
+                raise ValueError(f"a gradient of shape {tuple(p.grad.shape)} belongs to a param of "
+                                 f"shape {tuple(p.shape)}")
+            buckets[(p.device, p.dtype)].append(p)
+        return buckets
+
+    # ---- state --------------------------------------------------------------------
+
+    def _step_tensor(self, p):
+        return torch.zeros((), dtype=torch.float32, device=p.device)
+
+    def _state_zeros(self, p):
+        return torch.zeros_like(p, dtype=_validate.state_dtype(p.dtype), memory_format=torch.preserve_format)
+
+    def _master(self, p):
+        """The fp32 master copy of a half param (created on first use), or None."""
+        if not (self.master_weights and p.dtype in HALF):
+            return None
+        state = self.state[p]
+        if "master_param" not in state:
+            state["master_param"] = self._state_zeros(p).copy_(p.detach())
+        return state["master_param"]
+
+    # ---- scaling, skipping, clipping ---------------------------------------------
+
+    def _scaling(self, grad_scale, found_inf, max_grad_norm):
+        """(grad_scale, found_inf) to hand the kernels: the caller's, or GradScaler's,
+        with clipping by global norm folded into grad_scale (no host sync)."""
+        grad_scale = grad_scale if grad_scale is not None else getattr(self, "grad_scale", None)
+        found_inf = found_inf if found_inf is not None else getattr(self, "found_inf", None)
+        if max_grad_norm is None:
+            return grad_scale, found_inf
+        if max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
+        norms = []
+        for group in self.param_groups:
+            for (device, _), ps in self._grouped(group).items():
+                _build.ensure_for(device)
+                norms.append(multi_tensor_l2norm([p.grad for p in ps])[0])
+        if not norms:
+            return grad_scale, found_inf
+        device = norms[0].device
+        total = torch.linalg.vector_norm(torch.stack([n.to(device).float() for n in norms]))
+        if grad_scale is not None:
+            total = total / grad_scale.to(device)
+        bad = (~torch.isfinite(total)).float().reshape(1)
+        if found_inf is None:
+            found_inf = bad
+        else:
+            found_inf.copy_(torch.maximum(found_inf, bad.to(found_inf.device, found_inf.dtype)))
+        self.last_grad_norm = total
+        # grads / (scale / clip) = unscaled grads * clip, clip = min(1, max_norm / norm)
+        clip = torch.clamp(max_grad_norm / (total + 1e-6), max=1.0)
+        divisor = clip.reciprocal() if grad_scale is None else grad_scale.to(device) / clip
+        return divisor.reshape(1), found_inf
+
+    @staticmethod
+    def _on(t, device):
+        return None if t is None else t.to(device, non_blocking=True)
+
+    def _lr(self, group, device):
+        """(lr as float, lr as a device tensor or None) for the kernel."""
+        lr = group["lr"]
+        if isinstance(lr, torch.Tensor):
+            return 0.0, lr.to(device=device, dtype=torch.float32, non_blocking=True).reshape(1)
+        return float(lr), None
+
+    # ---- state dicts --------------------------------------------------------------
+
+    def load_state_dict(self, state_dict):
+        """torch.optim's loader casts state to the param dtype; core_ops keeps it (and
+        master weights) in float32, so those are restored from the saved values
+        exactly, in the param's memory layout, and steps move to the param's device."""
+        saved_groups = state_dict["param_groups"]
+        saved_state = state_dict["state"]
+        super().load_state_dict(state_dict)
+        ids = itertools.chain.from_iterable(g["params"] for g in saved_groups)
+        params = itertools.chain.from_iterable(g["params"] for g in self.param_groups)
+        for pid, p in zip(ids, params):
+            saved = saved_state.get(pid)
+            if not saved:
+                continue
+            state = self.state[p]
+            for key in (*self._state_keys, "master_param"):
+                value = saved.get(key)
+                if not isinstance(value, torch.Tensor):
+                    continue
+                if value.shape != p.shape:
+                    raise ValueError(f"state '{key}' of a param has shape {tuple(value.shape)} but the "
+                                     f"param has shape {tuple(p.shape)}: the state dict is from another model")
+                state[key] = self._state_zeros(p).copy_(value)
+            if "step" in state:
+                state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(p.device).reshape(())

@@ -1,0 +1,100 @@
+"""FusedAdam: Apex's constructor, torch.optim.Adam / AdamW numerics, one fused kernel
+call per (device, dtype) group."""
+
+import torch
+
+from .. import _build
+from .._library import op
+from ._base import FusedOptimizer
+
+
+class FusedAdam(FusedOptimizer):
+    """Adam (``adam_w_mode=False``: L2 in the gradient) or AdamW (default: decoupled
+    weight decay), as ``apex.optimizers.FusedAdam``, on CPU and CUDA.
+
+    Beyond Apex: ``amsgrad=True`` works; ``master_weights=True`` keeps fp32 master
+    copies of fp16/bf16 params on any device and saves them in the state dict;
+    ``maximize``; ``step(grad_scale=, found_inf=, max_grad_norm=)`` unscales, skips on
+    overflow and clips by global norm inside the update (see ``FusedOptimizer``);
+    state dicts load into and from ``torch.optim.Adam`` / ``AdamW``.
+    """
+
+    _state_keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
+                 adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True,
+                 capturable=False, master_weights=False, maximize=False):
+        if not isinstance(lr, torch.Tensor) and lr < 0:
+            raise ValueError(f"lr must be >= 0, got {lr}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        if eps < 0:
+            raise ValueError(f"eps must be >= 0, got {eps}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
+                        weight_decay=weight_decay, adam_w_mode=adam_w_mode, amsgrad=amsgrad,
+                        maximize=maximize)
+        super().__init__(params, defaults, set_grad_none=set_grad_none,
+                         master_weights=master_weights, capturable=capturable)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:
+            # A torch.optim.Adam / AdamW state dict says which it was.
+            group.setdefault("adam_w_mode", group.get("decoupled_weight_decay", self.defaults["adam_w_mode"]))
+            group.setdefault("bias_correction", True)
+            group.setdefault("amsgrad", False)
+            group.setdefault("maximize", False)
+
+    def state_dict(self):
+        sd = super().state_dict()
+        for group in sd["param_groups"]:
+            group["decoupled_weight_decay"] = group["adam_w_mode"]  # for torch.optim to load
+        return sd
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None):
+        """One update. ``grad_scale``: grads are divided by it inside the kernel.
+        ``found_inf``: a one-element tensor; when set, nothing changes (params, state,
+        step counts). ``max_grad_norm``: clip by the global norm of the unscaled grads,
+        in the same pass; the norm is kept in ``self.last_grad_norm`` and a non-finite
+        norm sets ``found_inf`` (which is updated in place when given)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale, found_inf = self._scaling(grad_scale, found_inf, max_grad_norm)
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for (device, _), ps in self._grouped(group).items():
+                _build.ensure_for(device)
+                lists = self._lists(group, ps)
+                lr, lr_tensor = self._lr(group, device)
+                op("fused_adam_")(*lists, lr, beta1, beta2, group["eps"], group["weight_decay"],
+                                  group["adam_w_mode"], group["bias_correction"], group["amsgrad"],
+                                  group["maximize"], lr_tensor, self._on(grad_scale, device),
+                                  self._on(found_inf, device))
+        return loss
+
+    def _lists(self, group, ps):
+        params, grads, exp_avgs, exp_avg_sqs, maxes, masters, steps = [], [], [], [], [], [], []
+        for p in ps:
+            state = self.state[p]
+            if not state:
+                state["step"] = self._step_tensor(p)
+                state["exp_avg"] = self._state_zeros(p)
+                state["exp_avg_sq"] = self._state_zeros(p)
+            if group["amsgrad"] and "max_exp_avg_sq" not in state:
+                state["max_exp_avg_sq"] = self._state_zeros(p)
+            params.append(p)
+            grads.append(p.grad)
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+            if group["amsgrad"]:
+                maxes.append(state["max_exp_avg_sq"])
+            master = self._master(p)
+            if master is not None:
+                masters.append(master)
+        return params, grads, exp_avgs, exp_avg_sqs, maxes, masters, steps

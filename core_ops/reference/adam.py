@@ -1,0 +1,55 @@
+"""Reference kernel of fused_adam_ (Note [Fused optimizer ops] in _library.py).
+
+torch.optim.Adam's single-tensor formula (Note [Adam as torch.optim computes it] in
+csrc/include/core_ops/adam_math.h), per tensor, in the state dtype. It reads
+found_inf, lr_tensor and steps on the host: the reference is the specification and
+the fallback, not the fast path.
+"""
+
+import math
+
+from .._validate import check_optimizer_lists
+
+
+def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps,
+                lr, beta1, beta2, eps, weight_decay, adam_w_mode, bias_correction, amsgrad,
+                maximize, lr_tensor, grad_scale, found_inf):
+    check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
+                          max_exp_avg_sqs=max_exp_avg_sqs if amsgrad else None,
+                          master_params=master_params or None)
+    if found_inf is not None and found_inf.item() > 0:
+        return
+    if lr_tensor is not None:
+        lr = lr_tensor.item()
+    for i, param in enumerate(params):
+        steps[i].add_(1)
+        step = steps[i].item()
+        m, v = exp_avgs[i], exp_avg_sqs[i]
+        weights = master_params[i] if master_params else param
+        x = weights if weights.dtype == m.dtype else weights.to(m.dtype)
+        g = grads[i].to(m.dtype)
+        if grad_scale is not None:
+            g = g / grad_scale.to(m.dtype)
+        if maximize:
+            g = -g
+        if adam_w_mode:
+            x.mul_(1 - lr * weight_decay)
+        else:
+            g = g.add(x, alpha=weight_decay)
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        bc1 = 1 - beta1 ** step if bias_correction else 1.0
+        bc2_sqrt = math.sqrt(1 - beta2 ** step) if bias_correction else 1.0
+        second = v
+        if amsgrad:
+            second = max_exp_avg_sqs[i]
+            second.copy_(second.maximum(v))
+        denom = (second.sqrt() / bc2_sqrt).add_(eps)
+        x.addcdiv_(m, denom, value=-(lr / bc1))
+        if x is not weights:
+            weights.copy_(x)
+        if weights is not param:
+            param.copy_(weights)
+
+
+KERNELS = {"fused_adam_": fused_adam_}
