@@ -97,7 +97,7 @@ class FusedOptimizer(Optimizer):
         device = norms[0].device
         total = torch.linalg.vector_norm(torch.stack([n.to(device).float() for n in norms]))
         if grad_scale is not None:
-            total = total / grad_scale.to(device)
+            total = total / grad_scale.to(device).reshape(())
         bad = (~torch.isfinite(total)).float().reshape(1)
         if found_inf is None:
             found_inf = bad
@@ -145,4 +145,7 @@ class FusedOptimizer(Optimizer):
                                      f"param has shape {tuple(p.shape)}: the state dict is from another model")
                 state[key] = self._state_zeros(p).copy_(value)
             if "step" in state:
-                state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(p.device).reshape(())
+                # A copy: torch's loader may hand back the very tensor of the source
+                # optimizer, and both would then count every step.
+                state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(
+                    p.device, copy=True).reshape(())
