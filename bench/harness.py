@@ -18,7 +18,9 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def _time_once(fn, device):
+def _time_once(fn, device, before=None):
+    if before is not None:
+        before()  # untimed set-up, e.g. fresh grads as backward would leave them
     sync(device)
     t0 = time.perf_counter()
     fn()
@@ -39,17 +41,18 @@ def time_fn(fn, device="cpu", repeats=30, warmup=3):
     return [_time_once(fn, device) for _ in range(repeats)]
 
 
-def time_ab(baseline, candidate, device="cpu", repeats=30, warmup=3):
+def time_ab(baseline, candidate, device="cpu", repeats=30, warmup=3, before=None):
     """Times of two callables run alternately (ABAB...), so that noise from other
     jobs on the machine, frequency changes and the like hit both about equally
-    instead of landing on whichever happened to run during a busy spell."""
+    instead of landing on whichever happened to run during a busy spell. ``before``,
+    if given, runs untimed before every call of either."""
     for _ in range(warmup):
         baseline()
         candidate()
     a, b = [], []
     for _ in range(repeats):
-        a.append(_time_once(baseline, device))
-        b.append(_time_once(candidate, device))
+        a.append(_time_once(baseline, device, before))
+        b.append(_time_once(candidate, device, before))
     return a, b
 
 

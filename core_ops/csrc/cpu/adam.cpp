@@ -18,62 +18,45 @@ struct AdamPtrs {
 };
 
 // One chunk [begin, end) of one tensor. The weights the math updates are the fp32
-// master copy when there is one, else the param itself (in float).
+// master copy when there is one, else the param itself (in the state type).
 template <bool kAdamW, bool kAmsgrad, bool kMaster, typename param_t>
-void adam_chunk(const AdamPtrs& t, int64_t begin, int64_t end, const AdamCoeffs<float>& c,
-                float grad_div) {
+void adam_chunk(const AdamPtrs& t, int64_t begin, int64_t end,
+                const AdamCoeffs<state_t<param_t>>& c, double grad_div) {
+  using acc_t = state_t<param_t>;
   auto* p = static_cast<param_t*>(t.param);
   auto* g = static_cast<const param_t*>(t.grad);
-  auto* m = static_cast<float*>(t.exp_avg);
-  auto* v = static_cast<float*>(t.exp_avg_sq);
-  auto* vmax = static_cast<float*>(t.max_exp_avg_sq);
-  auto* w = static_cast<float*>(t.master);
-  const fVec div(grad_div);
+  auto* m = static_cast<acc_t*>(t.exp_avg);
+  auto* v = static_cast<acc_t*>(t.exp_avg_sq);
+  auto* vmax = static_cast<acc_t*>(t.max_exp_avg_sq);
+  auto* w = static_cast<acc_t*>(t.master);
+  const acc_t div = static_cast<acc_t>(grad_div);
   int64_t i = begin;
-  for (; i + kWidth <= end; i += kWidth) {
-    fVec p0, p1, g0, g1, m0, m1, v0, v1, x0, x1;
-    if constexpr (kMaster) VecIO<float>::load(w + i, p0, p1); else VecIO<param_t>::load(p + i, p0, p1);
-    VecIO<param_t>::load(g + i, g0, g1);
-    VecIO<float>::load(m + i, m0, m1);
-    VecIO<float>::load(v + i, v0, v1);
-    if constexpr (kAmsgrad) VecIO<float>::load(vmax + i, x0, x1);
-    adam_math<kAdamW, kAmsgrad>(p0, g0 / div, m0, v0, x0, c);
-    adam_math<kAdamW, kAmsgrad>(p1, g1 / div, m1, v1, x1, c);
-    VecIO<float>::store(m + i, m0, m1);
-    VecIO<float>::store(v + i, v0, v1);
-    if constexpr (kAmsgrad) VecIO<float>::store(vmax + i, x0, x1);
-    if constexpr (kMaster) VecIO<float>::store(w + i, p0, p1);
-    VecIO<param_t>::store(p + i, p0, p1);
+  if constexpr (!std::is_same_v<param_t, double>) {
+    const fVec vdiv(div);
+    for (; i + kWidth <= end; i += kWidth) {
+      fVec p0, p1, g0, g1, m0, m1, v0, v1, x0, x1;
+      if constexpr (kMaster) load2(w + i, p0, p1); else load2(p + i, p0, p1);
+      load2(g + i, g0, g1);
+      load2(m + i, m0, m1);
+      load2(v + i, v0, v1);
+      if constexpr (kAmsgrad) load2(vmax + i, x0, x1);
+      adam_math<kAdamW, kAmsgrad>(p0, g0 / vdiv, m0, v0, x0, c);
+      adam_math<kAdamW, kAmsgrad>(p1, g1 / vdiv, m1, v1, x1, c);
+      store2(m + i, m0, m1);
+      store2(v + i, v0, v1);
+      if constexpr (kAmsgrad) store2(vmax + i, x0, x1);
+      if constexpr (kMaster) store2(w + i, p0, p1);
+      store2(p + i, p0, p1);
+    }
   }
   for (; i < end; ++i) {
-    float pv = kMaster ? w[i] : static_cast<float>(p[i]);
-    float xv = kAmsgrad ? vmax[i] : 0.f;
-    adam_math<kAdamW, kAmsgrad>(pv, static_cast<float>(g[i]) / grad_div, m[i], v[i], xv, c);
+    acc_t pv = kMaster ? w[i] : static_cast<acc_t>(p[i]);
+    acc_t xv = kAmsgrad ? vmax[i] : acc_t(0);
+    adam_math<kAdamW, kAmsgrad>(pv, static_cast<acc_t>(g[i]) / div, m[i], v[i], xv, c);
     if constexpr (kAmsgrad) vmax[i] = xv;
     if constexpr (kMaster) w[i] = pv;
     p[i] = static_cast<param_t>(pv);
   }
-}
-
-// float64 params keep float64 state and compute in double (scalar loop).
-template <bool kAdamW, bool kAmsgrad>
-void adam_chunk_double(const AdamPtrs& t, int64_t begin, int64_t end,
-                       const AdamCoeffs<double>& c, double grad_div) {
-  auto* p = static_cast<double*>(t.param);
-  auto* g = static_cast<const double*>(t.grad);
-  auto* m = static_cast<double*>(t.exp_avg);
-  auto* v = static_cast<double*>(t.exp_avg_sq);
-  auto* vmax = static_cast<double*>(t.max_exp_avg_sq);
-  for (int64_t i = begin; i < end; ++i) {
-    double xv = kAmsgrad ? vmax[i] : 0.0;
-    adam_math<kAdamW, kAmsgrad>(p[i], g[i] / grad_div, m[i], v[i], xv, c);
-    if constexpr (kAmsgrad) vmax[i] = xv;
-  }
-}
-
-template <typename F>
-void bool_switch(bool b, F&& f) {
-  if (b) f(std::true_type{}); else f(std::false_type{});
 }
 
 void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -89,7 +72,7 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
   check_state_list(params, exp_avg_sqs, "exp_avg_sqs", false);
   check_state_list(params, max_exp_avg_sqs, "max_exp_avg_sqs", !amsgrad);
   TORCH_CHECK_VALUE(!amsgrad || !max_exp_avg_sqs.empty(), "amsgrad needs max_exp_avg_sqs");
-  check_state_list(params, master_params, "master_params", true);
+  check_masters(params, master_params);
   check_layouts(params, {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"},
                          {max_exp_avg_sqs, "max_exp_avg_sqs"}, {master_params, "master_params"}});
   if (flag_is_set(found_inf)) return;  // a skipped step changes nothing, steps included
@@ -98,9 +81,7 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
   const double scale = value_or(grad_scale, 1.0);
   const double grad_div = maximize ? -scale : scale;  // division by -s also negates: exact
   const std::vector<double> step = advance_steps(steps);
-  const bool is_double = params[0].scalar_type() == at::kDouble;
   const bool master = !master_params.empty();
-  TORCH_CHECK_VALUE(!(is_double && master), "float64 params take no master_params");
 
   const std::vector<at::Tensor> gs = grads_like_params(params, grads);
   std::vector<AdamPtrs> ptrs(params.size());
@@ -113,21 +94,14 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
     cf[i] = adam_coeffs<float>(lr, beta1, beta2, eps, weight_decay, step[i], bias_correction);
     cd[i] = adam_coeffs<double>(lr, beta1, beta2, eps, weight_decay, step[i], bias_correction);
   }
-  const auto chunks = make_chunks(params);
   bool_switch(adam_w_mode, [&](auto adamw) {
     bool_switch(amsgrad, [&](auto ams) {
-      if (is_double) {
-        parallel_chunks(chunks, [&](const Chunk& ch) {
-          adam_chunk_double<adamw, ams>(ptrs[ch.tensor], ch.begin, ch.end, cd[ch.tensor], grad_div);
-        });
-        return;
-      }
-      bool_switch(master, [&](auto has_master) {
-        CORE_OPS_DISPATCH_FLOAT_HALF_BF16(params[0].scalar_type(), "params", param_t,
-          parallel_chunks(chunks, [&](const Chunk& ch) {
-            adam_chunk<adamw, ams, has_master, param_t>(ptrs[ch.tensor], ch.begin, ch.end,
-                                                        cf[ch.tensor], static_cast<float>(grad_div));
-          }));
+      for_each_param_chunk(params, master, [&](auto tag, auto has_master, const Chunk& ch) {
+        using param_t = decltype(tag);
+        const auto& c = [&]() -> const auto& {
+          if constexpr (std::is_same_v<param_t, double>) return cd[ch.tensor]; else return cf[ch.tensor];
+        }();
+        adam_chunk<adamw, ams, has_master, param_t>(ptrs[ch.tensor], ch.begin, ch.end, c, grad_div);
       });
     });
   });

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include <core_ops/optimizer_args.h>
@@ -31,5 +32,37 @@ inline std::vector<double> advance_steps(at::TensorList steps) {
   }
   return out;
 }
+
+template <typename F>
+void bool_switch(bool b, F&& f) {
+  if (b) f(std::true_type{}); else f(std::false_type{});
+}
+
+// Runs f(param_t{}, has_master, chunk) over every chunk of params, in parallel, with
+// param_t the params' element type (double, or float / Half / BFloat16 with float
+// state) and has_master a std::bool_constant telling whether master weights are used.
+template <typename F>
+void for_each_param_chunk(at::TensorList params, bool master, F&& f) {
+  const auto chunks = make_chunks(params);
+  if (params[0].scalar_type() == at::kDouble) {
+    TORCH_INTERNAL_ASSERT(!master);  // check_masters
+    parallel_chunks(chunks, [&](const Chunk& c) { f(double{}, std::false_type{}, c); });
+    return;
+  }
+  bool_switch(master, [&](auto has_master) {
+    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(params[0].scalar_type(), "params", param_t,
+      parallel_chunks(chunks, [&](const Chunk& c) { f(param_t{}, has_master, c); }));
+  });
+}
+
+// State and compute type for params of type param_t.
+template <typename param_t>
+using state_t = std::conditional_t<std::is_same_v<param_t, double>, double, float>;
+
+// The float-vector loads used by the optimizer loops, for the float/half/bf16 path.
+template <typename T>
+inline void load2(const T* p, fVec& a, fVec& b) { VecIO<T>::load(p, a, b); }
+template <typename T>
+inline void store2(T* p, const fVec& a, const fVec& b) { VecIO<T>::store(p, a, b); }
 
 }  // namespace core_ops::cpu

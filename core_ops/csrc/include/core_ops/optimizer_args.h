@@ -34,6 +34,13 @@ inline void check_state_list(at::TensorList params, at::TensorList ts, const cha
                    dtype_name(ts[0].scalar_type()));
 }
 
+// Master weights are float32 copies of reduced-precision params.
+inline void check_masters(at::TensorList params, at::TensorList masters) {
+  check_state_list(params, masters, "master_params", true);
+  TORCH_CHECK_VALUE(masters.empty() || params[0].scalar_type() != at::kDouble,
+                    "float64 params take no master_params");
+}
+
 // Note [Optimizer memory layout]: the kernels walk each tensor's memory as one flat
 // array, so every params[i] must be dense (contiguous, channels_last, ...) and its
 // state tensors laid out alike (the optimizers create them with zeros_like). A grad
