@@ -58,6 +58,18 @@ SCHEMAS = {
         "bool adam_w_mode, bool bias_correction, bool amsgrad, bool maximize, "
         "Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()"
     ),
+    "fused_sgd_": (
+        "fused_sgd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, "
+        "Tensor(c!)[] master_params, float lr, float momentum, float dampening, "
+        "float weight_decay, bool nesterov, bool wd_after_momentum, bool first_step, "
+        "bool maximize, Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()"
+    ),
+    "fused_adagrad_": (
+        "fused_adagrad_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] state_sums, "
+        "Tensor(c!)[] master_params, Tensor(d!)[] steps, float lr, float lr_decay, float eps, "
+        "float weight_decay, bool adagrad_w_mode, bool maximize, Tensor? lr_tensor, "
+        "Tensor? grad_scale, Tensor? found_inf) -> ()"
+    ),
 }
 
 for _schema in SCHEMAS.values():
@@ -115,6 +127,20 @@ def _(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, step
       grad_scale, found_inf):
     check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
                           max_exp_avg_sqs=max_exp_avg_sqs if amsgrad else None,
+                          master_params=master_params or None)
+
+
+@torch.library.register_fake("core_ops::fused_sgd_")
+def _(params, grads, momentum_buffers, master_params, lr, momentum, dampening, weight_decay,
+      nesterov, wd_after_momentum, first_step, maximize, lr_tensor, grad_scale, found_inf):
+    check_optimizer_lists(params, grads, None, momentum_buffers=momentum_buffers if momentum else None,
+                          master_params=master_params or None)
+
+
+@torch.library.register_fake("core_ops::fused_adagrad_")
+def _(params, grads, state_sums, master_params, steps, lr, lr_decay, eps, weight_decay,
+      adagrad_w_mode, maximize, lr_tensor, grad_scale, found_inf):
+    check_optimizer_lists(params, grads, steps, state_sums=state_sums,
                           master_params=master_params or None)
 
 

@@ -106,7 +106,8 @@ def check_optimizer_lists(params, grads, steps, **states):
     check_lists(("params", params), ("grads", grads))
     if not params:
         return
-    same_length(params, "params", steps, "steps")
+    if steps is not None:  # None: the optimizer keeps no step count (SGD)
+        same_length(params, "params", steps, "steps")
     if params[0].dtype != grads[0].dtype:
         raise TypeError(f"grads have dtype {grads[0].dtype} but params have {params[0].dtype}")
     want = state_dtype(params[0].dtype)

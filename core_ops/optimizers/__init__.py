@@ -1,6 +1,8 @@
 """Fused optimizers with Apex's constructors: ``from apex.optimizers import X``
 becomes ``from core_ops.optimizers import X``."""
 
+from .fused_adagrad import FusedAdagrad
 from .fused_adam import FusedAdam
+from .fused_sgd import FusedSGD
 
-__all__ = ["FusedAdam"]
+__all__ = ["FusedAdagrad", "FusedAdam", "FusedSGD"]

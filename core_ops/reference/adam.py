@@ -8,7 +8,29 @@ the fallback, not the fast path.
 
 import math
 
-from .._validate import check_optimizer_lists
+from .._validate import check_optimizer_lists, state_dtype
+
+
+def weights_in_state_dtype(param, master_params, i):
+    """(the tensor the update lands in, a state-dtype tensor to compute on): the
+    master copy itself, the fp32 param itself, or a float copy of a half param."""
+    weights = master_params[i] if master_params else param
+    want = state_dtype(param.dtype)
+    return weights, weights if weights.dtype == want else weights.to(want)
+
+
+def scaled_grad(grad, dtype, grad_scale, maximize):
+    g = grad.to(dtype)
+    if grad_scale is not None:
+        g = g / grad_scale.to(dtype)
+    return -g if maximize else g
+
+
+def write_back(param, weights, x):
+    if x is not weights:
+        weights.copy_(x)
+    if weights is not param:
+        param.copy_(weights)
 
 
 def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps,
@@ -25,13 +47,8 @@ def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_pa
         steps[i].add_(1)
         step = steps[i].item()
         m, v = exp_avgs[i], exp_avg_sqs[i]
-        weights = master_params[i] if master_params else param
-        x = weights if weights.dtype == m.dtype else weights.to(m.dtype)
-        g = grads[i].to(m.dtype)
-        if grad_scale is not None:
-            g = g / grad_scale.to(m.dtype)
-        if maximize:
-            g = -g
+        weights, x = weights_in_state_dtype(param, master_params, i)
+        g = scaled_grad(grads[i], m.dtype, grad_scale, maximize)
         if adam_w_mode:
             x.mul_(1 - lr * weight_decay)
         else:
@@ -46,10 +63,7 @@ def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_pa
             second.copy_(second.maximum(v))
         denom = (second.sqrt() / bc2_sqrt).add_(eps)
         x.addcdiv_(m, denom, value=-(lr / bc1))
-        if x is not weights:
-            weights.copy_(x)
-        if weights is not param:
-            param.copy_(weights)
+        write_back(param, weights, x)
 
 
 KERNELS = {"fused_adam_": fused_adam_}

@@ -11,42 +11,17 @@ import copy
 
 import pytest
 import torch
+from optim_cases import STEPS, clone_params, make_params, run, ulps_close
 
 import core_ops  # noqa: F401
 from core_ops import _build
 from core_ops.optimizers import FusedAdam
 from core_ops.reference import KERNELS as REF
 
-STEPS = 20
-SIZES = (1, 16, 17, 16383, 16385, 40000)
-
 
 @pytest.fixture(autouse=True)
 def _native():
     assert _build.ensure("cpu").native
-
-
-def ulps_close(actual, expected, n=8):
-    scale = expected.abs().max().item() if expected.numel() else 1.0
-    tol = n * torch.finfo(expected.dtype).eps * max(scale, 1e-30)
-    torch.testing.assert_close(actual, expected, rtol=0, atol=tol)
-
-
-def make_params(dtype=torch.float32, seed=0, sizes=SIZES):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, generator=g).to(dtype).requires_grad_() for n in sizes]
-
-
-def clone_params(ps, dtype=None):
-    return [p.detach().clone().to(dtype or p.dtype).requires_grad_() for p in ps]
-
-
-def run(opt, params, steps=STEPS, seed=1, grad_dtype=None, **step_kwargs):
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        for p in params:
-            p.grad = torch.randn(p.shape, generator=g).to(grad_dtype or p.dtype)
-        opt.step(**step_kwargs)
 
 
 @pytest.mark.parametrize("adam_w_mode", [True, False], ids=["adamw", "adam"])

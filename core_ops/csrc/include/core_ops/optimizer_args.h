@@ -71,11 +71,13 @@ inline std::vector<at::Tensor> grads_like_params(at::TensorList params, at::Tens
 
 // params / grads as one (device, dtype) group; steps one-element float32 tensors on
 // the params' device; found_inf, grad_scale and lr_tensor one-element on that device.
+// has_steps=false for optimizers that keep no step count (SGD).
 inline bool check_optimizer_group(at::TensorList params, at::TensorList grads,
                                   at::TensorList steps,
                                   const std::optional<at::Tensor>& lr_tensor,
                                   const std::optional<at::Tensor>& grad_scale,
-                                  const std::optional<at::Tensor>& found_inf) {
+                                  const std::optional<at::Tensor>& found_inf,
+                                  bool has_steps = true) {
   check_same_length(params, "params", grads, "grads");
   if (params.empty()) return false;
   const auto device = params[0].device();
@@ -85,7 +87,7 @@ inline bool check_optimizer_group(at::TensorList params, at::TensorList grads,
   TORCH_CHECK_TYPE(grads[0].scalar_type() == params[0].scalar_type(), "grads have dtype ",
                    dtype_name(grads[0].scalar_type()), " but params have ",
                    dtype_name(params[0].scalar_type()));
-  check_same_length(params, "params", steps, "steps");
+  if (has_steps) check_same_length(params, "params", steps, "steps");
   for (size_t i = 0; i < steps.size(); ++i) {
     TORCH_CHECK_VALUE(steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat &&
                           steps[i].device() == device,

@@ -1,0 +1,67 @@
+"""FusedAdagrad: Apex's constructor, torch.optim.Adagrad numerics, one fused kernel
+call per (device, dtype) group."""
+
+import torch
+
+from .. import _build
+from .._library import op
+from ._base import FusedOptimizer
+
+
+class FusedAdagrad(FusedOptimizer):
+    """Adagrad as ``apex.optimizers.FusedAdagrad`` (``adagrad_w_mode=True``: decoupled
+    weight decay), plus torch.optim.Adagrad's ``lr_decay`` and
+    ``initial_accumulator_value``; state dicts interoperate with ``torch.optim.Adagrad``
+    (``state['sum']``, ``state['step']``)."""
+
+    _state_keys = ("sum",)
+
+    def __init__(self, params, lr=1e-2, eps=1e-10, weight_decay=0.0, set_grad_none=True,
+                 adagrad_w_mode=False, lr_decay=0.0, initial_accumulator_value=0.0,
+                 master_weights=False, maximize=False):
+        if not isinstance(lr, torch.Tensor) and lr < 0:
+            raise ValueError(f"lr must be >= 0, got {lr}")
+        if eps < 0:
+            raise ValueError(f"eps must be >= 0, got {eps}")
+        if weight_decay < 0 or lr_decay < 0 or initial_accumulator_value < 0:
+            raise ValueError("weight_decay, lr_decay and initial_accumulator_value must be >= 0")
+        defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, adagrad_w_mode=adagrad_w_mode,
+                        lr_decay=lr_decay, initial_accumulator_value=initial_accumulator_value,
+                        maximize=maximize)
+        super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("adagrad_w_mode", False)
+            group.setdefault("lr_decay", 0.0)
+            group.setdefault("initial_accumulator_value", 0.0)
+            group.setdefault("maximize", False)
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None):
+        """One update; ``grad_scale``, ``found_inf`` and ``max_grad_norm`` as in
+        ``FusedAdam.step``."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale, found_inf = self._scaling(grad_scale, found_inf, max_grad_norm)
+        for group in self.param_groups:
+            for (device, _), ps in self._grouped(group).items():
+                _build.ensure_for(device)
+                lr, lr_tensor = self._lr(group, device)
+                sums, steps = [], []
+                for p in ps:
+                    state = self.state[p]
+                    if not state:
+                        state["step"] = self._step_tensor(p)
+                        state["sum"] = self._state_zeros(p).fill_(group["initial_accumulator_value"])
+                    sums.append(state["sum"])
+                    steps.append(state["step"])
+                masters = [m for m in map(self._master, ps) if m is not None]
+                op("fused_adagrad_")(ps, [p.grad for p in ps], sums, masters, steps, lr, group["lr_decay"],
+                                     group["eps"], group["weight_decay"], group["adagrad_w_mode"],
+                                     group["maximize"], lr_tensor, self._on(grad_scale, device),
+                                     self._on(found_inf, device))
+        return loss

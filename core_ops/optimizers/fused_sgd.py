@@ -1,0 +1,75 @@
+"""FusedSGD: Apex's constructor, torch.optim.SGD numerics, one fused kernel call per
+(device, dtype) group."""
+
+import torch
+
+from .. import _build
+from .._library import op
+from ._base import FusedOptimizer
+
+
+class FusedSGD(FusedOptimizer):
+    """SGD with momentum, dampening, Nesterov and weight decay, as
+    ``apex.optimizers.FusedSGD`` (``wd_after_momentum`` applies the decay after the
+    momentum update, as Apex). State dicts interoperate with ``torch.optim.SGD``
+    (``state['momentum_buffer']``). ``materialize_master_grads`` is accepted for
+    Apex compatibility and has no effect: master weights, when asked for with
+    ``master_weights=True``, live in the optimizer and need no separate grads."""
+
+    _state_keys = ("momentum_buffer",)
+
+    def __init__(self, params, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
+                 wd_after_momentum=False, materialize_master_grads=True, set_grad_none=False,
+                 master_weights=False, maximize=False):
+        if not isinstance(lr, torch.Tensor) and lr < 0:
+            raise ValueError(f"lr must be >= 0, got {lr}")
+        if momentum < 0:
+            raise ValueError(f"momentum must be >= 0, got {momentum}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("nesterov needs momentum > 0 and dampening = 0")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                        nesterov=nesterov, wd_after_momentum=wd_after_momentum, maximize=maximize)
+        super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("wd_after_momentum", False)
+            group.setdefault("nesterov", False)
+            group.setdefault("maximize", False)
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None):
+        """One update; ``grad_scale``, ``found_inf`` and ``max_grad_norm`` as in
+        ``FusedAdam.step``."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale, found_inf = self._scaling(grad_scale, found_inf, max_grad_norm)
+        for group in self.param_groups:
+            momentum = group["momentum"]
+            for (device, _), ps in self._grouped(group).items():
+                _build.ensure_for(device)
+                lr, lr_tensor = self._lr(group, device)
+                # A param's first step with momentum sets its buffer to the grad (as
+                # torch.optim.SGD); params in that state go in their own call.
+                fresh = [p for p in ps if momentum and self.state[p].get("momentum_buffer") is None]
+                seen = [p for p in ps if not (momentum and self.state[p].get("momentum_buffer") is None)]
+                for first, part in ((True, fresh), (False, seen)):
+                    if not part:
+                        continue
+                    bufs = []
+                    if momentum:
+                        for p in part:
+                            if self.state[p].get("momentum_buffer") is None:
+                                self.state[p]["momentum_buffer"] = self._state_zeros(p)
+                            bufs.append(self.state[p]["momentum_buffer"])
+                    masters = [m for m in map(self._master, part) if m is not None]
+                    op("fused_sgd_")(part, [p.grad for p in part], bufs, masters, lr, momentum,
+                                     group["dampening"], group["weight_decay"], group["nesterov"],
+                                     group["wd_after_momentum"], first, group["maximize"], lr_tensor,
+                                     self._on(grad_scale, device), self._on(found_inf, device))
+        return loss

@@ -1,0 +1,35 @@
+"""Reference kernel of fused_sgd_: torch.optim.SGD's single-tensor formula (see
+csrc/include/core_ops/sgd_math.h) plus Apex's wd_after_momentum, per tensor."""
+
+from .._validate import check_optimizer_lists
+from .adam import scaled_grad, weights_in_state_dtype, write_back
+
+
+def fused_sgd_(params, grads, momentum_buffers, master_params, lr, momentum, dampening,
+               weight_decay, nesterov, wd_after_momentum, first_step, maximize, lr_tensor,
+               grad_scale, found_inf):
+    check_optimizer_lists(params, grads, None, momentum_buffers=momentum_buffers if momentum else None,
+                          master_params=master_params or None)
+    if found_inf is not None and found_inf.item() > 0:
+        return
+    if lr_tensor is not None:
+        lr = lr_tensor.item()
+    for i, param in enumerate(params):
+        weights, x = weights_in_state_dtype(param, master_params, i)
+        d = scaled_grad(grads[i], x.dtype, grad_scale, maximize)
+        if weight_decay and not wd_after_momentum:
+            d = d.add(x, alpha=weight_decay)
+        if momentum:
+            buf = momentum_buffers[i]
+            if first_step:
+                buf.copy_(d)
+            else:
+                buf.mul_(momentum).add_(d, alpha=1 - dampening)
+            d = d.add(buf, alpha=momentum) if nesterov else buf
+        if weight_decay and wd_after_momentum:
+            d = d.add(x, alpha=weight_decay)
+        x.add_(d, alpha=-lr)
+        write_back(param, weights, x)
+
+
+KERNELS = {"fused_sgd_": fused_sgd_}
