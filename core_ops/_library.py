@@ -17,7 +17,7 @@ Conventions shared by all multi-tensor ops (Note [Multi-tensor conventions]):
 
 import torch
 
-from ._validate import check_lists, check_optimizer_lists
+from ._validate import check_lists, check_optimizer_lists, check_per_tensor_state
 
 LIB_NAME = "core_ops"
 _lib = torch.library.Library(LIB_NAME, "DEF")
@@ -69,6 +69,31 @@ SCHEMAS = {
         "Tensor(c!)[] master_params, Tensor(d!)[] steps, float lr, float lr_decay, float eps, "
         "float weight_decay, bool adagrad_w_mode, bool maximize, Tensor? lr_tensor, "
         "Tensor? grad_scale, Tensor? found_inf) -> ()"
+    ),
+    # LAMB runs in two stages around the per-tensor norms (csrc/include/core_ops/lamb_math.h):
+    # stage 1 writes the moments and the raw update, stage 2 applies it with the trust
+    # ratio from param_norms / update_norms (one norm per tensor).
+    "fused_lamb_stage1_": (
+        "fused_lamb_stage1_(Tensor[] params, Tensor[] grads, Tensor(a!)[] exp_avgs, "
+        "Tensor(b!)[] exp_avg_sqs, Tensor[] master_params, Tensor(c!)[] steps, "
+        "Tensor(d!)[] updates, float beta1, float beta2, float eps, float weight_decay, "
+        "bool adam_w_mode, bool bias_correction, bool grad_averaging, bool maximize, "
+        "Tensor? grad_scale, Tensor? found_inf) -> ()"
+    ),
+    "fused_lamb_stage2_": (
+        "fused_lamb_stage2_(Tensor(a!)[] params, Tensor(b!)[] master_params, Tensor[] updates, "
+        "Tensor param_norms, Tensor update_norms, float lr, float weight_decay, bool use_nvlamb, "
+        "Tensor? lr_tensor, Tensor? found_inf) -> ()"
+    ),
+    # NovoGrad's second moment is one scalar per tensor: exp_avg_sqs holds one-element
+    # tensors and grad_norms the per-tensor norms of the grads as given (still scaled:
+    # the op divides them by grad_scale), L2 or max|g| (csrc/include/core_ops/novograd_math.h).
+    "fused_novograd_": (
+        "fused_novograd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+        "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] master_params, Tensor(e!)[] steps, "
+        "Tensor grad_norms, float lr, float beta1, float beta2, float eps, float weight_decay, "
+        "bool bias_correction, bool reg_inside_moment, bool grad_averaging, bool init_zero, "
+        "bool maximize, Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()"
     ),
 }
 
@@ -142,6 +167,27 @@ def _(params, grads, state_sums, master_params, steps, lr, lr_decay, eps, weight
       adagrad_w_mode, maximize, lr_tensor, grad_scale, found_inf):
     check_optimizer_lists(params, grads, steps, state_sums=state_sums,
                           master_params=master_params or None)
+
+
+@torch.library.register_fake("core_ops::fused_lamb_stage1_")
+def _(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates, beta1, beta2, eps,
+      weight_decay, adam_w_mode, bias_correction, grad_averaging, maximize, grad_scale, found_inf):
+    check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
+                          updates=updates, master_params=master_params or None)
+
+
+@torch.library.register_fake("core_ops::fused_lamb_stage2_")
+def _(params, master_params, updates, param_norms, update_norms, lr, weight_decay, use_nvlamb,
+      lr_tensor, found_inf):
+    check_optimizer_lists(params, params, None, updates=updates, master_params=master_params or None)
+
+
+@torch.library.register_fake("core_ops::fused_novograd_")
+def _(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, lr, beta1, beta2,
+      eps, weight_decay, bias_correction, reg_inside_moment, grad_averaging, init_zero, maximize,
+      lr_tensor, grad_scale, found_inf):
+    check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, master_params=master_params or None)
+    check_per_tensor_state(params, exp_avg_sqs=exp_avg_sqs, grad_norms=grad_norms)
 
 
 def op(name):

@@ -3,6 +3,9 @@ becomes ``from core_ops.optimizers import X``."""
 
 from .fused_adagrad import FusedAdagrad
 from .fused_adam import FusedAdam
+from .fused_lamb import FusedLAMB, FusedMixedPrecisionLamb
+from .fused_novograd import FusedNovoGrad
 from .fused_sgd import FusedSGD
 
-__all__ = ["FusedAdagrad", "FusedAdam", "FusedSGD"]
+__all__ = ["FusedAdagrad", "FusedAdam", "FusedLAMB", "FusedMixedPrecisionLamb", "FusedNovoGrad",
+           "FusedSGD"]

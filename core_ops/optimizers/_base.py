@@ -78,7 +78,7 @@ class FusedOptimizer(Optimizer):
 
     # ---- scaling, skipping, clipping ---------------------------------------------
 
-    def _scaling(self, grad_scale, found_inf, max_grad_norm):
+    def _scaling(self, grad_scale, found_inf, max_grad_norm, clip_eps=1e-6):
         """(grad_scale, found_inf) to hand the kernels: the caller's, or GradScaler's,
         with clipping by global norm folded into grad_scale (no host sync)."""
         grad_scale = grad_scale if grad_scale is not None else getattr(self, "grad_scale", None)
@@ -95,17 +95,20 @@ class FusedOptimizer(Optimizer):
         if not norms:
             return grad_scale, found_inf
         device = norms[0].device
-        total = torch.linalg.vector_norm(torch.stack([n.to(device).float() for n in norms]))
+        dtype = torch.float64 if any(n.dtype == torch.float64 for n in norms) else torch.float32
+        total = torch.linalg.vector_norm(torch.stack([n.to(device, dtype) for n in norms]))
         if grad_scale is not None:
-            total = total / grad_scale.to(device).reshape(())
-        bad = (~torch.isfinite(total)).float().reshape(1)
+            total = total / grad_scale.to(device, dtype).reshape(())
+        bad = (~torch.isfinite(total)).float().reshape(1)  # found_inf is float32
         if found_inf is None:
             found_inf = bad
         else:
             found_inf.copy_(torch.maximum(found_inf, bad.to(found_inf.device, found_inf.dtype)))
         self.last_grad_norm = total
         # grads / (scale / clip) = unscaled grads * clip, clip = min(1, max_norm / norm)
-        clip = torch.clamp(max_grad_norm / (total + 1e-6), max=1.0)
+        # clip_eps=1e-6 as torch.nn.utils.clip_grad_norm_; LAMB passes 0 (Apex's
+        # max_norm / max(norm, max_norm)).
+        clip = torch.clamp(max_grad_norm / (total + clip_eps), max=1.0)
         divisor = clip.reciprocal() if grad_scale is None else grad_scale.to(device) / clip
         return divisor.reshape(1), found_inf
 

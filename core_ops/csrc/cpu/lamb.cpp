@@ -1,0 +1,151 @@
+// CPU kernels of fused_lamb_stage1_ and fused_lamb_stage2_: the math is
+// core_ops/lamb_math.h; the per-tensor norms between the stages come from
+// multi_tensor_l2norm (called by core_ops/optimizers/fused_lamb.py).
+#include <torch/library.h>
+
+#include <core_ops/lamb_math.h>
+
+#include "optimizer_step.h"
+
+namespace core_ops::cpu {
+namespace {
+
+template <bool kAdamW, bool kMaster, typename param_t>
+void stage1_chunk(const void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
+                  const void* master, void* update, int64_t begin, int64_t end,
+                  const LambCoeffs<state_t<param_t>>& c, double grad_div) {
+  using acc_t = state_t<param_t>;
+  auto* p = static_cast<const param_t*>(param);
+  auto* g = static_cast<const param_t*>(grad);
+  auto* m = static_cast<acc_t*>(exp_avg);
+  auto* v = static_cast<acc_t*>(exp_avg_sq);
+  auto* w = static_cast<const acc_t*>(master);
+  auto* u = static_cast<acc_t*>(update);
+  const acc_t div = static_cast<acc_t>(grad_div);
+  int64_t i = begin;
+  if constexpr (!std::is_same_v<param_t, double>) {
+    const fVec vdiv(div);
+    for (; i + kWidth <= end; i += kWidth) {
+      fVec p0, p1, g0, g1, m0, m1, v0, v1;
+      if constexpr (kMaster) load2(w + i, p0, p1); else load2(p + i, p0, p1);
+      load2(g + i, g0, g1);
+      load2(m + i, m0, m1);
+      load2(v + i, v0, v1);
+      const fVec u0 = lamb_stage1_math<kAdamW>(p0, g0 / vdiv, m0, v0, c);
+      const fVec u1 = lamb_stage1_math<kAdamW>(p1, g1 / vdiv, m1, v1, c);
+      store2(m + i, m0, m1);
+      store2(v + i, v0, v1);
+      store2(u + i, u0, u1);
+    }
+  }
+  for (; i < end; ++i) {
+    const acc_t pv = kMaster ? w[i] : static_cast<acc_t>(p[i]);
+    u[i] = lamb_stage1_math<kAdamW>(pv, static_cast<acc_t>(g[i]) / div, m[i], v[i], c);
+  }
+}
+
+void fused_lamb_stage1_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                        at::TensorList exp_avg_sqs, at::TensorList master_params,
+                        at::TensorList steps, at::TensorList updates, double beta1, double beta2,
+                        double eps, double weight_decay, bool adam_w_mode, bool bias_correction,
+                        bool grad_averaging, bool maximize,
+                        const std::optional<at::Tensor>& grad_scale,
+                        const std::optional<at::Tensor>& found_inf) {
+  if (!check_optimizer_group(params, grads, steps, std::nullopt, grad_scale, found_inf)) return;
+  check_state_list(params, exp_avgs, "exp_avgs", false);
+  check_state_list(params, exp_avg_sqs, "exp_avg_sqs", false);
+  check_state_list(params, updates, "updates", false);
+  check_masters(params, master_params);
+  check_layouts(params, {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"},
+                         {updates, "updates"}, {master_params, "master_params"}});
+  if (flag_is_set(found_inf)) return;
+
+  const double scale = value_or(grad_scale, 1.0);
+  const double grad_div = maximize ? -scale : scale;
+  const std::vector<double> step = advance_steps(steps);
+  const bool master = !master_params.empty();
+  const std::vector<at::Tensor> gs = grads_like_params(params, grads);
+  bool_switch(adam_w_mode, [&](auto adamw) {
+    for_each_param_chunk(params, master, [&](auto tag, auto has_master, const Chunk& ch) {
+      using param_t = decltype(tag);
+      const int64_t t = ch.tensor;
+      const auto c = lamb_coeffs<state_t<param_t>>(beta1, beta2, eps, weight_decay, step[t],
+                                                   bias_correction, grad_averaging);
+      stage1_chunk<adamw, has_master, param_t>(
+          params[t].data_ptr(), gs[t].data_ptr(), exp_avgs[t].data_ptr(), exp_avg_sqs[t].data_ptr(),
+          master ? master_params[t].data_ptr() : nullptr, updates[t].data_ptr(), ch.begin, ch.end,
+          c, grad_div);
+    });
+  });
+}
+
+template <bool kMaster, typename param_t>
+void stage2_chunk(void* param, void* master, const void* update, int64_t begin, int64_t end,
+                  state_t<param_t> neg_step) {
+  using acc_t = state_t<param_t>;
+  auto* p = static_cast<param_t*>(param);
+  auto* w = static_cast<acc_t*>(master);
+  auto* u = static_cast<const acc_t*>(update);
+  int64_t i = begin;
+  if constexpr (!std::is_same_v<param_t, double>) {
+    for (; i + kWidth <= end; i += kWidth) {
+      fVec p0, p1, u0, u1;
+      if constexpr (kMaster) load2(w + i, p0, p1); else load2(p + i, p0, p1);
+      load2(u + i, u0, u1);
+      lamb_stage2_math(p0, u0, neg_step);
+      lamb_stage2_math(p1, u1, neg_step);
+      if constexpr (kMaster) store2(w + i, p0, p1);
+      store2(p + i, p0, p1);
+    }
+  }
+  for (; i < end; ++i) {
+    acc_t pv = kMaster ? w[i] : static_cast<acc_t>(p[i]);
+    lamb_stage2_math(pv, u[i], neg_step);
+    if constexpr (kMaster) w[i] = pv;
+    p[i] = static_cast<param_t>(pv);
+  }
+}
+
+void fused_lamb_stage2_(at::TensorList params, at::TensorList master_params,
+                        at::TensorList updates, const at::Tensor& param_norms,
+                        const at::Tensor& update_norms, double lr, double weight_decay,
+                        bool use_nvlamb, const std::optional<at::Tensor>& lr_tensor,
+                        const std::optional<at::Tensor>& found_inf) {
+  if (params.empty()) return;
+  const auto device = params[0].device();
+  check_list(params, "params", device);
+  check_state_list(params, updates, "updates", false);
+  check_masters(params, master_params);
+  check_layouts(params, {{updates, "updates"}, {master_params, "master_params"}});
+  const int64_t n = static_cast<int64_t>(params.size());
+  for (const auto* norms : {&param_norms, &update_norms}) {
+    TORCH_CHECK_VALUE(norms->numel() == n && norms->device() == device &&
+                          norms->scalar_type() == state_dtype(params[0].scalar_type()),
+                      "param_norms and update_norms must hold one ",
+                      dtype_name(state_dtype(params[0].scalar_type())), " norm per param on ", device);
+  }
+  if (found_inf.has_value()) check_flag(*found_inf, device);
+  if (flag_is_set(found_inf)) return;
+  lr = value_or(lr_tensor, lr);
+  const at::Tensor pn = param_norms.contiguous(), un = update_norms.contiguous();
+  const bool master = !master_params.empty();
+  for_each_param_chunk(params, master, [&](auto tag, auto has_master, const Chunk& ch) {
+    using param_t = decltype(tag);
+    using acc_t = state_t<param_t>;
+    const int64_t t = ch.tensor;
+    const acc_t neg_step = lamb_neg_step<acc_t>(lr, pn.data_ptr<acc_t>()[t], un.data_ptr<acc_t>()[t],
+                                                weight_decay, use_nvlamb);
+    stage2_chunk<has_master, param_t>(params[t].data_ptr(),
+                                      master ? master_params[t].data_ptr() : nullptr,
+                                      updates[t].data_ptr(), ch.begin, ch.end, neg_step);
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
+  m.impl("fused_lamb_stage1_", &fused_lamb_stage1_);
+  m.impl("fused_lamb_stage2_", &fused_lamb_stage2_);
+}
+
+}  // namespace core_ops::cpu
