@@ -118,3 +118,21 @@ def check_optimizer_lists(params, grads, steps, **states):
         check_lists(("params", params), (name, ts))
         if ts[0].dtype != want:
             raise TypeError(f"{name} must be {want} for {params[0].dtype} params, got {ts[0].dtype}")
+
+
+def check_per_tensor_state(params, **named):
+    """One value per param (NovoGrad's exp_avg_sqs, grad_norms): a list of one-element
+    tensors or one tensor of len(params) elements, in the state dtype on the params'
+    device; csrc/cpu/novograd.cpp words the same checks."""
+    if not params:
+        return
+    want, device = state_dtype(params[0].dtype), params[0].device
+    for name, value in named.items():
+        ts = [value] if isinstance(value, torch.Tensor) else list(value)
+        if isinstance(value, torch.Tensor):
+            ok = value.numel() == len(params)
+        else:
+            same_length(params, "params", ts, name)
+            ok = all(t.numel() == 1 for t in ts)
+        if not ok or any(t.dtype != want or t.device != device for t in ts):
+            raise ValueError(f"{name} must hold one {want} value per param on {device}")

@@ -1,0 +1,115 @@
+"""FusedNovoGrad: Apex's constructor, NovoGrad as in Ginsburg et al. 2019 (layer-wise
+second moments); one norm pass and one fused kernel call per (device, dtype) group."""
+
+import itertools
+
+import torch
+
+from .. import _build, _validate
+from .._library import op
+from ..multi_tensor_apply import multi_tensor_l2norm
+from ._base import FusedOptimizer
+
+
+class FusedNovoGrad(FusedOptimizer):
+    """NovoGrad, as ``apex.optimizers.FusedNovoGrad``. Each tensor (layer) keeps one
+    second moment, the running mean of its squared grad norm (``norm_type=2``: L2,
+    ``0``: max|g|); grads are divided by sqrt of it before entering the momentum.
+    ``reg_inside_moment=False`` (default) applies weight decay outside the momentum,
+    ``True`` inside it, as in the paper. Math: csrc/include/core_ops/novograd_math.h.
+
+    State per param: ``exp_avg`` (like the param, float32), ``exp_avg_sq`` (a 0-d
+    float32 tensor: per param rather than Apex's per-group list, so params that have
+    no grad on some step, param groups and state dicts need no bookkeeping), ``step``
+    and, with ``master_weights``, ``master_param``. ``amsgrad=True`` raises ValueError
+    (Apex never supported it). Beyond Apex: ``master_weights``, ``maximize`` and
+    ``step(grad_scale=, found_inf=, max_grad_norm=)`` as in ``FusedAdam``.
+    """
+
+    _state_keys = ("exp_avg",)  # exp_avg_sq is 0-d: restored by load_state_dict below
+
+    def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0.0, amsgrad=False, reg_inside_moment=False, grad_averaging=True,
+                 norm_type=2, init_zero=False, set_grad_none=True, master_weights=False,
+                 maximize=False):
+        if amsgrad:
+            raise ValueError("FusedNovoGrad: amsgrad is not supported (nor was it in Apex)")
+        if not isinstance(lr, torch.Tensor) and lr < 0:
+            raise ValueError(f"lr must be >= 0, got {lr}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        if eps < 0 or weight_decay < 0:
+            raise ValueError("eps and weight_decay must be >= 0")
+        _check_norm_type(norm_type)
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
+                        weight_decay=weight_decay, reg_inside_moment=reg_inside_moment,
+                        grad_averaging=grad_averaging, norm_type=norm_type, init_zero=init_zero,
+                        maximize=maximize)
+        super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None):
+        """One update; ``grad_scale``, ``found_inf`` and ``max_grad_norm`` as in
+        ``FusedAdam.step``. The layer norms are taken of the grads as they are (scaled)
+        and divided by the grad scale inside the kernel, so no host sync."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale, found_inf = self._scaling(grad_scale, found_inf, max_grad_norm)
+        for group in self.param_groups:
+            _check_norm_type(group["norm_type"])  # a group added later
+            beta1, beta2 = group["betas"]
+            for (device, _), ps in self._grouped(group).items():
+                _build.ensure_for(device)
+                lr, lr_tensor = self._lr(group, device)
+                exp_avgs, exp_avg_sqs, steps = [], [], []
+                for p in ps:
+                    state = self.state[p]
+                    if not state:
+                        state["step"] = self._step_tensor(p)
+                        state["exp_avg"] = self._state_zeros(p)
+                        state["exp_avg_sq"] = self._scalar_zeros(p)
+                    exp_avgs.append(state["exp_avg"])
+                    exp_avg_sqs.append(state["exp_avg_sq"])
+                    steps.append(state["step"])
+                masters = [m for m in map(self._master, ps) if m is not None]
+                grads = [p.grad for p in ps]
+                norms = _grad_norms(grads, group["norm_type"], exp_avg_sqs[0].dtype)
+                op("fused_novograd_")(ps, grads, exp_avgs, exp_avg_sqs, masters, steps, norms, lr,
+                                      beta1, beta2, group["eps"], group["weight_decay"],
+                                      group["bias_correction"], group["reg_inside_moment"],
+                                      group["grad_averaging"], group["init_zero"], group["maximize"],
+                                      lr_tensor, self._on(grad_scale, device), self._on(found_inf, device))
+        return loss
+
+    def _scalar_zeros(self, p):
+        return torch.zeros((), dtype=_validate.state_dtype(p.dtype), device=p.device)
+
+    def load_state_dict(self, state_dict):
+        """As ``FusedOptimizer.load_state_dict``, and ``exp_avg_sq`` restored exactly in
+        float32 (torch.optim's loader casts it to the param dtype)."""
+        super().load_state_dict(state_dict)
+        ids = itertools.chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+        params = itertools.chain.from_iterable(g["params"] for g in self.param_groups)
+        for pid, p in zip(ids, params):
+            value = state_dict["state"].get(pid, {}).get("exp_avg_sq")
+            if not isinstance(value, torch.Tensor):
+                continue
+            if value.numel() != 1:
+                raise ValueError(f"state 'exp_avg_sq' of a param has shape {tuple(value.shape)}, not one "
+                                 "value per tensor: the state dict is not from FusedNovoGrad")
+            self.state[p]["exp_avg_sq"] = self._scalar_zeros(p).copy_(value.reshape(()))
+
+
+def _check_norm_type(norm_type):
+    if norm_type not in (0, 2):
+        raise ValueError(f"norm_type must be 2 (L2) or 0 (infinity norm), got {norm_type}")
+
+
+def _grad_norms(grads, norm_type, dtype):
+    """One norm per grad, as a ``dtype`` tensor on the grads' device (no host sync)."""
+    if norm_type == 2:
+        return multi_tensor_l2norm(grads, per_tensor=True)[1]
+    # max|g| is exact in the grad dtype; an empty grad's is 0 (amax refuses empty tensors).
+    return torch.stack([g.abs().amax() if g.numel() else g.new_zeros(()) for g in grads]).to(dtype)

@@ -1,0 +1,277 @@
+"""FusedNovoGrad against NovoGrad's formula (Ginsburg et al. 2019, with Apex's options)
+written here in float64, the reference kernel against the native CPU kernel, and the
+behaviour shared with the other fused optimizers.
+
+Tolerance: after 20 steps the fp32 params and exp_avg are within 8 ulps of the
+largest |value| of the float64 run (as Note [Optimizer tolerances] in
+test_fused_adam.py). Each step rounds the param once (half an ulp) and the update a
+few times relative to the update itself (lr * O(1) at most); the norm is accumulated
+in float32 (~1e-7 relative, entering the update, not the param directly). The errors
+of 20 steps are independent and mostly cancel: measured at most 3 ulps over all the
+cases. exp_avg_sq is a squared float32-accumulated norm: 1e-5 relative (NORM_TOL).
+"""
+
+import copy
+import math
+
+import pytest
+import torch
+from optim_cases import STEPS, clone_params, make_params, ulps_close
+
+import core_ops
+from core_ops import _build
+from core_ops._library import op
+from core_ops.optimizers import FusedNovoGrad
+from core_ops.reference import KERNELS as REF
+
+LR, BETAS = 0.05, (0.95, 0.98)
+
+
+@pytest.fixture(autouse=True)
+def _native():
+    assert _build.ensure("cpu").native
+
+
+def grads_for(params, steps=STEPS, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn(p.shape, generator=g).to(p.dtype) for p in params] for _ in range(steps)]
+
+
+def paper_novograd(p, grads, lr=LR, betas=BETAS, eps=1e-8, weight_decay=0.0, reg_inside_moment=False,
+                   grad_averaging=True, norm_type=2, init_zero=False, bias_correction=True, maximize=False):
+    """One tensor's NovoGrad trajectory in float64: (param, exp_avg, exp_avg_sq)."""
+    beta1, beta2 = betas
+    beta3 = 1 - beta1 if grad_averaging else 1.0
+    p, m, v = p.double(), torch.zeros_like(p, dtype=torch.float64), 0.0
+    for t, g in enumerate(grads, 1):
+        g = -g.double() if maximize else g.double()
+        n = g.norm() if norm_type == 2 else g.abs().max()
+        v = n ** 2 if t == 1 and not init_zero else beta2 * v + (1 - beta2) * n ** 2
+        bc1, bc2 = (1 - beta1 ** t, 1 - beta2 ** t) if bias_correction else (1.0, 1.0)
+        g_hat = g / ((v / bc2).sqrt() + eps)
+        if reg_inside_moment:
+            m = beta1 * m + beta3 * (g_hat + weight_decay * p)
+            update = m / bc1
+        else:
+            m = beta1 * m + beta3 * g_hat
+            update = m / bc1 + weight_decay * p
+        p = p - lr * update
+    return p, m, v
+
+
+def run_steps(opt, params, grads, **step_kwargs):
+    for gs in grads:
+        for p, g in zip(params, gs):
+            p.grad = g.clone()
+        opt.step(**step_kwargs)
+
+
+CASES = [dict(), dict(weight_decay=0.1), dict(weight_decay=0.1, reg_inside_moment=True),
+         dict(grad_averaging=False), dict(init_zero=True), dict(norm_type=0, weight_decay=0.01),
+         dict(bias_correction=False), dict(maximize=True, eps=1e-3)]
+
+
+def case_id(kw):
+    return "-".join(f"{k}={v}" for k, v in kw.items()) or "default"
+
+
+@pytest.mark.parametrize("kw", CASES, ids=case_id)
+def test_fp32_matches_the_formula_in_fp64(kw):
+    params = make_params()
+    start = [p.detach().clone() for p in params]
+    grads = grads_for(params)
+    opt = FusedNovoGrad(params, lr=LR, betas=BETAS, **kw)
+    run_steps(opt, params, grads)
+    for i, (p, p0) in enumerate(zip(params, start)):
+        want_p, want_m, want_v = paper_novograd(p0, [gs[i] for gs in grads], **kw)
+        state = opt.state[p]
+        ulps_close(p.detach(), want_p.float())
+        ulps_close(state["exp_avg"], want_m.float())
+        torch.testing.assert_close(state["exp_avg_sq"].double(), torch.as_tensor(want_v, dtype=torch.float64),
+                                   rtol=1e-5, atol=0)
+        assert state["exp_avg_sq"].shape == () and state["exp_avg_sq"].dtype == torch.float32
+        assert state["step"].item() == STEPS
+
+
+@pytest.mark.parametrize("kw", CASES[1:3], ids=case_id)
+def test_fp64_matches_the_formula(kw):
+    params = make_params(torch.float64)
+    start = [p.detach().clone() for p in params]
+    grads = grads_for(params)
+    opt = FusedNovoGrad(params, lr=LR, betas=BETAS, **kw)
+    run_steps(opt, params, grads)
+    for i, (p, p0) in enumerate(zip(params, start)):
+        want_p, _, _ = paper_novograd(p0, [gs[i] for gs in grads], **kw)
+        torch.testing.assert_close(p.detach(), want_p, rtol=1e-12, atol=1e-12)
+
+
+def op_args(dtype, masters, seed=0, **kw):
+    g = torch.Generator().manual_seed(seed)
+    ps = [torch.randn(n, generator=g).to(dtype) for n in (1, 17, 16385, 40000)]
+    ms = [p.float() for p in ps] if masters else []
+    state = ([torch.zeros(p.shape) for p in ps], [torch.zeros(()) for _ in ps], [torch.zeros(()) for _ in ps])
+    return ps, ms, state
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(reg_inside_moment=True, weight_decay=0.1), dict(weight_decay=0.1),
+                                dict(init_zero=True, grad_averaging=False, bias_correction=False, maximize=True)],
+                         ids=case_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16-masters"])
+def test_reference_matches_native_kernel(kw, dtype):
+    """Same op, two kernels, same arguments (grad_scale and lr_tensor included): bitwise."""
+    ours, theirs = op_args(dtype, dtype != torch.float32), op_args(dtype, dtype != torch.float32)
+    full = dict(weight_decay=0.0, bias_correction=True, reg_inside_moment=False, grad_averaging=True,
+                init_zero=False, maximize=False) | kw
+    g = torch.Generator().manual_seed(1)
+    for _ in range(10):
+        grads = [(torch.randn(p.shape, generator=g) * 64).to(dtype) for p in ours[0]]
+        norms = core_ops.multi_tensor_l2norm(grads, per_tensor=True)[1]
+        for kernel, (ps, ms, (m, v, steps)) in ((op("fused_novograd_"), ours), (REF["fused_novograd_"], theirs)):
+            kernel(ps, grads, m, v, ms, steps, norms, 0.0, 0.95, 0.98, 1e-8, full["weight_decay"],
+                   full["bias_correction"], full["reg_inside_moment"], full["grad_averaging"], full["init_zero"],
+                   full["maximize"], torch.tensor([LR]), torch.tensor([64.0]), None)
+    for a, b in zip(ours[0] + ours[1] + ours[2][0] + ours[2][1], theirs[0] + theirs[1] + theirs[2][0] + theirs[2][1]):
+        assert torch.equal(a, b)
+
+
+def test_decoupled_and_reg_inside_moment_differ_only_with_weight_decay():
+    def final(**kw):
+        params = make_params(sizes=(300,))
+        run_steps(FusedNovoGrad(params, lr=LR, **kw), params, grads_for(params, steps=5))
+        return params[0].detach()
+
+    assert torch.equal(final(), final(reg_inside_moment=True))
+    assert not torch.allclose(final(weight_decay=0.1), final(weight_decay=0.1, reg_inside_moment=True))
+
+
+def test_bf16_master_weights_follow_the_fp32_run():
+    ours = make_params(torch.bfloat16)
+    fp32 = clone_params(ours, torch.float32)
+    opt = FusedNovoGrad(ours, lr=LR, weight_decay=0.01, master_weights=True)
+    ref = FusedNovoGrad(fp32, lr=LR, weight_decay=0.01)
+    grads = grads_for(ours)  # bf16 grads; the fp32 run sees the same values
+    run_steps(opt, ours, grads)
+    run_steps(ref, fp32, [[g.float() for g in gs] for gs in grads])
+    for a, b in zip(ours, fp32):
+        master = opt.state[a]["master_param"]
+        assert master.dtype == opt.state[a]["exp_avg"].dtype == opt.state[a]["exp_avg_sq"].dtype == torch.float32
+        ulps_close(master, b.detach(), n=2)  # norms of bf16 / fp32 lists may sum in another order
+        assert torch.equal(a.detach(), master.to(torch.bfloat16))
+
+
+def snapshot(opt, params):
+    return [p.detach().clone() for p in params], copy.deepcopy(opt.state_dict())
+
+
+def assert_unchanged(before, opt, params):
+    ps, sd = before
+    assert all(torch.equal(a, b.detach()) for a, b in zip(ps, params))
+    now = opt.state_dict()
+    for k, st in sd["state"].items():
+        for key, value in st.items():
+            assert torch.equal(value, now["state"][k][key]), key
+
+
+def test_found_inf_skips_everything():
+    params = make_params(torch.bfloat16, sizes=(17, 300))
+    opt = FusedNovoGrad(params, lr=LR, master_weights=True, weight_decay=0.1)
+    run_steps(opt, params, grads_for(params, steps=2))
+    before = snapshot(opt, params)
+    for flag in (torch.ones(1), torch.ones(1, dtype=torch.int32)):
+        run_steps(opt, params, grads_for(params, steps=1, seed=4), found_inf=flag)
+        assert_unchanged(before, opt, params)
+
+
+def test_a_skipped_first_step_leaves_the_first_step_to_come():
+    """Not even the fresh v_1 = ||g_1||^2 is taken from a skipped step."""
+    a = make_params(sizes=(100,))
+    b = clone_params(a)
+    oa, ob = FusedNovoGrad(a, lr=LR), FusedNovoGrad(b, lr=LR)
+    a[0].grad = torch.full((100,), 1e4)
+    oa.step(found_inf=torch.ones(1))
+    grads = grads_for(a, steps=3)
+    run_steps(oa, a, grads)
+    run_steps(ob, b, grads)
+    assert torch.equal(a[0].detach(), b[0].detach())
+    assert torch.equal(oa.state[a[0]]["exp_avg_sq"], ob.state[b[0]]["exp_avg_sq"])
+
+
+@pytest.mark.parametrize("norm_type", [2, 0])
+def test_grad_scale_divides_grads_and_norms_inside(norm_type):
+    a = make_params(sizes=(1000, 3))
+    b = clone_params(a)
+    oa, ob = FusedNovoGrad(a, lr=LR, norm_type=norm_type), FusedNovoGrad(b, lr=LR, norm_type=norm_type)
+    grads = grads_for(a, steps=3)
+    run_steps(oa, a, [[g * 1024 for g in gs] for gs in grads], grad_scale=torch.tensor([1024.0]))
+    run_steps(ob, b, grads)
+    for p, q in zip(a, b):
+        assert torch.equal(p.detach(), q.detach())
+        assert torch.equal(oa.state[p]["exp_avg_sq"], ob.state[q]["exp_avg_sq"])  # norms of unscaled grads
+    assert torch.equal(a[1].grad, grads[-1][1] * 1024)  # grads are read, never written
+
+
+def test_max_grad_norm_is_the_step_on_clipped_grads():
+    a = make_params(sizes=(300, 40))
+    b = clone_params(a)
+    oa, ob = FusedNovoGrad(a, lr=LR), FusedNovoGrad(b, lr=LR)
+    for gs in grads_for(a, steps=4):
+        for p, q, g in zip(a, b, gs):
+            p.grad, q.grad = g * 3, g * 3
+        oa.step(max_grad_norm=1.0)
+        torch.nn.utils.clip_grad_norm_(b, 1.0)
+        ob.step()
+    for p, q in zip(a, b):
+        ulps_close(p.detach(), q.detach(), n=16)  # the clip coefficient rounds differently
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16-masters"])
+def test_state_dict_round_trip_is_exact(dtype):
+    a = make_params(dtype, sizes=(129, 3))
+    kw = dict(lr=LR, weight_decay=0.01, master_weights=dtype != torch.float32)
+    opt = FusedNovoGrad(a, **kw)
+    run_steps(opt, a, grads_for(a, steps=3))
+    sd = copy.deepcopy(opt.state_dict())
+    b = clone_params(a)
+    resumed = FusedNovoGrad(b, lr=1.0, master_weights=kw["master_weights"])  # the state dict's lr wins
+    resumed.load_state_dict(sd)
+    state = resumed.state[b[0]]
+    assert state["exp_avg_sq"].dtype == torch.float32 and state["exp_avg_sq"].shape == ()
+    assert resumed.param_groups[0]["lr"] == LR
+    more = grads_for(a, steps=4, seed=9)
+    run_steps(opt, a, more)
+    run_steps(resumed, b, more)
+    for p, q in zip(a, b):
+        assert torch.equal(p, q)
+        for key, value in opt.state[p].items():
+            assert torch.equal(value, resumed.state[q][key]), key
+
+
+def test_state_dict_of_another_optimizer_is_refused():
+    a = make_params(sizes=(8,))
+    adam = torch.optim.Adam(a)
+    run_steps(adam, a, grads_for(a, steps=1))
+    with pytest.raises(ValueError, match="not from FusedNovoGrad"):
+        FusedNovoGrad(a).load_state_dict(adam.state_dict())
+
+
+def test_bad_input():
+    p = torch.zeros(3, requires_grad=True)
+    for kwargs, match in [(dict(amsgrad=True), "amsgrad"), (dict(norm_type=3), "norm_type"),
+                          (dict(norm_type=1), "norm_type"), (dict(lr=-1.0), "lr"),
+                          (dict(betas=(1.0, 0.9)), "betas"), (dict(betas=(0.9, -0.1)), "betas"),
+                          (dict(eps=-1.0), "eps"), (dict(weight_decay=-0.1), "weight_decay")]:
+        with pytest.raises(ValueError, match=match):
+            FusedNovoGrad([p], **kwargs)
+    opt = FusedNovoGrad([p])
+    opt.add_param_group({"params": [torch.zeros(2, requires_grad=True)], "norm_type": math.inf})
+    p.grad = torch.ones(3)
+    with pytest.raises(ValueError, match="norm_type"):
+        opt.step()
+    opt.param_groups.pop()
+    p.grad = torch.zeros(3).to_sparse()
+    with pytest.raises(RuntimeError, match="sparse"):
+        opt.step()
+    with pytest.raises(ValueError, match="exp_avg_sqs"):
+        op("fused_novograd_")([p.detach()], [torch.ones(3)], [torch.zeros(3)], [torch.zeros(3)], [],
+                              [torch.zeros(())], torch.ones(1), 0.1, 0.9, 0.9, 1e-8, 0.0, True, False, True,
+                              False, False, None, None, None)
