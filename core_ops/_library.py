@@ -87,13 +87,16 @@ SCHEMAS = {
     ),
     # NovoGrad's second moment is one scalar per tensor: exp_avg_sqs holds one-element
     # tensors and grad_norms the per-tensor norms of the grads as given (still scaled:
-    # the op divides them by grad_scale), L2 or max|g| (csrc/include/core_ops/novograd_math.h).
+    # the op divides them by grad_scale), L2 (norm_type 2: v averages their squares) or
+    # max|g| (norm_type 0: v averages the norms themselves), as in Apex
+    # (csrc/include/core_ops/novograd_math.h).
     "fused_novograd_": (
         "fused_novograd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
         "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] master_params, Tensor(e!)[] steps, "
-        "Tensor grad_norms, float lr, float beta1, float beta2, float eps, float weight_decay, "
-        "bool bias_correction, bool reg_inside_moment, bool grad_averaging, bool init_zero, "
-        "bool maximize, Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()"
+        "Tensor grad_norms, int norm_type, float lr, float beta1, float beta2, float eps, "
+        "float weight_decay, bool bias_correction, bool reg_inside_moment, bool grad_averaging, "
+        "bool init_zero, bool maximize, Tensor? lr_tensor, Tensor? grad_scale, "
+        "Tensor? found_inf) -> ()"
     ),
 }
 
@@ -183,9 +186,9 @@ def _(params, master_params, updates, param_norms, update_norms, lr, weight_deca
 
 
 @torch.library.register_fake("core_ops::fused_novograd_")
-def _(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, lr, beta1, beta2,
-      eps, weight_decay, bias_correction, reg_inside_moment, grad_averaging, init_zero, maximize,
-      lr_tensor, grad_scale, found_inf):
+def _(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type, lr,
+      beta1, beta2, eps, weight_decay, bias_correction, reg_inside_moment, grad_averaging,
+      init_zero, maximize, lr_tensor, grad_scale, found_inf):
     check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, master_params=master_params or None)
     check_per_tensor_state(params, exp_avg_sqs=exp_avg_sqs, grad_norms=grad_norms)
 

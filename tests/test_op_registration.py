@@ -31,7 +31,7 @@ def samples(device):
         "fused_novograd_": ([t.clone() for t in ts], [torch.randn_like(t) for t in ts],
                             [torch.zeros_like(t) for t in ts], [torch.zeros((), device=device) for _ in ts], [],
                             [torch.zeros((), device=device) for _ in ts], torch.rand(len(ts), device=device) + 1,
-                            1e-2, 0.95, 0.98, 1e-8, 0.01, True, False, True, False, False, None, one * 8.0,
+                            2, 1e-2, 0.95, 0.98, 1e-8, 0.01, True, False, True, False, False, None, one * 8.0,
                             flag.clone()),
         "update_scale_": (one * 1024, torch.zeros(1, dtype=torch.int32, device=device),
                           torch.ones(1, dtype=torch.int32, device=device), flag.clone(),

@@ -1,5 +1,6 @@
-"""FusedNovoGrad: Apex's constructor, NovoGrad as in Ginsburg et al. 2019 (layer-wise
-second moments); one norm pass and one fused kernel call per (device, dtype) group."""
+"""FusedNovoGrad: Apex's constructor and semantics (NovoGrad, Ginsburg et al. 2019, with
+layer-wise second moments); one norm pass and one fused kernel call per (device, dtype)
+group."""
 
 import itertools
 
@@ -13,16 +14,21 @@ from ._base import FusedOptimizer
 
 class FusedNovoGrad(FusedOptimizer):
     """NovoGrad, as ``apex.optimizers.FusedNovoGrad``. Each tensor (layer) keeps one
-    second moment, the running mean of its squared grad norm (``norm_type=2``: L2,
-    ``0``: max|g|); grads are divided by sqrt of it before entering the momentum.
-    ``reg_inside_moment=False`` (default) applies weight decay outside the momentum,
-    ``True`` inside it, as in the paper. Math: csrc/include/core_ops/novograd_math.h.
+    second moment ``v``: with ``norm_type=2`` the running mean of its squared L2 grad
+    norm, the layer's norm being ``sqrt(v)``; with ``norm_type=0`` the running mean of
+    max|g| itself, the layer's norm being ``v``. ``denom = norm / sqrt(bc2) + eps``.
+    ``reg_inside_moment=False`` (default): the momentum is of the raw grad, and the
+    normalisation and weight decay act on the update term only,
+    ``p -= lr * (m_hat / denom + wd * p)``. ``True`` (the paper's form): both go into
+    the momentum, ``m = beta1*m + beta3*(g/denom + wd*p)``, ``p -= lr * m_hat``.
+    Math: csrc/include/core_ops/novograd_math.h.
 
     State per param: ``exp_avg`` (like the param, float32), ``exp_avg_sq`` (a 0-d
-    float32 tensor: per param rather than Apex's per-group list, so params that have
-    no grad on some step, param groups and state dicts need no bookkeeping), ``step``
-    and, with ``master_weights``, ``master_param``. ``amsgrad=True`` raises ValueError
-    (Apex never supported it). Beyond Apex: ``master_weights``, ``maximize`` and
+    float32 tensor holding ``v`` above, so a max-norm with ``norm_type=0`` despite the
+    name; per param rather than Apex's per-group list, so params that have no grad on
+    some step, param groups and state dicts need no bookkeeping), ``step`` and, with
+    ``master_weights``, ``master_param``. ``amsgrad=True`` raises ValueError (Apex never
+    supported it). Beyond Apex: ``master_weights``, ``maximize`` and
     ``step(grad_scale=, found_inf=, max_grad_norm=)`` as in ``FusedAdam``.
     """
 
@@ -76,10 +82,11 @@ class FusedNovoGrad(FusedOptimizer):
                 masters = [m for m in map(self._master, ps) if m is not None]
                 grads = [p.grad for p in ps]
                 norms = _grad_norms(grads, group["norm_type"], exp_avg_sqs[0].dtype)
-                op("fused_novograd_")(ps, grads, exp_avgs, exp_avg_sqs, masters, steps, norms, lr,
-                                      beta1, beta2, group["eps"], group["weight_decay"],
-                                      group["bias_correction"], group["reg_inside_moment"],
-                                      group["grad_averaging"], group["init_zero"], group["maximize"],
+                op("fused_novograd_")(ps, grads, exp_avgs, exp_avg_sqs, masters, steps, norms,
+                                      group["norm_type"], lr, beta1, beta2, group["eps"],
+                                      group["weight_decay"], group["bias_correction"],
+                                      group["reg_inside_moment"], group["grad_averaging"],
+                                      group["init_zero"], group["maximize"],
                                       lr_tensor, self._on(grad_scale, device), self._on(found_inf, device))
         return loss
 

@@ -1,7 +1,7 @@
 """Reference kernel of fused_novograd_: NovoGrad as csrc/include/core_ops/novograd_math.h
-writes it, operation for operation (each * and + rounded apart, no FMA-prone
-``add(alpha=)`` / ``addcmul``), so the native CPU kernel agrees with it to the last bit
-or so. The per-tensor scalars are Python floats (double), rounded once, as there."""
+writes it (Apex's semantics), operation for operation (each * and + rounded apart, no
+FMA-prone ``add(alpha=)`` / ``addcmul``), so the native CPU kernel agrees with it to the
+last bit or so. The per-tensor scalars are Python floats (double), rounded once, as there."""
 
 import math
 
@@ -11,11 +11,13 @@ from .._validate import check_optimizer_lists, check_per_tensor_state
 from .adam import scaled_grad, weights_in_state_dtype, write_back
 
 
-def fused_novograd_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, lr,
-                    beta1, beta2, eps, weight_decay, bias_correction, reg_inside_moment,
+def fused_novograd_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type,
+                    lr, beta1, beta2, eps, weight_decay, bias_correction, reg_inside_moment,
                     grad_averaging, init_zero, maximize, lr_tensor, grad_scale, found_inf):
     check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, master_params=master_params or None)
     check_per_tensor_state(params, exp_avg_sqs=exp_avg_sqs, grad_norms=grad_norms)
+    if norm_type not in (0, 2):
+        raise ValueError(f"norm_type must be 2 (L2) or 0 (infinity norm), got {norm_type}")
     if found_inf is not None and found_inf.item() > 0:
         return
     if lr_tensor is not None:
@@ -27,24 +29,26 @@ def fused_novograd_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, 
         step = steps[i].item()
         m, v = exp_avgs[i], exp_avg_sqs[i]
         n = grad_norms[i].item() / scale
-        n2 = n * n
+        x = n if norm_type == 0 else n * n  # max|g| is averaged itself, the L2 norm squared
         fresh = step == 1 and not init_zero
-        v.fill_(n2 if fresh else beta2 * v.item() + (1.0 - beta2) * n2)
+        v.fill_(x if fresh else beta2 * v.item() + (1.0 - beta2) * x)
         bc1 = 1.0 - beta1 ** step if bias_correction else 1.0
         bc2 = 1.0 - beta2 ** step if bias_correction else 1.0
+        layer_norm = v.item() if norm_type == 0 else math.sqrt(v.item())
         # 0-d tensors, not Python floats: torch would turn some scalar divisions into
         # multiplications by the reciprocal, the kernel divides.
-        denom = torch.tensor(math.sqrt(v.item() / bc2) + eps, dtype=m.dtype, device=m.device)
-        weights, x = weights_in_state_dtype(param, master_params, i)
-        g = scaled_grad(grads[i], m.dtype, grad_scale, maximize) / denom
+        denom = torch.tensor(layer_norm / math.sqrt(bc2) + eps, dtype=m.dtype, device=m.device)
+        bc1 = torch.tensor(bc1, dtype=m.dtype, device=m.device)
+        weights, p = weights_in_state_dtype(param, master_params, i)
+        g = scaled_grad(grads[i], m.dtype, grad_scale, maximize)
         if reg_inside_moment:
-            g = g + x * weight_decay
-        m.copy_(m * beta1 + g * beta3)
-        update = m / torch.tensor(bc1, dtype=m.dtype, device=m.device)
-        if not reg_inside_moment:
-            update = update + x * weight_decay
-        x.copy_(x + update * -lr)
-        write_back(param, weights, x)
+            m.copy_(m * beta1 + (g / denom + p * weight_decay) * beta3)
+            update = m / bc1
+        else:
+            m.copy_(m * beta1 + g * beta3)
+            update = m / bc1 / denom + p * weight_decay
+        p.copy_(p + update * -lr)
+        write_back(param, weights, p)
 
 
 KERNELS = {"fused_novograd_": fused_novograd_}

@@ -1,5 +1,6 @@
 // CPU kernel of fused_novograd_: the math is core_ops/novograd_math.h; the per-tensor
-// grad norms come in (multi_tensor_l2norm, called by core_ops/optimizers/fused_novograd.py).
+// grad norms come in (L2 or max|g| as norm_type says, taken by
+// core_ops/optimizers/fused_novograd.py).
 #include <torch/library.h>
 
 #include <core_ops/novograd_math.h>
@@ -63,9 +64,10 @@ double element_at(const at::Tensor& t, size_t i) { return t.data_ptr<acc_t>()[i]
 
 void fused_novograd_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                      at::TensorList exp_avg_sqs, at::TensorList master_params,
-                     at::TensorList steps, const at::Tensor& grad_norms, double lr, double beta1,
-                     double beta2, double eps, double weight_decay, bool bias_correction,
-                     bool reg_inside_moment, bool grad_averaging, bool init_zero, bool maximize,
+                     at::TensorList steps, const at::Tensor& grad_norms, int64_t norm_type,
+                     double lr, double beta1, double beta2, double eps, double weight_decay,
+                     bool bias_correction, bool reg_inside_moment, bool grad_averaging,
+                     bool init_zero, bool maximize,
                      const std::optional<at::Tensor>& lr_tensor,
                      const std::optional<at::Tensor>& grad_scale,
                      const std::optional<at::Tensor>& found_inf) {
@@ -74,6 +76,8 @@ void fused_novograd_(at::TensorList params, at::TensorList grads, at::TensorList
   check_per_tensor_state(params, exp_avg_sqs, grad_norms);
   check_masters(params, master_params);
   check_layouts(params, {{exp_avgs, "exp_avgs"}, {master_params, "master_params"}});
+  TORCH_CHECK_VALUE(norm_type == 0 || norm_type == 2,
+                    "norm_type must be 2 (L2) or 0 (infinity norm), got ", norm_type);
   if (flag_is_set(found_inf)) return;
 
   lr = value_or(lr_tensor, lr);
@@ -93,15 +97,15 @@ void fused_novograd_(at::TensorList params, at::TensorList grads, at::TensorList
     double v;
     if (is_double) {
       double* vp = exp_avg_sqs[i].data_ptr<double>();
-      v = *vp = novograd_second_moment(*vp, norm, beta2, fresh);
+      v = *vp = novograd_second_moment(*vp, norm, beta2, fresh, norm_type);
     } else {
       float* vp = exp_avg_sqs[i].data_ptr<float>();
-      v = *vp = static_cast<float>(novograd_second_moment(*vp, norm, beta2, fresh));
+      v = *vp = static_cast<float>(novograd_second_moment(*vp, norm, beta2, fresh, norm_type));
     }
     cf[i] = novograd_coeffs<float>(lr, beta1, beta2, eps, weight_decay, step[i], v,
-                                   bias_correction, grad_averaging);
+                                   norm_type, bias_correction, grad_averaging);
     cd[i] = novograd_coeffs<double>(lr, beta1, beta2, eps, weight_decay, step[i], v,
-                                    bias_correction, grad_averaging);
+                                    norm_type, bias_correction, grad_averaging);
   }
   bool_switch(reg_inside_moment, [&](auto reg_inside) {
     for_each_param_chunk(params, master, [&](auto tag, auto has_master, const Chunk& ch) {
