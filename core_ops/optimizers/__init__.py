@@ -6,6 +6,7 @@ from .fused_adam import FusedAdam
 from .fused_lamb import FusedLAMB, FusedMixedPrecisionLamb
 from .fused_novograd import FusedNovoGrad
 from .fused_sgd import FusedSGD
+from .larc import LARC
 
 __all__ = ["FusedAdagrad", "FusedAdam", "FusedLAMB", "FusedMixedPrecisionLamb", "FusedNovoGrad",
-           "FusedSGD"]
+           "FusedSGD", "LARC"]

@@ -1,8 +1,10 @@
 // CUDA multi-tensor apply: cut every tensor of the lists into chunks of kChunkSize
 // elements, one thread block per chunk, and describe a batch of chunks to a kernel
 // entirely through its argument struct, so a list of 2000 tensors costs a handful of
-// launches and no host-to-device copy. Also the per-thread load/store helpers, the
-// found-inf flag and the block reduction shared by the kernels.
+// launches and no host-to-device copy. Besides the lists it walks (up to kMaxDepth),
+// a launch can name per-tensor scalars: one-element tensors, one per tensor, such as
+// an optimizer's step counts. Also the per-thread load/store helpers, the found-inf
+// flag and the block reduction shared by the kernels.
 #pragma once
 
 #include <array>
@@ -41,38 +43,55 @@ static_assert(kChunkSize % (kILP * kBlockSize) == 0, "a chunk is whole steps of 
 #if defined(CUDART_VERSION) && CUDART_VERSION >= 12010 && !defined(CORE_OPS_SMALL_KERNEL_ARGS)
 constexpr size_t kMetaBytes = 20 * 1024;
 constexpr int kMaxChunks = 2048;
+constexpr size_t kKernelArgBytes = 32764;
 #else
 constexpr size_t kMetaBytes = 4096 - 256;
 constexpr int kMaxChunks = 320;
+constexpr size_t kKernelArgBytes = 4096;
 #endif
 
-// Tensors one launch can name: what the budget leaves after the chunk table, capped
-// at 256 so the chunk table's tensor index fits a byte.
-template <int kDepth>
+// Lists one launch can walk: Adam's params, grads, exp_avg, exp_avg_sq,
+// max_exp_avg_sq and master weights.
+constexpr int kMaxDepth = 6;
+
+// Tensors one launch can name, given kPointers addresses per tensor (walked lists
+// plus per-tensor scalars): what the budget leaves after the chunk table, capped at
+// 256 so the chunk table's tensor index fits a byte. (With the large budget: 256 up
+// to 3 pointers, 159 for Adam's 6 lists and step; with the small one 139, 93, 69 for
+// depths 1 to 3, 34 for Adam's 7. Depths 1 to 3 keep the counts they always had.)
+template <int kPointers>
 constexpr int max_tensors() {
   constexpr size_t left = kMetaBytes - kMaxChunks * (sizeof(int32_t) + sizeof(uint8_t)) - sizeof(int64_t);
-  constexpr size_t fit = left / (sizeof(void*) * kDepth + sizeof(int64_t));
+  constexpr size_t fit = left / (sizeof(void*) * kPointers + sizeof(int64_t));
   return fit < 256 ? static_cast<int>(fit) : 256;
 }
 
-// Largest members first: no padding between the arrays.
-template <int kDepth>
+// Largest members first: no padding between the arrays. addresses[0, kDepth) are
+// the walked lists; addresses[kDepth + j] is per-tensor scalar j: the tensor's own
+// one-element tensor, named with it in every launch that covers one of its chunks
+// (a tensor cut between launches is named again, scalars included), so the kernel
+// finds it by slot like the tensor's data, with no table to copy to the device.
+template <int kDepth, int kScalars = 0>
 struct TensorListMeta {
-  static constexpr int kMaxTensors = max_tensors<kDepth>();
-  void* addresses[kDepth][kMaxTensors];
+  static_assert(kDepth >= 1 && kDepth <= kMaxDepth && kScalars >= 0, "unsupported depth");
+  static constexpr int kMaxTensors = max_tensors<kDepth + kScalars>();
+  void* addresses[kDepth + kScalars][kMaxTensors];
   int64_t sizes[kMaxTensors];
   int64_t first_chunk;                // global id of this launch's chunk 0
   int32_t chunk_index[kMaxChunks];    // chunk of its tensor; * kChunkSize in int64
   uint8_t chunk_tensor[kMaxChunks];   // slot in addresses / sizes
 };
-static_assert(sizeof(TensorListMeta<1>) <= kMetaBytes && sizeof(TensorListMeta<3>) <= kMetaBytes,
+static_assert(sizeof(TensorListMeta<1>) <= kMetaBytes && sizeof(TensorListMeta<3>) <= kMetaBytes &&
+                  sizeof(TensorListMeta<kMaxDepth>) <= kMetaBytes &&
+                  sizeof(TensorListMeta<kMaxDepth, 1>) <= kMetaBytes,
               "the launch descriptor must fit the kernel-argument limit");
 
 // __grid_constant__ lets the kernel index the descriptor with runtime indices in
 // place; a plain by-value parameter would first be copied to local memory.
-template <int kDepth, typename Op>
+template <int kDepth, int kScalars, typename Op>
 __global__ void __launch_bounds__(kBlockSize)
-    multi_tensor_apply_kernel(const __grid_constant__ TensorListMeta<kDepth> meta, const Op op) {
+    multi_tensor_apply_kernel(const __grid_constant__ TensorListMeta<kDepth, kScalars> meta,
+                              const Op op) {
   const int t = meta.chunk_tensor[blockIdx.x];
   const int64_t begin = static_cast<int64_t>(meta.chunk_index[blockIdx.x]) * kChunkSize;
   const int64_t rest = meta.sizes[t] - begin;
@@ -84,13 +103,18 @@ __global__ void __launch_bounds__(kBlockSize)
 // over every chunk of lists[0]'s tensors; all lists must hold contiguous tensors of
 // the same numel index by index on one CUDA device. Global chunk ids count the chunks
 // of all tensors in list order (empty tensors have none), so the chunks of one tensor
-// are consecutive.
-template <int kDepth, typename Op>
-void multi_tensor_apply(const std::array<at::TensorList, kDepth>& lists, const Op& op) {
-  using Meta = TensorListMeta<kDepth>;
+// are consecutive. scalars[j][i] is a one-element tensor the kernel reads (or writes)
+// as tensor i's scalar j, at meta.addresses[kDepth + j][slot].
+template <int kDepth, int kScalars, typename Op>
+void multi_tensor_apply(const std::array<at::TensorList, kDepth>& lists,
+                        const std::array<at::TensorList, kScalars>& scalars, const Op& op) {
+  using Meta = TensorListMeta<kDepth, kScalars>;
+  static_assert(sizeof(Meta) + sizeof(Op) <= kKernelArgBytes,
+                "the launch descriptor and the functor must fit the kernel-argument limit");
   const at::TensorList first = lists[0];
   if (first.empty()) return;
   for (int d = 1; d < kDepth; ++d) TORCH_INTERNAL_ASSERT(lists[d].size() == first.size());
+  for (int j = 0; j < kScalars; ++j) TORCH_INTERNAL_ASSERT(scalars[j].size() == first.size());
 
   const c10::cuda::CUDAGuard guard(first[0].device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -98,7 +122,7 @@ void multi_tensor_apply(const std::array<at::TensorList, kDepth>& lists, const O
   meta.first_chunk = 0;
   int ntensors = 0, nchunks = 0;
   auto launch = [&] {
-    multi_tensor_apply_kernel<kDepth, Op><<<nchunks, kBlockSize, 0, stream>>>(meta, op);
+    multi_tensor_apply_kernel<kDepth, kScalars, Op><<<nchunks, kBlockSize, 0, stream>>>(meta, op);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     meta.first_chunk += nchunks;
     ntensors = nchunks = 0;
@@ -121,6 +145,10 @@ void multi_tensor_apply(const std::array<at::TensorList, kDepth>& lists, const O
           TORCH_INTERNAL_ASSERT(lists[d][t].numel() == numel && lists[d][t].is_contiguous());
           meta.addresses[d][slot] = lists[d][t].data_ptr();
         }
+        for (int j = 0; j < kScalars; ++j) {
+          TORCH_INTERNAL_ASSERT(scalars[j][t].numel() == 1);
+          meta.addresses[kDepth + j][slot] = scalars[j][t].data_ptr();
+        }
         meta.sizes[slot] = numel;
       }
       meta.chunk_index[nchunks] = static_cast<int32_t>(c);
@@ -129,6 +157,12 @@ void multi_tensor_apply(const std::array<at::TensorList, kDepth>& lists, const O
     }
   }
   if (nchunks > 0) launch();
+}
+
+// The lists alone, no per-tensor scalars.
+template <int kDepth, typename Op>
+void multi_tensor_apply(const std::array<at::TensorList, kDepth>& lists, const Op& op) {
+  multi_tensor_apply<kDepth, 0>(lists, {}, op);
 }
 
 // Global chunk id of each tensor's first chunk, plus the total at the end: the layout

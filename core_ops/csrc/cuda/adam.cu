@@ -1,0 +1,209 @@
+// CUDA kernel of fused_adam_: the checks of csrc/cpu/adam.cpp, the math of
+// core_ops/adam_math.h, and found_inf, lr, grad_scale and the step counts kept on the
+// device so the host never waits (Note [Fused optimizer ops] in _library.py).
+//
+// One multi_tensor_apply pass updates every tensor; the step counts ride along as
+// per-tensor scalars of the launch descriptor (TensorListMeta's addresses[kDepth]):
+// each block reads its own tensor's count there, so a tensor cut between two launches
+// still finds it, and no pointer table is copied to the device. Each block derives its
+// tensor's coefficients from that count + 1 (the step this update makes); a second,
+// stream-ordered kernel then advances the counts, once every block has read them.
+#include <array>
+#include <type_traits>
+#include <vector>
+
+#include <torch/library.h>
+
+#include <core_ops/adam_math.h>
+#include <core_ops/dispatch.h>
+#include <core_ops/optimizer_args.h>
+
+#include "multi_tensor_apply.cuh"
+#include "optimizer_step.cuh"
+
+namespace core_ops::cuda {
+namespace {
+
+// The step's scalars: the hyperparameters in double, as the schema gives them, and
+// the device-side ones.
+struct AdamScalars {
+  double lr, beta1, beta2, eps, weight_decay;
+  DeviceScalar lr_tensor, grad_scale;
+  FoundInf found_inf;
+  bool bias_correction, maximize;
+};
+
+// Lists, in this order: params, grads, exp_avgs, exp_avg_sqs, then max_exp_avg_sqs
+// (amsgrad) and master_params (master weights) when present; one per-tensor scalar,
+// the step count, after them.
+constexpr int kMaxSqIdx = 4;
+constexpr int master_idx(bool amsgrad) { return amsgrad ? 5 : 4; }
+constexpr int adam_depth(bool amsgrad, bool master) { return 4 + int(amsgrad) + int(master); }
+
+// param_t is the params' (and grads') dtype, acc_t the state's and the math's: float
+// for float / half / bfloat16 params, double for double.
+template <typename param_t, typename acc_t, bool kAdamW, bool kAmsgrad, bool kMaster>
+struct AdamOp {
+  static constexpr int kDepth = adam_depth(kAmsgrad, kMaster);
+  using Meta = TensorListMeta<kDepth, 1>;
+
+  AdamScalars s;
+
+  __device__ void operator()(const Meta& meta, int t, int64_t begin, int len, int64_t) const {
+    if (flag_is_set(s.found_inf)) return;  // a skipped step changes nothing
+
+    // Every thread derives the coefficients itself: two double pows once per chunk,
+    // against the 128 elements a thread then moves; no shared memory, no barrier.
+    // The new count is rounded in float, as the CPU kernel's `*step += 1.f`.
+    const float step = *static_cast<const float*>(meta.addresses[kDepth][t]) + 1.f;
+    const AdamCoeffs<acc_t> c = adam_coeffs<acc_t>(s.lr_tensor.get(s.lr), s.beta1, s.beta2, s.eps,
+                                                   s.weight_decay, static_cast<double>(step),
+                                                   s.bias_correction);
+    const double scale = s.grad_scale.get(1.0);
+    const acc_t div = static_cast<acc_t>(s.maximize ? -scale : scale);  // / -s also negates: exact
+
+    param_t* p = static_cast<param_t*>(meta.addresses[0][t]) + begin;
+    const param_t* g = static_cast<const param_t*>(meta.addresses[1][t]) + begin;
+    acc_t* m = static_cast<acc_t*>(meta.addresses[2][t]) + begin;
+    acc_t* v = static_cast<acc_t*>(meta.addresses[3][t]) + begin;
+    acc_t* vm = nullptr;  // max_exp_avg_sq
+    acc_t* w = nullptr;   // master weights
+    bool vec = pack_aligned(p) && pack_aligned(g) && pack_aligned(m) && pack_aligned(v);
+    if constexpr (kAmsgrad) {
+      vm = static_cast<acc_t*>(meta.addresses[kMaxSqIdx][t]) + begin;
+      vec = vec && pack_aligned(vm);
+    }
+    if constexpr (kMaster) {
+      w = static_cast<acc_t*>(meta.addresses[master_idx(kAmsgrad)][t]) + begin;
+      vec = vec && pack_aligned(w);
+    }
+
+    for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) {
+      const int n = len - i < kILP ? len - i : kILP;
+      // The weights the math updates: the fp32 master when there is one (the param is
+      // then only written, with its rounding), else the param itself in acc_t.
+      acc_t x[kILP], gr[kILP], ea[kILP], eas[kILP], mx[kILP] = {};
+      if constexpr (kMaster) {
+        load_pack(x, w + i, n, vec);
+      } else {
+        load_pack(x, p + i, n, vec);
+      }
+      load_pack(gr, g + i, n, vec);
+      load_pack(ea, m + i, n, vec);
+      load_pack(eas, v + i, n, vec);
+      if constexpr (kAmsgrad) load_pack(mx, vm + i, n, vec);
+#pragma unroll
+      for (int k = 0; k < kILP; ++k) {
+        // Padding beyond n is computed on zeros and never stored.
+        adam_math<kAdamW, kAmsgrad>(x[k], gr[k] / div, ea[k], eas[k], mx[k], c);
+      }
+      store_pack(m + i, ea, n, vec);
+      store_pack(v + i, eas, n, vec);
+      if constexpr (kAmsgrad) store_pack(vm + i, mx, n, vec);
+      if constexpr (kMaster) store_pack(w + i, x, n, vec);
+      store_pack(p + i, x, n, vec);
+    }
+  }
+};
+
+struct AdamLists {
+  at::TensorList params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps;
+};
+
+template <typename param_t, typename acc_t, bool kAdamW, bool kAmsgrad, bool kMaster>
+void launch_adam(const AdamLists& l, const AdamScalars& s) {
+  using Op = AdamOp<param_t, acc_t, kAdamW, kAmsgrad, kMaster>;
+  std::array<at::TensorList, Op::kDepth> lists;
+  lists[0] = l.params;
+  lists[1] = l.grads;
+  lists[2] = l.exp_avgs;
+  lists[3] = l.exp_avg_sqs;
+  if constexpr (kAmsgrad) lists[kMaxSqIdx] = l.max_exp_avg_sqs;
+  if constexpr (kMaster) lists[master_idx(kAmsgrad)] = l.master_params;
+  multi_tensor_apply<Op::kDepth, 1>(lists, {l.steps}, Op{s});
+}
+
+template <typename F>
+void bool_switch(bool b, F&& f) {
+  if (b) f(std::true_type{}); else f(std::false_type{});
+}
+
+// Note [Optimizer memory layout]: a dense tensor that is not contiguous (channels_last)
+// still fills numel elements from its data pointer, laid out as its param (the checks
+// made sure), so the launcher walks a flat alias of it. Contiguous lists, the usual
+// case, are passed as they are: no new tensor per element.
+struct FlatLists {
+  std::vector<std::vector<at::Tensor>> storage;
+
+  at::TensorList operator()(at::TensorList ts, bool needed) {
+    if (!needed || ts.empty()) return ts;
+    std::vector<at::Tensor> flat;
+    flat.reserve(ts.size());
+    for (const auto& t : ts) {
+      flat.push_back(t.is_contiguous() ? t : t.as_strided({t.numel()}, {1}));
+    }
+    storage.push_back(std::move(flat));
+    return storage.back();
+  }
+};
+
+void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                 at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+                 at::TensorList master_params, at::TensorList steps, double lr, double beta1,
+                 double beta2, double eps, double weight_decay, bool adam_w_mode,
+                 bool bias_correction, bool amsgrad, bool maximize,
+                 const std::optional<at::Tensor>& lr_tensor,
+                 const std::optional<at::Tensor>& grad_scale,
+                 const std::optional<at::Tensor>& found_inf) {
+  if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return;
+  check_state_list(params, exp_avgs, "exp_avgs", false);
+  check_state_list(params, exp_avg_sqs, "exp_avg_sqs", false);
+  check_state_list(params, max_exp_avg_sqs, "max_exp_avg_sqs", !amsgrad);
+  TORCH_CHECK_VALUE(!amsgrad || !max_exp_avg_sqs.empty(), "amsgrad needs max_exp_avg_sqs");
+  check_state_list(params, master_params, "master_params", true);
+  check_layouts(params, {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"},
+                         {max_exp_avg_sqs, "max_exp_avg_sqs"}, {master_params, "master_params"}});
+  const auto device = params[0].device();
+  check_cuda(device);
+  const bool is_double = params[0].scalar_type() == at::kDouble;
+  const bool master = !master_params.empty();
+  TORCH_CHECK_VALUE(!(is_double && master), "float64 params take no master_params");
+  const c10::cuda::CUDAGuard guard(device);
+
+  at::Tensor lr_keep, scale_keep;
+  const AdamScalars s{lr, beta1, beta2, eps, weight_decay,
+                      device_scalar_arg(lr_tensor, lr_keep), device_scalar_arg(grad_scale, scale_keep),
+                      optional_flag(found_inf), bias_correction, maximize};
+
+  const std::vector<at::Tensor> gs = grads_like_params(params, grads);
+  bool strided = false;
+  for (const auto& p : params) strided = strided || !p.is_contiguous();
+  FlatLists flat;
+  flat.storage.reserve(6);  // the TensorLists below point into it: no reallocation
+  const AdamLists lists{flat(params, strided), flat(gs, strided), flat(exp_avgs, strided),
+                        flat(exp_avg_sqs, strided), flat(amsgrad ? max_exp_avg_sqs : at::TensorList(), strided),
+                        flat(master_params, strided), steps};
+
+  bool_switch(adam_w_mode, [&](auto adamw) {
+    bool_switch(amsgrad, [&](auto ams) {
+      if (is_double) {
+        launch_adam<double, double, decltype(adamw)::value, decltype(ams)::value, false>(lists, s);
+        return;
+      }
+      bool_switch(master, [&](auto has_master) {
+        CORE_OPS_DISPATCH_FLOAT_HALF_BF16(params[0].scalar_type(), "params", param_t,
+          (launch_adam<param_t, float, decltype(adamw)::value, decltype(ams)::value,
+                       decltype(has_master)::value>(lists, s)));
+      });
+    });
+  });
+  advance_steps(steps, s.found_inf);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
+  m.impl("fused_adam_", &fused_adam_);
+}
+
+}  // namespace core_ops::cuda
