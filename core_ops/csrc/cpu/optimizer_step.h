@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <core_ops/bool_switch.h>
 #include <core_ops/optimizer_args.h>
 
 #include "multi_tensor_apply.h"
@@ -31,11 +32,6 @@ inline std::vector<double> advance_steps(at::TensorList steps) {
     out[i] = *s;
   }
   return out;
-}
-
-template <typename F>
-void bool_switch(bool b, F&& f) {
-  if (b) f(std::true_type{}); else f(std::false_type{});
 }
 
 // Runs f(param_t{}, has_master, chunk) over every chunk of params, in parallel, with

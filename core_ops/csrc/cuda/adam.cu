@@ -123,30 +123,6 @@ void launch_adam(const AdamLists& l, const AdamScalars& s) {
   multi_tensor_apply<Op::kDepth, 1>(lists, {l.steps}, Op{s});
 }
 
-template <typename F>
-void bool_switch(bool b, F&& f) {
-  if (b) f(std::true_type{}); else f(std::false_type{});
-}
-
-// Note [Optimizer memory layout]: a dense tensor that is not contiguous (channels_last)
-// still fills numel elements from its data pointer, laid out as its param (the checks
-// made sure), so the launcher walks a flat alias of it. Contiguous lists, the usual
-// case, are passed as they are: no new tensor per element.
-struct FlatLists {
-  std::vector<std::vector<at::Tensor>> storage;
-
-  at::TensorList operator()(at::TensorList ts, bool needed) {
-    if (!needed || ts.empty()) return ts;
-    std::vector<at::Tensor> flat;
-    flat.reserve(ts.size());
-    for (const auto& t : ts) {
-      flat.push_back(t.is_contiguous() ? t : t.as_strided({t.numel()}, {1}));
-    }
-    storage.push_back(std::move(flat));
-    return storage.back();
-  }
-};
-
 void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                  at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
                  at::TensorList master_params, at::TensorList steps, double lr, double beta1,

@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <core_ops/bool_switch.h>
 
 #include "multi_tensor_apply.cuh"
 
@@ -89,5 +92,24 @@ inline void advance_steps(at::TensorList steps, const FoundInf& found_inf) {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
+
+// Note [Optimizer memory layout]: a dense tensor that is not contiguous (channels_last)
+// still fills numel elements from its data pointer, laid out as its param (the checks
+// made sure), so the launcher walks a flat alias of it. Contiguous lists, the usual
+// case, are passed as they are: no new tensor per element.
+struct FlatLists {
+  std::vector<std::vector<at::Tensor>> storage;
+
+  at::TensorList operator()(at::TensorList ts, bool needed) {
+    if (!needed || ts.empty()) return ts;
+    std::vector<at::Tensor> flat;
+    flat.reserve(ts.size());
+    for (const auto& t : ts) {
+      flat.push_back(t.is_contiguous() ? t : t.as_strided({t.numel()}, {1}));
+    }
+    storage.push_back(std::move(flat));
+    return storage.back();
+  }
+};
 
 }  // namespace core_ops::cuda
