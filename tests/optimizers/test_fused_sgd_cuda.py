@@ -12,55 +12,18 @@ largest |expected|): 12 against the CPU kernel, 20 against torch.optim.SGD (whic
 rounds its own way: add with alpha, mul_ then add_), 8 for the momentum buffers.
 """
 
-import copy
-
 import pytest
 import torch
+from cuda_cases import _both_native  # noqa: F401  (autouse: both native libraries loaded)
+from cuda_cases import assert_unchanged, make_grads, make_params, run, snapshot, ulps_close
 
 import core_ops  # noqa: F401  (registers the ops)
-from core_ops import _build
 from core_ops._library import op
 from core_ops.optimizers import FusedSGD
 
 pytestmark = pytest.mark.gpu
 
-STEPS = 20
-# 2 * 65536 + 5: one tensor over three chunks.
-SIZES = (1, 16, 17, 16383, 16385, 2 * 65536 + 5, 40000)
 CPU_ULPS, TORCH_ULPS, STATE_ULPS = 12, 20, 8
-
-
-@pytest.fixture(autouse=True)
-def _both_native():
-    for kind in ("cpu", "cuda"):
-        backend = _build.ensure(kind)
-        assert backend.native, backend.reason
-
-
-def ulps_close(actual, expected, n):
-    """|actual - expected| <= n float32 ulps of the largest |expected|."""
-    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
-    scale = expected.abs().max().item() if expected.numel() else 1.0
-    tol = n * torch.finfo(torch.float32).eps * max(scale, 1e-30)
-    torch.testing.assert_close(actual, expected, rtol=0, atol=tol)
-
-
-def make_params(device, dtype=torch.float32, seed=0, sizes=SIZES):
-    """The same values on every device: drawn on the CPU, then moved."""
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, generator=g).to(dtype).to(device).requires_grad_() for n in sizes]
-
-
-def make_grads(sizes=SIZES, steps=STEPS, seed=1, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    return [[torch.randn(n, generator=g).to(dtype) for n in sizes] for _ in range(steps)]
-
-
-def run(opt, params, grads, dtype=None, **step_kwargs):
-    for step_grads in grads:
-        for p, grad in zip(params, step_grads):
-            p.grad = grad.to(device=p.device, dtype=dtype or p.dtype)
-        opt.step(**step_kwargs)
 
 
 CASES = {
@@ -130,19 +93,6 @@ def test_fp64_matches_cpu_kernel():
     run(opt_cpu, cpu, grads)
     for a, c in zip(gpu, cpu):
         torch.testing.assert_close(a.detach().cpu(), c.detach(), rtol=1e-12, atol=1e-12)
-
-
-def snapshot(opt, params):
-    return [p.detach().clone() for p in params], copy.deepcopy(opt.state_dict())
-
-
-def assert_unchanged(before, opt, params):
-    ps, sd = before
-    assert all(torch.equal(a, b.detach()) for a, b in zip(ps, params))
-    now = opt.state_dict()
-    for k, st in sd["state"].items():
-        for key, value in st.items():
-            assert torch.equal(value, now["state"][k][key]), key  # master_param included
 
 
 def test_found_inf_skips_everything():
