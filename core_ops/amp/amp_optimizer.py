@@ -1,0 +1,152 @@
+"""What ``initialize`` attaches to an optimizer: its fp32 master params (O2), the
+unscaling of grads after each ``scale_loss`` backward, and the skipping of an
+overflowed step.
+
+Note [O2 master weights]: the optimizer's param groups hold float32 masters (made from
+the model's float32 weights before the model is cast, so nothing is rounded at
+start-up); the model holds the half params. After each backward the half grads are
+unscaled into the masters' grads in one multi-tensor pass (which also checks for
+inf/nan) and dropped, so half grads never accumulate behind the optimizer's back.
+After each step the masters are copied into the half params in one pass.
+
+Skipping (Note [Host syncs of loss scaling]): an optimizer that takes ``found_inf``
+in its kernel (``_step_supports_amp_scaling``) gets the flag and skips by itself;
+any other is told on the host, once per step, and runs with no grads (so it changes
+nothing), after which the grads are put back.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from ..multi_tensor_apply import multi_tensor_scale
+from ..optimizers.larc import LARC
+
+
+def _group(pairs):
+    groups = defaultdict(list)
+    for a, b in pairs:
+        groups[(a.device, a.dtype, b.dtype)].append((a, b))
+    return groups.values()
+
+
+class AmpOptimizer:
+    """The amp state of one optimizer (``optimizer._core_ops_amp``)."""
+
+    def __init__(self, optimizer, masters):
+        self.optimizer = optimizer
+        # LARC wraps an optimizer and is not one itself: hooks go on the inner one.
+        self.inner = optimizer.optim if isinstance(optimizer, LARC) else optimizer
+        self.pairs = []  # (half model param, fp32 master)
+        for group in self.inner.param_groups:
+            for i, p in enumerate(group["params"]):
+                master = masters.get(p)
+                if master is None:
+                    continue
+                group["params"][i] = master
+                if p in self.inner.state:  # stepped before initialize: the state follows
+                    self.inner.state[master] = self.inner.state.pop(p)
+                self.pairs.append((p, master))
+        mastered = {id(m) for _, m in self.pairs}
+        self.fp32_params = [p for g in self.inner.param_groups for p in g["params"]
+                            if id(p) not in mastered]
+        self.found_inf = None  # overflow flag of the backward passes since the last step
+        self.params_have_scaled_gradients = False
+        self._stash = {}
+        self._held_grads = None
+        self._flag_handed = False
+        self.inner.register_step_pre_hook(self._pre_step)
+        self.inner.register_step_post_hook(self._post_step)
+        self._patch_zero_grad()
+
+    def _patch_zero_grad(self):
+        zero_grad = self.optimizer.zero_grad
+
+        def zero_grad_with_model(*args, **kwargs):
+            zero_grad(*args, **kwargs)
+            for p, _ in self.pairs:
+                p.grad = None
+            self._stash.clear()
+            self.params_have_scaled_gradients = False
+
+        self.optimizer.zero_grad = zero_grad_with_model
+
+    # ---- around backward ----------------------------------------------------------
+
+    def prepare_backward(self):
+        """Sets existing grads aside, so the coming backward's grads can be unscaled
+        on their own (their loss may have its own scale) and added to them."""
+        for p in self.fp32_params:
+            if p.grad is not None:
+                self._stash[p] = p.grad
+                p.grad = None
+        for p, _ in self.pairs:
+            p.grad = None
+
+    def post_backward(self, scale):
+        """Unscales the new grads (into the masters for O2) and adds the set-aside
+        ones; returns the overflow flag (float32, on ``scale``'s device)."""
+        found = torch.zeros(1, dtype=torch.float32, device=scale.device)
+        inv = torch.reciprocal(scale.double()).float()
+
+        def unscale(src, dst):
+            flag = multi_tensor_scale(src, dst, inv.to(src[0].device))
+            return torch.maximum(found, flag.to(found.device))
+
+        with torch.no_grad():
+            halves = [(p, m) for p, m in self.pairs if p.grad is not None]
+            for group in _group((p.grad, m) for p, m in halves):
+                fresh = [(g, m) for g, m in group if m.grad is None]
+                added = [(g, m) for g, m in group if m.grad is not None]
+                for _, m in fresh:
+                    m.grad = torch.empty_like(m)
+                if fresh:
+                    found = unscale([g for g, _ in fresh], [m.grad for _, m in fresh])
+                if added:  # accumulation across backward passes (several losses)
+                    tmp = [torch.empty_like(m) for _, m in added]
+                    found = unscale([g for g, _ in added], tmp)
+                    torch._foreach_add_([m.grad for _, m in added], tmp)
+            for p, _ in halves:
+                p.grad = None
+            fulls = [p for p in self.fp32_params if p.grad is not None]
+            for group in _group((p.grad, p.grad) for p in fulls):
+                grads = [g for g, _ in group]
+                found = unscale(grads, grads)
+            for p, g in self._stash.items():
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad.add_(g)
+            self._stash.clear()
+        self.found_inf = found if self.found_inf is None else torch.maximum(self.found_inf, found)
+        return found
+
+    # ---- around step -----------------------------------------------------------------
+
+    def _pre_step(self, optimizer, args, kwargs):
+        if self.found_inf is None:
+            return None
+        if getattr(self.inner, "_step_supports_amp_scaling", False) and self.inner is self.optimizer:
+            self.inner.grad_scale = None
+            self.inner.found_inf = self.found_inf.reshape(())  # 0-d, as torch's fused optimizers expect
+            self._flag_handed = True
+        elif self.found_inf.item():  # the one host sync of a step (see the module note)
+            self._held_grads = [(p, p.grad) for g in self.inner.param_groups for p in g["params"]]
+            for p, _ in self._held_grads:
+                p.grad = None
+        return None
+
+    def _post_step(self, optimizer, args, kwargs):
+        if self._flag_handed:
+            del self.inner.grad_scale, self.inner.found_inf
+            self._flag_handed = False
+        if self._held_grads is not None:
+            for p, g in self._held_grads:
+                p.grad = g
+            self._held_grads = None
+        self.found_inf = None
+        with torch.no_grad():
+            for group in _group((m, p) for p, m in self.pairs):
+                multi_tensor_scale([m for m, _ in group], [p for _, p in group], 1.0)

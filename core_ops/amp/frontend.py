@@ -1,0 +1,193 @@
+"""``amp.initialize``: Apex's entry point, on torch.autocast and core_ops' multi-tensor
+ops instead of monkeypatching and amp_C."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..optimizers.larc import LARC
+from . import _state, opt_levels
+from .amp_optimizer import AmpOptimizer
+from .loss_scaler import LossScaler
+from .model_casting import (cast_module_tensors, keep_state_dict_fp32, module_device_type,
+                            patch_forward)
+
+_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+
+
+def _as_list(value, kind, name):
+    if isinstance(value, kind):
+        return [value], True
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, kind) for v in value):
+        return list(value), False
+    what = kind.__name__ if isinstance(kind, type) else kind[0].__name__
+    raise TypeError(f"{name} must be a {what} or a non-empty list of them, got {type(value).__name__}")
+
+
+def _check_models(models):
+    device_types = set()
+    for i, model in enumerate(models):
+        if type(model).__name__ in _WRAPPERS:
+            raise RuntimeError(f"models[{i}] is already wrapped in {type(model).__name__}: call "
+                               "amp.initialize on the bare model first, then wrap what it returns")
+        if getattr(model, "_core_ops_amp", None) is not None:
+            raise RuntimeError(f"models[{i}] was already passed to amp.initialize; initialize each "
+                               "model once (to resume, build a fresh model, initialize it, then "
+                               "load the checkpoint)")
+        for name, p in model.named_parameters():
+            if p.is_floating_point() and p.dtype != torch.float32:
+                raise TypeError(f"models[{i}] parameter '{name}' is {p.dtype}; pass the model in "
+                                "float32 and let amp.initialize cast it")
+        device_types.add(module_device_type(model))
+    if len(device_types) > 1:
+        raise ValueError(f"the models are on different device types {sorted(device_types)}")
+    return device_types.pop()
+
+
+def _check_optimizers(optimizers, models):
+    owned = {id(p) for m in models for p in m.parameters()}
+    for i, opt in enumerate(optimizers):
+        if getattr(opt, "_core_ops_amp", None) is not None:
+            raise RuntimeError(f"optimizers[{i}] was already passed to amp.initialize; create a "
+                               "fresh optimizer for the fresh model")
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if id(p) not in owned:
+                    raise ValueError(f"optimizers[{i}] holds a parameter of shape {tuple(p.shape)} "
+                                     "that belongs to none of the models passed to initialize; "
+                                     "build the optimizer from those models' parameters")
+
+
+def _check_half_supported(device_type, props):
+    """Fails early, with advice, when the device cannot compute in the half dtype."""
+    uses_half = props.cast_model_type in (torch.float16, torch.bfloat16) or props.patch_torch_functions
+    if not uses_half:
+        return
+    dtype = props.half_dtype
+    advice = (f"use half_dtype={'torch.float16' if dtype is torch.bfloat16 else 'torch.bfloat16'} "
+              "or opt_level='O0'")
+    if device_type == "cuda" and dtype is torch.bfloat16 and not torch.cuda.is_bf16_supported(
+            including_emulation=False):
+        raise RuntimeError(f"this GPU has no bfloat16 arithmetic (it needs compute capability 8.0+); "
+                           f"{advice}")
+    try:
+        a = torch.ones(8, 8, dtype=dtype, device=device_type)
+        torch.mm(a, a)
+    except RuntimeError as e:
+        raise RuntimeError(f"{dtype} matmul does not run on {device_type} ({e}); {advice}") from None
+    if props.patch_torch_functions:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.autocast(device_type, dtype=dtype):
+                pass
+        if any("autocast" in str(w.message).lower() for w in caught):
+            raise RuntimeError(f"torch.autocast on {device_type} does not support {dtype}; {advice}")
+
+
+def _make_masters(models, props):
+    """fp32 masters of the params the cast will turn half, from their float32 values."""
+    masters = {}
+    for model in models:
+        for module in model.modules():
+            if props.keep_batchnorm_fp32 and isinstance(module, _BatchNorm):
+                continue
+            for p in module.parameters(recurse=False):
+                if p.is_floating_point() and p not in masters:
+                    masters[p] = torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+    return masters
+
+
+def _patch_model_zero_grad(model, masters):
+    """``model.zero_grad()`` clears its masters' grads too, or they would accumulate."""
+    zero_grad = model.zero_grad
+    own = {id(p) for p in model.parameters()}
+    mine = [m for p, m in masters.items() if id(p) in own]
+
+    def zero_grad_with_masters(set_to_none=True):
+        zero_grad(set_to_none=set_to_none)
+        for m in mine:
+            if m.grad is not None:
+                if set_to_none:
+                    m.grad = None
+                else:
+                    m.grad.zero_()
+
+    model.zero_grad = zero_grad_with_masters
+
+
+def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model_type=None,
+               patch_torch_functions=None, keep_batchnorm_fp32=None, master_weights=None,
+               loss_scale=None, cast_model_outputs=None, num_losses=1, verbosity=1,
+               min_loss_scale=None, max_loss_scale=2.0**24, half_dtype=torch.float16):
+    """Prepares ``models`` and ``optimizers`` for mixed precision at ``opt_level``
+    (Apex's table, see ``opt_levels``), returning them in the shape given (a model or
+    a list, and the optimizers likewise; only the models when ``optimizers`` is None).
+
+    ``half_dtype`` (new): torch.float16 as Apex, or torch.bfloat16. Explicit arguments
+    override the level's defaults; combinations Apex rejected raise ``ValueError``.
+    O1 runs each model's forward under ``torch.autocast(half_dtype)`` (no patching of
+    torch functions) and returns float32 outputs unless ``cast_model_outputs`` says
+    otherwise, so the loss is computed in float32 as under Apex's patched functions.
+    """
+    props = opt_levels.resolve(opt_level, half_dtype, enabled, cast_model_type=cast_model_type,
+                               patch_torch_functions=patch_torch_functions,
+                               keep_batchnorm_fp32=keep_batchnorm_fp32,
+                               master_weights=master_weights, loss_scale=loss_scale,
+                               cast_model_outputs=cast_model_outputs)
+    model_list, single_model = _as_list(models, torch.nn.Module, "models")
+    if optimizers is None:
+        opt_list, single_opt = [], True
+    else:
+        opt_list, single_opt = _as_list(optimizers, (torch.optim.Optimizer, LARC), "optimizers")
+    if int(num_losses) < 1:
+        raise ValueError(f"num_losses must be >= 1, got {num_losses}")
+
+    def result():
+        ms = model_list[0] if single_model else model_list
+        if optimizers is None:
+            return ms
+        return ms, (opt_list[0] if single_opt else opt_list)
+
+    if not enabled:
+        _state.set_current(_state.AmpState(props, [], model_list, opt_list))
+        return result()
+
+    device_type = _check_models(model_list)
+    _check_optimizers(opt_list, model_list)
+    _check_half_supported(device_type, props)
+
+    half = props.cast_model_type in (torch.float16, torch.bfloat16)
+    masters = _make_masters(model_list, props) if half and props.master_weights else {}
+    for model in model_list:
+        if props.cast_model_type is not None:
+            cast_module_tensors(model, props.cast_model_type, half and props.keep_batchnorm_fp32)
+        if props.cast_model_type is not None:
+            patch_forward(model, props.cast_model_type, props.cast_model_outputs or torch.float32, None)
+        elif props.patch_torch_functions:
+            patch_forward(model, None, props.cast_model_outputs or torch.float32, props.half_dtype)
+        elif props.cast_model_outputs is not None:
+            patch_forward(model, None, props.cast_model_outputs, None)
+        if half:
+            keep_state_dict_fp32(model, masters)
+        if masters:
+            _patch_model_zero_grad(model, masters)
+        model._core_ops_amp = props
+    for opt in opt_list:
+        opt._core_ops_amp = AmpOptimizer(opt, masters)
+
+    if props.dynamic:
+        scalers = [LossScaler(init_scale=2.0**16, dynamic=True, min_scale=min_loss_scale or 0.0,
+                              max_scale=max_loss_scale) for _ in range(int(num_losses))]
+    else:
+        scalers = [LossScaler(init_scale=props.loss_scale, dynamic=False)
+                   for _ in range(int(num_losses))]
+    _state.set_current(_state.AmpState(props, scalers, model_list, opt_list))
+    if verbosity:
+        print(f"core_ops.amp: {props.opt_level} with {props.half_dtype}: "
+              f"cast_model_type={props.cast_model_type}, autocast={props.patch_torch_functions}, "
+              f"keep_batchnorm_fp32={props.keep_batchnorm_fp32}, "
+              f"master_weights={props.master_weights}, loss_scale={props.loss_scale}")
+    return result()

@@ -1,0 +1,123 @@
+"""Apex's opt levels as data: each level's defaults, the rules for overriding them,
+and the checks that reject combinations Apex rejected."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+HALF_DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+               "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+@dataclasses.dataclass
+class Properties:
+    """What ``initialize`` does; ``cast_model_type`` and ``cast_model_outputs`` are
+    dtypes or None, ``loss_scale`` a float or ``"dynamic"``."""
+
+    opt_level: str
+    enabled: bool = True
+    cast_model_type: torch.dtype | None = None
+    patch_torch_functions: bool = False
+    keep_batchnorm_fp32: bool | None = None
+    master_weights: bool | None = False
+    loss_scale: float | str = 1.0
+    cast_model_outputs: torch.dtype | None = None
+    half_dtype: torch.dtype = torch.float16
+
+    @property
+    def dynamic(self):
+        return self.loss_scale == "dynamic"
+
+
+def _levels(half):
+    # Apex's table; "half" is the half dtype chosen by the caller (fp16 as in Apex, or bf16).
+    return {
+        "O0": dict(cast_model_type=torch.float32, patch_torch_functions=False,
+                   keep_batchnorm_fp32=None, master_weights=False, loss_scale=1.0),
+        "O1": dict(cast_model_type=None, patch_torch_functions=True,
+                   keep_batchnorm_fp32=None, master_weights=None, loss_scale="dynamic"),
+        "O2": dict(cast_model_type=half, patch_torch_functions=False,
+                   keep_batchnorm_fp32=True, master_weights=True, loss_scale="dynamic"),
+        "O3": dict(cast_model_type=half, patch_torch_functions=False,
+                   keep_batchnorm_fp32=False, master_weights=False, loss_scale=1.0),
+    }
+
+
+OPT_LEVELS = tuple(_levels(torch.float16))
+
+
+def half_dtype_of(value):
+    if isinstance(value, torch.dtype) and value in (torch.float16, torch.bfloat16):
+        return value
+    if isinstance(value, str) and value.lower() in HALF_DTYPES:
+        return HALF_DTYPES[value.lower()]
+    raise ValueError(f"half_dtype must be torch.float16 or torch.bfloat16 (or 'fp16' / 'bf16'), "
+                     f"got {value!r}")
+
+
+def _bool_or_none(name, value):
+    # Apex accepted the strings "True" / "False" (from argparse) for keep_batchnorm_fp32.
+    if isinstance(value, str):
+        if value not in ("True", "False"):
+            raise ValueError(f"{name} must be True, False or None (or the strings 'True' / "
+                             f"'False'), got {value!r}")
+        return value == "True"
+    return value
+
+
+def _loss_scale(value):
+    if value == "dynamic":
+        return value
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"loss_scale must be a number > 0 or 'dynamic', got {value!r}") from None
+    if not value > 0:
+        raise ValueError(f"loss_scale must be > 0 or 'dynamic', got {value}")
+    return value
+
+
+def resolve(opt_level, half_dtype=torch.float16, enabled=True, **overrides):
+    """The Properties for ``opt_level`` with the non-None ``overrides`` applied, after
+    Apex's consistency checks (which raise ``ValueError`` here, never just warn)."""
+    half = half_dtype_of(half_dtype)
+    levels = _levels(half)
+    if opt_level not in levels:
+        hint = " (the letter O, not the digit 0)" if str(opt_level).startswith("0") else ""
+        raise ValueError(f"unknown opt_level {opt_level!r}{hint}; expected one of {', '.join(levels)}")
+    props = Properties(opt_level=opt_level, enabled=enabled, half_dtype=half, **levels[opt_level])
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if "keep_batchnorm_fp32" in overrides:
+        overrides["keep_batchnorm_fp32"] = _bool_or_none("keep_batchnorm_fp32",
+                                                         overrides["keep_batchnorm_fp32"])
+    if "loss_scale" in overrides:
+        overrides["loss_scale"] = _loss_scale(overrides["loss_scale"])
+    for key in ("cast_model_type", "cast_model_outputs"):
+        if key in overrides and not (isinstance(overrides[key], torch.dtype)
+                                     and overrides[key].is_floating_point):
+            raise ValueError(f"{key} must be a floating torch.dtype, got {overrides[key]!r}")
+
+    if opt_level == "O1":
+        if overrides.get("cast_model_type") not in (None, torch.float32):
+            raise ValueError("O1 runs the model's forward under torch.autocast, so the weights stay "
+                             f"float32; cast_model_type={overrides['cast_model_type']} needs "
+                             "opt_level='O2' or 'O3'")
+        if "keep_batchnorm_fp32" in overrides:
+            raise ValueError("with O1 autocast decides the precision of batchnorm; leave "
+                             "keep_batchnorm_fp32 as None")
+        if "master_weights" in overrides:
+            raise ValueError("with O1 the model's weights are float32 already, so master_weights "
+                             "makes no sense; leave it as None or use O2")
+    elif overrides.get("patch_torch_functions"):
+        raise ValueError("patch_torch_functions=True (autocast) belongs to opt_level='O1'")
+
+    for key, value in overrides.items():
+        setattr(props, key, value)
+    if props.master_weights and props.cast_model_type in (None, torch.float32):
+        raise ValueError("master_weights=True needs a model cast to a half dtype (O2, or "
+                         "cast_model_type=torch.float16 / torch.bfloat16)")
+    if props.cast_model_type in (torch.float16, torch.bfloat16):
+        props.half_dtype = props.cast_model_type
+    return props
