@@ -1,0 +1,64 @@
+"""Checkpoint mid-training at every level and resume in a fresh model, optimizer and
+amp state: the continued run is bit-identical to the uninterrupted one."""
+
+import io
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from amp_cases import HALVES, LEVELS, batches, conv_net, inject, train
+from conftest import dtype_id
+from core_ops import amp
+from core_ops.optimizers import FusedAdam
+
+DATA = batches(8)
+OPTIMIZERS = {"FusedAdam": lambda ps: FusedAdam(ps, lr=3e-3),
+              "torch_SGD": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)}
+
+
+def fresh(level, half, opt_name):
+    model = conv_net(seed=11)  # other initial weights: the checkpoint must overwrite them
+    opt = OPTIMIZERS[opt_name](model.parameters())
+    return amp.initialize(model, opt, opt_level=level, half_dtype=half, verbosity=0)
+
+
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+@pytest.mark.parametrize("half", HALVES, ids=dtype_id)
+@pytest.mark.parametrize("level", LEVELS)
+def test_resume_is_bit_identical(level, half, opt_name):
+    model = conv_net()
+    opt = OPTIMIZERS[opt_name](model.parameters())
+    model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=half, verbosity=0)
+    train(model, opt, DATA[:3])
+    if level in ("O1", "O2"):  # move the loss scale off its initial value
+        x, y = DATA[3]
+        with amp.scale_loss(F.cross_entropy(model(x), y), opt) as scaled:
+            scaled.backward()
+            inject(model, math.inf)
+        opt.step()
+        opt.zero_grad()
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                "amp": amp.state_dict()}, buffer)
+    expected = train(model, opt, DATA[4:])
+    expected_params = [p.detach().clone() for p in model.parameters()]
+    expected_amp = amp.state_dict()
+
+    buffer.seek(0)
+    ckpt = torch.load(buffer)
+    model, opt = fresh(level, half, opt_name)
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    amp.load_state_dict(ckpt["amp"])
+    assert train(model, opt, DATA[4:]) == expected
+    assert all(torch.equal(a, b) for a, b in zip(expected_params, model.parameters()))
+    assert amp.state_dict() == expected_amp
+
+
+def test_amp_state_dict_mismatch():
+    model, opt = fresh("O1", torch.float16, "FusedAdam")
+    with pytest.raises(ValueError, match="has 2 loss scalers but amp.initialize made 1"):
+        amp.load_state_dict({"loss_scaler0": {"loss_scale": 1.0, "unskipped": 0},
+                             "loss_scaler1": {"loss_scale": 1.0, "unskipped": 0}})

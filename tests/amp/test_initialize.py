@@ -1,0 +1,188 @@
+"""amp.initialize end to end: every level trains the conv net to O0's loss; what O2
+does to the model and optimizer; the errors of bad calls."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from amp_cases import HALVES, LEVELS, batches, conv_net, train
+from conftest import dtype_id
+from core_ops import amp
+from core_ops.optimizers import FusedAdam
+
+DATA = batches(60)
+
+# Note [Convergence tolerance]: the mean loss of the last 10 of 60 steps (O0: ~0.26
+# from 1.36), against O0's. O1/O2 keep fp32 weights (masters), so only activation
+# rounding differs: 0.01. O3 updates the half weights directly: an update below half
+# an ulp of a weight is lost (2^-11 relative for fp16, 2^-8 for bf16), which slows
+# training measurably in bf16: 0.02 for fp16, 0.08 for bf16 (measured 0.001 / 0.046).
+TOLERANCE = {("O1", torch.float16): 0.01, ("O1", torch.bfloat16): 0.01,
+             ("O2", torch.float16): 0.01, ("O2", torch.bfloat16): 0.01,
+             ("O3", torch.float16): 0.02, ("O3", torch.bfloat16): 0.08}
+
+
+@pytest.fixture(scope="module")
+def o0_loss():
+    model = conv_net()
+    opt = FusedAdam(model.parameters(), lr=3e-3)
+    model, opt = amp.initialize(model, opt, opt_level="O0", verbosity=0)
+    return sum(train(model, opt, DATA)[-10:]) / 10
+
+
+OPTIMIZERS = {"FusedAdam": lambda ps: FusedAdam(ps, lr=3e-3),
+              "torch_Adam": lambda ps: torch.optim.Adam(ps, lr=3e-3)}
+# torch.optim.Adam keeps its state in the param dtype: at O3 in fp16, eps=1e-8 is 0 and
+# exp_avg_sq underflows, so it diverges (why Apex called O3 a speed baseline).
+# FusedAdam keeps float32 state and trains at O3.
+CASES = [(level, half, opt) for level in LEVELS[1:] for half in HALVES for opt in OPTIMIZERS
+         if (level, half, opt) != ("O3", torch.float16, "torch_Adam")]
+
+
+@pytest.mark.parametrize("level, half, opt_name", CASES, ids=lambda v: dtype_id(v) if isinstance(
+    v, torch.dtype) else v)
+def test_every_level_converges_to_o0(level, half, opt_name, o0_loss):
+    model = conv_net()
+    opt = OPTIMIZERS[opt_name](model.parameters())
+    model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=half, verbosity=0)
+    losses = train(model, opt, DATA)
+    assert losses[-1] < 0.5 * losses[0]
+    assert abs(sum(losses[-10:]) / 10 - o0_loss) <= TOLERANCE[(level, half)]
+
+
+@pytest.mark.parametrize("half", HALVES, ids=dtype_id)
+def test_o2_model_and_optimizer(half):
+    model = conv_net()
+    fp32_weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = FusedAdam(model.parameters(), lr=1e-3)
+    model, opt = amp.initialize(model, opt, opt_level="O2", half_dtype=half, verbosity=0)
+    # Half weights, batchnorm kept float32, masters float32 and exact (made before the cast).
+    assert model[0].weight.dtype == half and model[8].weight.dtype == half
+    assert model[1].weight.dtype == torch.float32 and model[1].running_mean.dtype == torch.float32
+    masters = list(amp.master_params(opt))
+    assert all(m.dtype == torch.float32 for m in masters)
+    assert len(masters) == len(fp32_weights)
+    by_value = {n: m for n, m in zip(fp32_weights, masters)}
+    for n, w in fp32_weights.items():
+        assert torch.equal(by_value[n], w)
+    # Inputs cast to half, outputs to float32.
+    seen = []
+    model[0].register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
+    x, y = DATA[0]
+    out = model(x)
+    assert seen == [half] and out.dtype == torch.float32
+    # Half grads go into the masters and are dropped; zero_grad clears both.
+    with amp.scale_loss(F.cross_entropy(out, y), opt) as scaled:
+        scaled.backward()
+    assert model[0].weight.grad is None and masters[0].grad.dtype == torch.float32
+    opt.step()
+    assert torch.equal(model[0].weight, masters[0].to(half))
+    model[0].weight.grad = torch.ones_like(model[0].weight)
+    opt.zero_grad()
+    assert model[0].weight.grad is None and masters[0].grad is None
+    # model.zero_grad() clears the masters' grads too (else they would accumulate).
+    with amp.scale_loss(F.cross_entropy(model(x), y), opt) as scaled:
+        scaled.backward()
+    model.zero_grad()
+    assert all(m.grad is None for m in masters)
+
+
+@pytest.mark.parametrize("half", HALVES, ids=dtype_id)
+def test_o2_state_dict_is_fp32_and_exact(half):
+    model = conv_net()
+    opt = FusedAdam(model.parameters(), lr=1e-2)
+    model, opt = amp.initialize(model, opt, opt_level="O2", half_dtype=half, verbosity=0)
+    train(model, opt, DATA[:3])
+    sd = model.state_dict()
+    assert all(v.dtype == torch.float32 for k, v in sd.items() if "num_batches" not in k)
+    masters = list(amp.master_params(opt))
+    assert torch.equal(sd["0.weight"], masters[0])
+    assert not torch.equal(sd["0.weight"], model[0].weight.float())  # not the rounded halves
+    # An fp32 checkpoint (e.g. from an O0 run) loads into the masters exactly.
+    fp32 = conv_net(seed=5).state_dict()
+    model.load_state_dict(fp32)
+    assert torch.equal(masters[0], fp32["0.weight"])
+    assert torch.equal(model[0].weight, fp32["0.weight"].to(half))
+    # ...also as a submodule of a larger model (prefixed keys).
+    outer = nn.ModuleDict({"net": model})
+    assert torch.equal(outer.state_dict()["net.0.weight"], masters[0])
+    outer.load_state_dict({f"net.{k}": v for k, v in conv_net(seed=6).state_dict().items()})
+    assert torch.equal(masters[0], conv_net(seed=6)[0].weight)
+
+
+def test_o1_runs_under_autocast_and_keeps_fp32_weights():
+    model = conv_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level="O1", half_dtype=torch.bfloat16, verbosity=0)
+    seen = []
+    model[0].register_forward_hook(lambda m, args, out: seen.append(out.dtype))
+    out = model(DATA[0][0])
+    assert seen == [torch.bfloat16] and out.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert copy.deepcopy(model)(DATA[0][0]).dtype == torch.float32
+    with amp.disable_casts():
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32
+
+
+def test_cast_model_outputs_and_keep_bn_override():
+    model = conv_net()
+    model = amp.initialize(model, opt_level="O3", keep_batchnorm_fp32=True,
+                           cast_model_outputs=torch.float16, verbosity=0)
+    assert model[1].weight.dtype == torch.float32 and model[0].weight.dtype == torch.float16
+    assert model(DATA[0][0]).dtype == torch.float16
+
+
+def test_returns_the_shapes_it_was_given():
+    m1, m2 = conv_net(), conv_net(seed=1)
+    o1 = torch.optim.SGD(m1.parameters(), lr=0.1)
+    models, opts = amp.initialize([m1, m2], [o1], opt_level="O1", verbosity=0)
+    assert isinstance(models, list) and len(models) == 2 and isinstance(opts, list)
+    model = amp.initialize(conv_net(), opt_level="O1", verbosity=0)
+    assert isinstance(model, nn.Module)
+
+
+def test_disabled_changes_nothing():
+    model = conv_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    m, o = amp.initialize(model, opt, opt_level="O2", enabled=False, verbosity=0)
+    assert m is model and o is opt and model[0].weight.dtype == torch.float32
+    loss = model(DATA[0][0]).sum()
+    with amp.scale_loss(loss, opt) as scaled:
+        assert scaled is loss
+
+
+def test_bad_calls():
+    model = conv_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="unknown opt_level 'O5'"):
+        amp.initialize(model, opt, opt_level="O5")
+    with pytest.raises(ValueError, match="belongs to none of the models"):
+        amp.initialize(model, torch.optim.SGD(conv_net().parameters(), lr=0.1), opt_level="O2")
+    with pytest.raises(TypeError, match="parameter '0.weight' is torch.float16"):
+        amp.initialize(conv_net().half(), opt_level="O2")
+    with pytest.raises(TypeError, match="models must be a Module"):
+        amp.initialize("model")
+    with pytest.raises(ValueError, match="num_losses must be >= 1"):
+        amp.initialize(model, opt, num_losses=0)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    with pytest.raises(RuntimeError, match="already passed to amp.initialize"):
+        amp.initialize(model, opt, opt_level="O2")
+    fresh = conv_net()
+    with pytest.raises(RuntimeError, match="optimizers\\[0\\] was already passed"):
+        amp.initialize(fresh, opt, opt_level="O2")
+    with pytest.raises(ValueError, match="loss_id=1 but amp.initialize was called with num_losses=1"):
+        with amp.scale_loss(model(DATA[0][0]).sum(), opt, loss_id=1):
+            pass
+    with pytest.raises(RuntimeError, match="optimizers\\[0\\] was not passed to amp.initialize"):
+        with amp.scale_loss(model(DATA[0][0]).sum(), torch.optim.SGD(fresh.parameters(), lr=1)):
+            pass
+
+
+def test_wrapped_model_is_rejected():
+    model = nn.DataParallel(conv_net())
+    with pytest.raises(RuntimeError, match="already wrapped in DataParallel: call amp.initialize on "
+                                           "the bare model first"):
+        amp.initialize(model, opt_level="O1")

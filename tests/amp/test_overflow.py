@@ -1,0 +1,88 @@
+"""An inf or nan gradient skips the step: the scale halves, and params, masters and
+optimizer state (step counts included) are untouched, for fused and plain optimizers."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from amp_cases import HALVES, batches, conv_net, inject, optimizer_state, train
+from conftest import dtype_id
+from core_ops import amp
+from core_ops.optimizers import FusedAdam, FusedSGD
+
+OPTIMIZERS = {
+    "FusedAdam": lambda ps: FusedAdam(ps, lr=1e-3),
+    "FusedSGD": lambda ps: FusedSGD(ps, lr=0.01, momentum=0.9),
+    "torch_SGD": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
+    "torch_AdamW_fused": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
+}
+DATA = batches(4)
+
+
+@pytest.mark.parametrize("bad", [-math.inf, math.nan], ids=["-inf", "nan"])
+@pytest.mark.parametrize("half", HALVES, ids=dtype_id)
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_overflow_skips_step(level, opt_name, half, bad):
+    model = conv_net()
+    opt = OPTIMIZERS[opt_name](model.parameters())
+    model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=half, verbosity=0)
+    train(model, opt, DATA[:2])
+    params = [p.detach().clone() for p in model.parameters()]
+    masters = [p.detach().clone() for p in amp.master_params(opt)]
+    state = optimizer_state(opt)
+    scale = amp.state_dict()["loss_scaler0"]["loss_scale"]
+
+    x, y = DATA[2]
+    opt.zero_grad()
+    with amp.scale_loss(F.cross_entropy(model(x), y), opt) as scaled:
+        scaled.backward()
+        inject(model, bad, index=3)
+    opt.step()
+
+    assert amp.state_dict()["loss_scaler0"] == {"loss_scale": scale / 2, "unskipped": 0}
+    assert all(torch.equal(a, b) for a, b in zip(params, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(masters, amp.master_params(opt)))
+    after = optimizer_state(opt)
+    assert after.keys() == state.keys()
+    assert all(torch.equal(after[k], state[k]) for k in state), [k for k in state
+                                                                 if not torch.equal(after[k], state[k])]
+    assert amp.state_dict()["loss_scaler0"]["loss_scale"] == scale / 2
+    # The next clean step trains again.
+    train(model, opt, DATA[3:])
+    assert not torch.equal(params[0], model[0].weight)
+
+
+def test_static_scale_skips_but_keeps_scale():
+    model = conv_net()
+    opt = FusedAdam(model.parameters(), lr=1e-3)
+    model, opt = amp.initialize(model, opt, opt_level="O2", loss_scale=128.0, verbosity=0)
+    w = model[0].weight.detach().clone()
+    x, y = DATA[0]
+    with amp.scale_loss(F.cross_entropy(model(x), y), opt) as scaled:
+        assert scaled.item() == pytest.approx(128.0 * F.cross_entropy(model(x), y).item(), rel=1e-3)
+        scaled.backward()
+        inject(model, math.nan)
+    opt.step()
+    assert torch.equal(w, model[0].weight)
+    assert amp.state_dict()["loss_scaler0"]["loss_scale"] == 128.0
+
+
+def test_overflow_in_one_of_two_losses_skips_the_step():
+    model = conv_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level="O2", num_losses=2, verbosity=0)
+    w = model[0].weight.detach().clone()
+    x, y = DATA[0]
+    with amp.scale_loss(F.cross_entropy(model(x), y), opt, loss_id=0) as scaled:
+        scaled.backward()
+    with amp.scale_loss(model(x).pow(2).mean(), opt, loss_id=1) as scaled:
+        scaled.backward()
+        inject(model, math.inf)
+    opt.step()
+    assert torch.equal(w, model[0].weight)
+    sd = amp.state_dict()
+    assert sd["loss_scaler0"] == {"loss_scale": 2.0**16, "unskipped": 1}
+    assert sd["loss_scaler1"] == {"loss_scale": 2.0**15, "unskipped": 0}
