@@ -112,6 +112,22 @@ class FusedOptimizer(Optimizer):
         divisor = clip.reciprocal() if grad_scale is None else grad_scale.to(device) / clip
         return divisor.reshape(1), found_inf
 
+    def _step_with_scaler(self, closure=None, grad_scaler=None, **unknown):
+        """``step(grad_scaler=s)`` is ``s.step(self)``, for a ``torch.amp.GradScaler`` or
+        a ``core_ops.amp.LossScaler``: the scaler's scale and overflow flag go into the
+        kernel, nothing syncs, and an overflowed step changes nothing; call
+        ``s.update()`` after it as usual. (The keyword stays out of the signature, where
+        torch's GradScaler would take it for its deprecated protocol.)"""
+        if unknown:
+            raise TypeError(f"{type(self).__name__}.step() got unexpected keyword arguments "
+                            f"{sorted(unknown)}")
+        if grad_scaler is None:
+            return self.step(closure)
+        if closure is not None:
+            raise RuntimeError("step(grad_scaler=...) takes no closure: it would run backward after "
+                               "the overflow check")
+        return grad_scaler.step(self)
+
     @staticmethod
     def _on(t, device):
         return None if t is None else t.to(device, non_blocking=True)

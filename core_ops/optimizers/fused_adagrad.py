@@ -39,9 +39,11 @@ class FusedAdagrad(FusedOptimizer):
             group.setdefault("maximize", False)
 
     @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None):
+    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None, **scaler):
         """One update; ``grad_scale``, ``found_inf`` and ``max_grad_norm`` as in
         ``FusedAdam.step``."""
+        if scaler:
+            return self._step_with_scaler(closure, **scaler)
         loss = None
         if closure is not None:
             with torch.enable_grad():

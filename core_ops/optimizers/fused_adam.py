@@ -54,12 +54,16 @@ class FusedAdam(FusedOptimizer):
         return sd
 
     @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None):
+    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None, **scaler):
         """One update. ``grad_scale``: grads are divided by it inside the kernel.
         ``found_inf``: a one-element tensor; when set, nothing changes (params, state,
         step counts). ``max_grad_norm``: clip by the global norm of the unscaled grads,
         in the same pass; the norm is kept in ``self.last_grad_norm`` and a non-finite
-        norm sets ``found_inf`` (which is updated in place when given)."""
+        norm sets ``found_inf`` (which is updated in place when given).
+        ``grad_scaler=s``: the same as ``s.step(self)`` (a ``torch.amp.GradScaler`` or a
+        ``core_ops.amp.LossScaler``), see ``FusedOptimizer._step_with_scaler``."""
+        if scaler:
+            return self._step_with_scaler(closure, **scaler)
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -37,10 +37,12 @@ class FusedLAMB(FusedOptimizer):
         super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
 
     @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=None, found_inf=None):
+    def step(self, closure=None, *, grad_scale=None, found_inf=None, **scaler):
         """One update. ``grad_scale`` / ``found_inf`` as in ``FusedAdam.step``; the
         global-norm clipping is the constructor's ``max_grad_norm`` (of the first
         param group, as Apex: the norm is taken over all groups together)."""
+        if scaler:
+            return self._step_with_scaler(closure, **scaler)
         loss = None
         if closure is not None:
             with torch.enable_grad():

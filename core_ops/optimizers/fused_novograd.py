@@ -54,10 +54,12 @@ class FusedNovoGrad(FusedOptimizer):
         super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
 
     @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None):
+    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None, **scaler):
         """One update; ``grad_scale``, ``found_inf`` and ``max_grad_norm`` as in
         ``FusedAdam.step``. The layer norms are taken of the grads as they are (scaled)
         and divided by the grad scale inside the kernel, so no host sync."""
+        if scaler:
+            return self._step_with_scaler(closure, **scaler)
         loss = None
         if closure is not None:
             with torch.enable_grad():

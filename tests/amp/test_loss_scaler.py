@@ -160,3 +160,30 @@ def test_misuse_raises():
         LossScaler(growth_factor=1.0)
     with pytest.raises(ValueError, match="init_scale must be a finite number > 0"):
         LossScaler(init_scale=0)
+
+
+@pytest.mark.parametrize("make_scaler", [lambda: LossScaler(init_scale=2.0**10, growth_interval=2),
+                                         lambda: torch.amp.GradScaler("cpu", init_scale=2.0**10,
+                                                                      growth_interval=2)],
+                         ids=["LossScaler", "torch_GradScaler"])
+def test_step_grad_scaler_keyword(make_scaler, recwarn):
+    """``opt.step(grad_scaler=s)`` is ``s.step(opt)``: the same params step for step."""
+    results = []
+    for keyword in (False, True):
+        scaler, model = make_scaler(), mlp()
+        opt = FusedAdam(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(3)
+        for i in range(6):
+            opt.zero_grad()
+            scaler.scale(model(torch.randn(4, 6, generator=g)).pow(2).mean()).backward()
+            if i in OVERFLOW_AT:
+                model[0].weight.grad[0, 0] = OVERFLOW_AT[i]
+            opt.step(grad_scaler=scaler) if keyword else scaler.step(opt)
+            scaler.update()
+        results.append(([p.detach().clone() for p in model.parameters()], scaler.get_scale()))
+    assert results[0][1] == results[1][1] == 2.0**10
+    assert all(torch.equal(a, b) for a, b in zip(results[0][0], results[1][0]))
+    # torch's GradScaler does not mistake the keyword for its deprecated protocol.
+    assert not [w for w in recwarn if "grad_scaler" in str(w.message)]
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['scaler'\\]"):
+        opt.step(scaler=scaler)
