@@ -25,7 +25,7 @@ $PY -c "import torch; assert torch.cuda.is_available(), 'no GPU'; print(torch.__
   || { echo "no usable GPU: nothing to run"; exit 1; }
 step build 240 $PY -m core_ops build --cuda
 step info 60 $PY -m core_ops info
-step tests 240 $PY -m pytest -q -p no:cacheprovider tests/multi_tensor_apply tests/optimizers tests/test_op_registration.py -k "cuda or gpu"
+step tests 240 $PY -m pytest -q -p no:cacheprovider tests/multi_tensor_apply tests/optimizers tests/amp tests/test_op_registration.py -k "cuda or gpu"
 step bench 150 $PY bench/bench_multi_tensor.py --device cuda --numel 200000000 --tensors 200
 
 echo "==== core_ops GPU run: $($PY -c 'import torch; print(torch.cuda.get_device_name(0))') ===="
