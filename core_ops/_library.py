@@ -17,7 +17,8 @@ Conventions shared by all multi-tensor ops (Note [Multi-tensor conventions]):
 
 import torch
 
-from ._validate import check_lists, check_optimizer_lists, check_per_tensor_state
+from ._validate import (batch_norm_acc_dtype, check_batch_norm_args, check_lists,
+                        check_optimizer_lists, check_per_tensor_state)
 
 LIB_NAME = "core_ops"
 _lib = torch.library.Library(LIB_NAME, "DEF")
@@ -97,6 +98,29 @@ SCHEMAS = {
         "float weight_decay, bool bias_correction, bool reg_inside_moment, bool grad_averaging, "
         "bool init_zero, bool maximize, Tensor? lr_tensor, Tensor? grad_scale, "
         "Tensor? found_inf) -> ()"
+    ),
+    # Note [Sync batch norm ops]: the per-rank pieces of a batch norm whose statistics
+    # are merged across ranks (core_ops/parallel/sync_batchnorm_function.py does the
+    # communication). input is (N, C, *), N may be 0; any strides (channels-last
+    # memory is read in place); outputs have input's dtype and strides. Per-channel
+    # tensors (mean, var, invstd, sums) are (C,) float32, float64 for float64 input.
+    # stats: mean and biased variance by Welford (csrc/include/core_ops/welford_math.h),
+    # zeros for an empty batch. elemt: y = (x - mean) * invstd * weight + bias.
+    # backward_reduce: sum(dy) and sum(dy * (x - mean)) per channel. backward_elemt:
+    # dx = (dy - mean_dy - (x - mean) * invstd^2 * mean_dy_xmu) * invstd * weight, with
+    # mean_dy / mean_dy_xmu the global sums divided by the global count.
+    "sync_batch_norm_stats": "sync_batch_norm_stats(Tensor input) -> (Tensor, Tensor)",
+    "sync_batch_norm_elemt": (
+        "sync_batch_norm_elemt(Tensor input, Tensor mean, Tensor invstd, Tensor? weight, "
+        "Tensor? bias) -> Tensor"
+    ),
+    "sync_batch_norm_backward_reduce": (
+        "sync_batch_norm_backward_reduce(Tensor grad_out, Tensor input, Tensor mean) "
+        "-> (Tensor, Tensor)"
+    ),
+    "sync_batch_norm_backward_elemt": (
+        "sync_batch_norm_backward_elemt(Tensor grad_out, Tensor input, Tensor mean, "
+        "Tensor invstd, Tensor? weight, Tensor mean_dy, Tensor mean_dy_xmu) -> Tensor"
     ),
 }
 
@@ -191,6 +215,35 @@ def _(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, no
       init_zero, maximize, lr_tensor, grad_scale, found_inf):
     check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, master_params=master_params or None)
     check_per_tensor_state(params, exp_avg_sqs=exp_avg_sqs, grad_norms=grad_norms)
+
+
+def _per_channel(input):
+    return input.new_empty((input.shape[1],), dtype=batch_norm_acc_dtype(input.dtype))
+
+
+@torch.library.register_fake("core_ops::sync_batch_norm_stats")
+def _(input):
+    check_batch_norm_args(input)
+    return _per_channel(input), _per_channel(input)
+
+
+@torch.library.register_fake("core_ops::sync_batch_norm_elemt")
+def _(input, mean, invstd, weight, bias):
+    check_batch_norm_args(input, stats=(("mean", mean), ("invstd", invstd)), weight=weight, bias=bias)
+    return torch.empty_like(input)
+
+
+@torch.library.register_fake("core_ops::sync_batch_norm_backward_reduce")
+def _(grad_out, input, mean):
+    check_batch_norm_args(input, grad_out=grad_out, stats=(("mean", mean),))
+    return _per_channel(input), _per_channel(input)
+
+
+@torch.library.register_fake("core_ops::sync_batch_norm_backward_elemt")
+def _(grad_out, input, mean, invstd, weight, mean_dy, mean_dy_xmu):
+    check_batch_norm_args(input, grad_out=grad_out, weight=weight, stats=(
+        ("mean", mean), ("invstd", invstd), ("mean_dy", mean_dy), ("mean_dy_xmu", mean_dy_xmu)))
+    return torch.empty_like(input)
 
 
 def op(name):

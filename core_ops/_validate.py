@@ -136,3 +136,35 @@ def check_per_tensor_state(params, **named):
             ok = all(t.numel() == 1 for t in ts)
         if not ok or any(t.dtype != want or t.device != device for t in ts):
             raise ValueError(f"{name} must hold one {want} value per param on {device}")
+
+
+def batch_norm_acc_dtype(input_dtype):
+    """The dtype the batch-norm statistics are kept in: float64 for float64 input, else
+    float32 (Note [Sync batch norm ops] in _library.py)."""
+    return torch.float64 if input_dtype == torch.float64 else torch.float32
+
+
+def check_batch_norm_args(input, *, grad_out=None, stats=(), weight=None, bias=None):
+    """The checks of the sync batch-norm ops, for the reference and fake kernels;
+    csrc/cpu/sync_batch_norm.cpp words the same checks for the C++ kernels.
+
+    ``input`` is (N, C, *) with N >= 0; ``stats`` are (name, tensor) pairs of per-channel
+    (C,) tensors in the accumulation dtype; weight / bias are (C,) of any float dtype."""
+    if input.dim() < 2:
+        raise ValueError(f"input must have at least 2 dimensions (N, C, ...), got shape "
+                         f"{tuple(input.shape)}")
+    if input.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"input: expected float32, float16, bfloat16 or float64, got {input.dtype}")
+    channels, acc = input.shape[1], batch_norm_acc_dtype(input.dtype)
+    if grad_out is not None and (grad_out.shape != input.shape or grad_out.dtype != input.dtype):
+        raise ValueError(f"grad_out has shape {tuple(grad_out.shape)} and dtype {grad_out.dtype} "
+                         f"but input has {tuple(input.shape)} and {input.dtype}")
+    for name, t in stats:
+        if t.shape != (channels,) or t.dtype != acc or t.device != input.device:
+            raise ValueError(f"{name} must be a ({channels},) {acc} tensor on {input.device}, got "
+                             f"{tuple(t.shape)} {t.dtype} on {t.device}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and (t.shape != (channels,) or t.dtype not in FLOAT_DTYPES
+                              or t.device != input.device):
+            raise ValueError(f"{name} must be a ({channels},) float tensor on {input.device}, got "
+                             f"{tuple(t.shape)} {t.dtype} on {t.device}")

@@ -1,0 +1,11 @@
+"""Data parallelism on torch.distributed (gloo on CPU, NCCL on CUDA), with Apex's API:
+``from apex.parallel import X`` becomes ``from core_ops.parallel import X``."""
+
+from ..optimizers import LARC
+from .convert import convert_syncbn_model, create_syncbn_process_group
+from .distributed import DistributedDataParallel
+from .reducer import Reducer
+from .sync_batchnorm import SyncBatchNorm
+
+__all__ = ["DistributedDataParallel", "LARC", "Reducer", "SyncBatchNorm", "convert_syncbn_model",
+           "create_syncbn_process_group"]

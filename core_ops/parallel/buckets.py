@@ -1,0 +1,155 @@
+"""Flat gradient buckets: which params share one allreduce, and their flat buffers.
+
+Note [Bucket layout]: a bucket holds params of one (device, buffer dtype) in the
+order their gradients became ready on rank 0 in the first iteration, so that every
+rank fills and launches the same buckets in the same order (collectives must match
+across ranks). Each buffer is the grads, back to back, followed by one "used" flag
+per param: 1 when the grad was produced on this rank, 0 when the param took no part
+in this backward (its slot is zeros). After the sum, a flag of 0 means no rank used
+the param, and its grad stays None, as in torch's DistributedDataParallel.
+"""
+
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+
+def buffer_dtype(param, always_fp32):
+    """Grads are reduced in their own dtype unless ``always_fp32`` widens half ones."""
+    if always_fp32 and param.dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    return param.dtype
+
+
+def plan(params, order, message_size, trigger_ids=None, always_fp32=False):
+    """Buckets as lists of param indices, in launch order. ``order`` is the ready order
+    (indices into ``params``). A bucket closes when it reaches ``message_size``
+    elements, or, with ``trigger_ids`` (Apex's allreduce_trigger_params), right after
+    any trigger param. Buckets launch in the order they close: the order they complete."""
+    open_, closed = {}, []
+    for i in order:
+        p = params[i]
+        key = (p.device, buffer_dtype(p, always_fp32))
+        members, numel = open_.get(key, ([], 0))
+        members.append(i)
+        open_[key] = (members, numel + p.numel())
+        if trigger_ids is not None:
+            if id(p) in trigger_ids:
+                closed += [m for m, _ in open_.values()]
+                open_.clear()
+        elif open_[key][1] >= message_size:
+            closed.append(members)
+            del open_[key]
+    # Whatever is still open closes at the end, ordered by when its last param came.
+    position = {i: k for k, i in enumerate(order)}
+    closed += sorted((m for m, _ in open_.values()), key=lambda m: position[m[-1]])
+    return closed
+
+
+class Bucket:
+    """One flat buffer and the params whose grads it carries (Note [Bucket layout])."""
+
+    def __init__(self, params, always_fp32):
+        self.params = params
+        self.numels = [p.numel() for p in params]
+        self.offsets = [sum(self.numels[:k]) for k in range(len(params))]
+        self.numel = sum(self.numels)
+        self.dtype = buffer_dtype(params[0], always_fp32)
+        self.device = params[0].device
+        self.is_view = self.dtype == params[0].dtype  # grads can live in the buffer itself
+        self.buffer = None
+        self.ready = [False] * len(params)
+        self.pending = len(params)
+
+    def allocate(self):
+        if self.buffer is None:
+            self.buffer = torch.zeros(self.numel + len(self.params), dtype=self.dtype,
+                                      device=self.device)
+
+    def release(self):
+        """Frees the buffer when grads are not views of it (fp32 buffers of half grads)."""
+        if not self.is_view:
+            self.buffer = None
+
+    def reset(self):
+        self.ready = [False] * len(self.params)
+        self.pending = len(self.params)
+
+    def view(self, slot):
+        start = self.offsets[slot]
+        return self.buffer[start:start + self.numels[slot]].view_as(self.params[slot])
+
+    def put(self, slot, grad):
+        """Marks ``slot`` ready; copies ``grad`` in unless it already is the buffer's view."""
+        self.allocate()
+        view = self.view(slot)
+        if grad is None:
+            view.zero_()
+        elif not (grad.data_ptr() == view.data_ptr() and grad.stride() == view.stride()):
+            view.copy_(grad)
+        if not self.ready[slot]:
+            self.ready[slot] = True
+            self.pending -= 1
+
+    def fill_missing(self):
+        """Zeros for the params that got no grad this backward; writes the used flags."""
+        self.allocate()
+        used = list(self.ready)
+        for slot, ready in enumerate(used):
+            if not ready:
+                self.view(slot).zero_()
+        self.buffer[self.numel:].copy_(torch.tensor(used, dtype=self.dtype))
+        self.ready = [True] * len(self.params)
+        self.pending = 0
+        return used
+
+    def write_back(self, used_here):
+        """Gives each param its reduced grad. ``used_here`` are the slots this rank
+        produced; for the others the sum of the flags says whether any rank did."""
+        unused = [s for s, u in enumerate(used_here) if not u]
+        used_anywhere = set(unused)
+        if unused:  # one host read, only on a rank that skipped some params
+            flags = self.buffer[self.numel:].tolist()
+            used_anywhere = {s for s in unused if flags[s] != 0}
+        for slot, p in enumerate(self.params):
+            if not used_here[slot] and slot not in used_anywhere:
+                p.grad = None
+                continue
+            view = self.view(slot)
+            if self.is_view:
+                if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                    p.grad = view
+            elif p.grad is None:
+                p.grad = view.to(p.dtype)
+            else:
+                p.grad.copy_(view)
+
+
+def flat_all_reduce(tensors, group, scale=1.0):
+    """Sums ``tensors`` across ``group`` in place, one flat collective per (device,
+    dtype), then multiplies by ``scale``."""
+    by_key = defaultdict(list)
+    for t in tensors:
+        by_key[(t.device, t.dtype)].append(t)
+    for ts in by_key.values():
+        flat = _flatten_dense_tensors(ts)
+        dist.all_reduce(flat, group=group)
+        if scale != 1.0:
+            flat.mul_(scale)
+        for t, reduced in zip(ts, _unflatten_dense_tensors(flat, ts)):
+            t.copy_(reduced)
+
+
+def flat_broadcast(tensors, group, src):
+    """Overwrites ``tensors`` with global rank ``src``'s, one flat collective per
+    (device, dtype)."""
+    by_key = defaultdict(list)
+    for t in tensors:
+        by_key[(t.device, t.dtype)].append(t)
+    for ts in by_key.values():
+        flat = _flatten_dense_tensors(ts)
+        dist.broadcast(flat, src, group=group)
+        for t, value in zip(ts, _unflatten_dense_tensors(flat, ts)):
+            t.copy_(value)

@@ -1,0 +1,325 @@
+"""DistributedDataParallel with Apex's arguments: flat buckets of gradients, each
+allreduced asynchronously from the gradient hooks while backward still runs."""
+
+import contextlib
+import weakref
+import zlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+from . import buckets as _buckets
+from ._groups import all_gather_flat, comm_device, global_src, require_initialized
+
+# Params owned by a live DistributedDataParallel: wrapping them twice would reduce
+# their grads twice per backward.
+_OWNED = WeakIdKeyDictionary()
+
+
+def _check_args(module, message_size, num_allreduce_streams, gradient_predivide_factor):
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if isinstance(module, (DistributedDataParallel, nn.parallel.DistributedDataParallel)):
+        raise ValueError(f"module is already wrapped in {type(module).__name__}; wrap the "
+                         "inner module once")
+    if isinstance(message_size, bool) or not isinstance(message_size, int) or message_size <= 0:
+        raise ValueError(f"message_size must be a positive number of elements, got {message_size!r}")
+    if not isinstance(num_allreduce_streams, int) or num_allreduce_streams < 1:
+        raise ValueError(f"num_allreduce_streams must be >= 1, got {num_allreduce_streams!r}")
+    if not gradient_predivide_factor > 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor!r}")
+    params = list(dict.fromkeys(p for p in module.parameters() if p.requires_grad))
+    if not params:
+        raise ValueError("module has no parameters that require grad: there is nothing for "
+                         "DistributedDataParallel to reduce")
+    if any(p in _OWNED and _OWNED[p]() is not None for p in params):
+        raise ValueError("module (or some of its parameters) is already wrapped in a "
+                         "core_ops DistributedDataParallel; wrap it once")
+    return params
+
+
+def _group_timeout(group):
+    """The timeout ``group`` was created with (new groups otherwise get torch's default
+    of 30 minutes, not the one the user gave init_process_group); None if unknown."""
+    try:
+        group = group or dist.group.WORLD
+        return group._get_backend(torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError):
+        try:
+            return group._get_backend(torch.device("cuda")).options._timeout
+        except (AttributeError, RuntimeError):
+            return None
+
+
+def _signature(params):
+    """(count, elements, crc of shapes and dtypes): what must agree across ranks."""
+    text = ";".join(f"{tuple(p.shape)}:{p.dtype}" for p in params)
+    return [len(params), sum(p.numel() for p in params), zlib.crc32(text.encode())]
+
+
+class DistributedDataParallel(nn.Module):
+    """Apex's ``DistributedDataParallel(module, message_size=10_000_000,
+    delay_allreduce=False, allreduce_trigger_params=None, retain_allreduce_buffers=False,
+    allreduce_always_fp32=False, num_allreduce_streams=1, gradient_average=True,
+    gradient_predivide_factor=1.0, process_group=None)``, plus ``broadcast_buffers``.
+
+    At construction every rank checks that the models agree (count, shapes and dtypes
+    of params needing grad; a clear RuntimeError otherwise, or when a rank does not join
+    within the process group's timeout), and params and buffers are broadcast from the
+    group's rank 0. During backward each grad, once accumulated, is packed into a flat
+    bucket of ``message_size`` elements (Note [Bucket layout] in buckets.py); a full
+    bucket is allreduced asynchronously right away, so communication overlaps the rest
+    of backward. The end of backward waits for the buckets and leaves averaged grads
+    (``gradient_average``; sum / ``gradient_predivide_factor`` otherwise) in ``.grad``.
+    The first backward observes the order in which grads become ready; rank 0's order
+    fixes the buckets of every rank. ``delay_allreduce=True`` reduces everything after
+    backward instead.
+
+    Beyond Apex: ``no_sync()`` accumulates grads locally; params that get no grad on a
+    rank are reduced as zeros (no hang), and keep ``grad=None`` when no rank used them;
+    frozen params (requires_grad False) are left alone. fp16 / bf16 grads are reduced
+    in their own dtype unless ``allreduce_always_fp32``. Buffers are broadcast from
+    rank 0 before each training forward when ``broadcast_buffers``.
+
+    Grads are views of the flat buffers after the first step (torch's
+    ``gradient_as_bucket_view``): with ``zero_grad(set_to_none=False)`` the next
+    backward accumulates in place and nothing is copied. ``retain_allreduce_buffers``
+    keeps the fp32 buffers of ``allreduce_always_fp32`` between steps (same-dtype
+    buffers are always kept, the grads live there); ``allreduce_buffers`` lists them.
+    ``num_allreduce_streams`` is accepted for Apex compatibility: the torch.distributed
+    backend already runs collectives on its own streams / threads.
+
+    State dicts carry no wrapper prefix: ``state_dict()`` has the keys of
+    ``module.state_dict()`` (torch's DDP adds ``module.``), so a checkpoint loads into
+    the bare model; ``load_state_dict`` accepts keys with or without ``module.``.
+
+    Without ``process_group`` the wrapper reduces on a new group spanning the world:
+    its bucket collectives, launched at times that depend on each rank's ready order,
+    then cannot interleave with other collectives of the default group (SyncBatchNorm's
+    in backward, the user's own).
+    """
+
+    def __init__(self, module, message_size=10_000_000, delay_allreduce=False,
+                 allreduce_trigger_params=None, retain_allreduce_buffers=False,
+                 allreduce_always_fp32=False, num_allreduce_streams=1, gradient_average=True,
+                 gradient_predivide_factor=1.0, process_group=None, broadcast_buffers=True):
+        super().__init__()
+        params = _check_args(module, message_size, num_allreduce_streams,
+                             gradient_predivide_factor)
+        require_initialized("DistributedDataParallel")
+        self.module = module
+        self.message_size = message_size
+        self.delay_allreduce = delay_allreduce
+        self.retain_allreduce_buffers = retain_allreduce_buffers
+        self.allreduce_always_fp32 = allreduce_always_fp32
+        self.num_allreduce_streams = num_allreduce_streams
+        self.gradient_average = gradient_average
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.broadcast_buffers = broadcast_buffers
+        self._params = params
+        self._join(process_group)
+        self._trigger_ids = None
+        if allreduce_trigger_params is not None:
+            self._trigger_ids = {id(p) for p in allreduce_trigger_params}
+            if not self._trigger_ids <= {id(p) for p in params}:
+                raise ValueError("allreduce_trigger_params must be parameters of module that "
+                                 "require grad")
+        self._broadcast_state()
+        self._buckets = None
+        self._slot = {}
+        if delay_allreduce:  # no overlap to gain: a fixed layout, the same on every rank
+            self._build_buckets(list(reversed(range(len(params)))))
+        self._sync = True
+        self._reset_iteration()
+        for i, p in enumerate(params):
+            _OWNED[p] = weakref.ref(self)
+            p.register_post_accumulate_grad_hook(self._make_hook(i))
+        self._register_state_dict_hook(_strip_prefix)
+        self._register_load_state_dict_pre_hook(_add_prefix)
+
+    # --- construction ------------------------------------------------------------
+
+    def _comm_device(self):
+        return comm_device(self.process_group, self._params[0].device)
+
+    def _join(self, process_group):
+        """The first collectives: make the group, check that the models agree. A rank
+        that never arrives fails them after the group's timeout, with this message."""
+        self.process_group = process_group
+        self.world_size = dist.get_world_size(process_group)
+        try:
+            mine = torch.tensor(_signature(self._params), dtype=torch.int64,
+                                device=self._comm_device())
+            every = all_gather_flat(mine, process_group).tolist()
+        except (RuntimeError, TimeoutError) as e:  # gloo / NCCL timeouts, closed peers
+            raise RuntimeError(
+                f"DistributedDataParallel: not every one of the {self.world_size} ranks of "
+                "the process group joined construction within the group's timeout (a rank "
+                "died, never started, or did not construct the same model): "
+                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+        if any(sig != every[0] for sig in every):
+            lines = "; ".join(f"rank {r}: {n} params, {e} elements, layout crc {c:#x}"
+                              for r, (n, e, c) in enumerate(every))
+            raise RuntimeError("DistributedDataParallel: the module differs across ranks "
+                               f"(params requiring grad, their shapes or dtypes): {lines}")
+        if process_group is None:  # every rank is here: creating the group cannot stall
+            self.process_group = dist.new_group(timeout=_group_timeout(None))
+
+    def _broadcast_state(self):
+        with torch.no_grad():
+            tensors = [t for t in list(self.module.parameters()) + list(self.module.buffers())]
+            if tensors:
+                _buckets.flat_broadcast([t.data for t in tensors], self.process_group,
+                                        global_src(self.process_group))
+
+    def _sync_buffers(self):
+        buffers = [b for b in self.module.buffers()]
+        if buffers and self.world_size > 1:
+            with torch.no_grad():
+                _buckets.flat_broadcast(buffers, self.process_group, global_src(self.process_group))
+
+    def _build_buckets(self, order):
+        groups = _buckets.plan(self._params, order, self.message_size, self._trigger_ids,
+                               self.allreduce_always_fp32)
+        self._buckets = [_buckets.Bucket([self._params[i] for i in g], self.allreduce_always_fp32)
+                         for g in groups]
+        self._slot = {i: (b, s) for b, g in enumerate(groups) for s, i in enumerate(g)}
+
+    def _agreed_order(self):
+        """Rank 0's ready order from this first backward, the same on every rank.
+        Params rank 0 did not see come last, in reverse registration order."""
+        seen = list(dict.fromkeys(self._seen))
+        rest = [i for i in reversed(range(len(self._params))) if i not in set(seen)]
+        order = torch.tensor(seen + rest, dtype=torch.int64, device=self._comm_device())
+        dist.broadcast(order, global_src(self.process_group), group=self.process_group)
+        return order.tolist()
+
+    # --- one backward ------------------------------------------------------------
+
+    def _reset_iteration(self):
+        self._callback_queued = False
+        self._seen = []
+        self._next = 0
+        self._works = []
+        self._used = []
+
+    def _make_hook(self, index):
+        ref = weakref.ref(self)
+
+        def hook(param):
+            owner = ref()
+            if owner is not None:
+                owner._grad_ready(index, param)
+        return hook
+
+    def _grad_ready(self, index, param):
+        if not self._sync:
+            return
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        if self._buckets is None:  # the first backward only records the order
+            self._seen.append(index)
+            return
+        b, slot = self._slot[index]
+        bucket = self._buckets[b]
+        bucket.put(slot, param.grad)
+        if not self.delay_allreduce and bucket.pending == 0:
+            self._launch_ready()
+
+    def _launch_ready(self):
+        """Launches complete buckets in layout order: every rank issues the same
+        collectives in the same order even when grads arrive in another order."""
+        while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
+            self._launch(self._buckets[self._next])
+            self._next += 1
+
+    def _launch(self, bucket):
+        self._used.append(bucket.fill_missing())
+        if self.gradient_predivide_factor != 1.0:
+            bucket.buffer.mul_(1.0 / self.gradient_predivide_factor)
+        self._works.append(dist.all_reduce(bucket.buffer, group=self.process_group, async_op=True))
+
+    def _finish_backward(self):
+        try:
+            if self._buckets is None:
+                self._build_buckets(self._agreed_order())
+                for i in self._seen:
+                    b, slot = self._slot[i]
+                    self._buckets[b].put(slot, self._params[i].grad)
+            for bucket in self._buckets[self._next:]:
+                self._launch(bucket)
+            post = (self.gradient_predivide_factor / self.world_size if self.gradient_average
+                    else 1.0)
+            for bucket, work, used in zip(self._buckets, self._works, self._used):
+                work.wait()
+                if post != 1.0:
+                    bucket.buffer.mul_(post)
+                bucket.write_back(used)
+                bucket.reset()
+                if not self.retain_allreduce_buffers:
+                    bucket.release()
+        finally:
+            self._reset_iteration()
+
+    # --- public --------------------------------------------------------------------
+
+    def forward(self, *inputs, **kwargs):
+        if self._callback_queued:  # an earlier backward failed midway: start clean
+            self._reset_iteration()
+            if self._buckets is not None:
+                for bucket in self._buckets:
+                    bucket.reset()
+        if self.broadcast_buffers and self.module.training and torch.is_grad_enabled():
+            self._sync_buffers()
+        return self.module(*inputs, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate grads locally with no communication; the
+        first backward outside reduces the accumulated sum (gradient accumulation)."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    @property
+    def allreduce_buffers(self):
+        """The flat buffers of the buckets (grads then used flags), in launch order."""
+        return [b.buffer for b in self._buckets or [] if b.buffer is not None]
+
+
+def _dotted(meta_key):
+    """A state-dict metadata key ("a.b", "" for the root) as a key prefix ("a.b.", "")."""
+    return meta_key + "." if meta_key else ""
+
+
+def _undotted(key_prefix):
+    return key_prefix[:-1] if key_prefix else ""
+
+
+def _strip_prefix(module, state_dict, prefix, local_metadata):
+    """state_dict hook: ``<prefix>module.x`` -> ``<prefix>x`` (no wrapper prefix)."""
+    inner = prefix + "module."
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:
+        for key in [k for k in metadata if _dotted(k).startswith(inner)]:
+            metadata[_undotted(prefix + _dotted(key)[len(inner):])] = metadata.pop(key)
+    return state_dict
+
+
+def _add_prefix(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                error_msgs):
+    """load_state_dict pre-hook: keys without ``module.`` (ours, or a bare model's) get it."""
+    inner = prefix + "module."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None and _undotted(inner) not in metadata:
+        for key in [k for k in metadata if _dotted(k).startswith(prefix)]:
+            metadata[_undotted(inner + _dotted(key)[len(prefix):])] = metadata[key]

@@ -1,0 +1,85 @@
+"""The autograd Function of SyncBatchNorm: per-rank statistics by the core_ops ops
+(Note [Sync batch norm ops] in _library.py), merged across the process group.
+
+Forward: one all-gather of (mean, biased var, count) per rank and an exact
+count-weighted merge, so ranks with unequal (even empty) batches normalise with the
+statistics of the concatenated global batch. Backward: one all-reduce of the two
+per-channel sums (sum dy, sum dy * (x - mean)).
+"""
+
+import torch
+import torch.distributed as dist
+
+from .. import _build
+from .._library import op
+from ._groups import all_gather_flat, world_size
+
+
+def merge_stats(means, variances, counts):
+    """Mean and biased variance of the union of groups from each group's (mean, biased
+    variance, count): Chan et al.'s parallel formula, which is exact (up to rounding)
+    for any counts, zero included. means / variances are (world, C), counts (world,)."""
+    total = counts.sum()
+    weights = (counts / total.clamp(min=1)).unsqueeze(1)
+    mean = (weights * means).sum(0)
+    # Each group's spread around the global mean: its own variance plus the squared
+    # distance of its mean; summing (x - mean)^2 terms never subtracts large numbers.
+    var = (weights * (variances + (means - mean) ** 2)).sum(0)
+    return mean, var, total
+
+
+def local_and_global_stats(input, group):
+    """(mean, biased var, global count) of the batch over every rank of ``group``."""
+    _build.ensure_for(input.device)
+    mean, var = op("sync_batch_norm_stats")(input)
+    count = input.numel() // input.shape[1] if input.shape[1] else 0
+    if world_size(group) == 1:
+        return mean, var, mean.new_full((), float(count))
+    local = torch.cat([mean, var, mean.new_full((1,), float(count))])
+    gathered = all_gather_flat(local, group)
+    channels = mean.numel()
+    return merge_stats(gathered[:, :channels], gathered[:, channels:2 * channels],
+                       gathered[:, 2 * channels])
+
+
+class SyncBatchNormFunction(torch.autograd.Function):
+    """forward(input (N, C, *), weight, bias, running_mean, running_var, eps,
+    exponential_average_factor, group) -> output; running stats updated in place."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, running_mean, running_var, eps, factor, group):
+        mean, var, count = local_and_global_stats(input, group)
+        invstd = torch.rsqrt(var + eps)
+        if running_mean is not None:
+            # Running variance is the unbiased estimate over the global batch (torch's
+            # BatchNorm); the count is a tensor so the host never waits on the device.
+            unbiased = var * (count / (count - 1).clamp(min=1))
+            running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype), alpha=factor)
+            running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype), alpha=factor)
+        out = op("sync_batch_norm_elemt")(input, mean, invstd, weight, bias)
+        ctx.save_for_backward(input, weight, mean, invstd, count)
+        ctx.group = group
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        input, weight, mean, invstd, count = ctx.saved_tensors
+        grad_out = grad_out if grad_out.dtype == input.dtype else grad_out.to(input.dtype)
+        sum_dy, sum_dy_xmu = op("sync_batch_norm_backward_reduce")(grad_out, input, mean)
+        grad_weight = grad_bias = grad_input = None
+        # Weight and bias get this rank's share only: DistributedDataParallel (or the
+        # user) reduces parameter gradients like any other.
+        if weight is not None and ctx.needs_input_grad[1]:
+            grad_weight = (sum_dy_xmu * invstd).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = sum_dy.to(weight.dtype if weight is not None else input.dtype)
+        if ctx.needs_input_grad[0]:
+            sums = torch.cat([sum_dy, sum_dy_xmu])
+            if world_size(ctx.group) > 1:
+                dist.all_reduce(sums, group=ctx.group)
+            sums = sums / count.clamp(min=1)
+            channels = mean.numel()
+            grad_input = op("sync_batch_norm_backward_elemt")(
+                grad_out, input, mean, invstd, weight, sums[:channels], sums[channels:])
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None

@@ -1,0 +1,274 @@
+"""What each rank runs for test_ddp.py: scenarios that return numbers (max differences,
+counts, orders of events) for the tests to assert on. Run by _launch.run_ranks."""
+
+import copy
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from core_ops.parallel import DistributedDataParallel, Reducer
+
+GLOBAL_BATCH = 8
+
+
+def mlp(seed, width=12, depth=3, dtype=torch.float32):
+    torch.manual_seed(seed)
+    layers = [nn.Linear(6, width), nn.Tanh()]
+    for _ in range(depth - 2):
+        layers += [nn.Linear(width, width), nn.Tanh()]
+    layers.append(nn.Linear(width, 3))
+    return nn.Sequential(*layers).to(dtype)
+
+
+def data(step, dtype=torch.float32):
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(GLOBAL_BATCH, 6, generator=g).to(dtype), torch.randn(GLOBAL_BATCH, 3, generator=g).to(dtype)
+
+
+def local(t, rank, world):
+    n = t.shape[0] // world
+    return t[rank * n:(rank + 1) * n]
+
+
+def loss_fn(out, target):
+    return ((out.float() - target.float()) ** 2).mean()
+
+
+def grads(model):
+    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+
+
+def max_diff(a, b):
+    return max((x.double() - y.double()).abs().max().item() for x, y in zip(a, b))
+
+
+def zero(model, set_to_none):
+    for p in model.parameters():
+        if p.grad is not None:
+            if set_to_none:
+                p.grad = None
+            else:
+                p.grad.zero_()
+
+
+def _fp32(rank, world, delay):
+    ours = DistributedDataParallel(mlp(100 + rank), message_size=40, delay_allreduce=delay)
+    theirs = nn.parallel.DistributedDataParallel(mlp(100))
+    full = mlp(100)
+    after_broadcast = max_diff([p.detach() for p in ours.parameters()],
+                               [p.detach() for p in full.parameters()])
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours, theirs, full)]
+    vs_full, vs_torch = [], []
+    for step in range(3):
+        x, y = data(step)
+        for m in (ours, theirs, full):
+            zero(m, set_to_none=step != 2)  # the last step accumulates into the buffers
+        loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()
+        loss_fn(theirs(local(x, rank, world)), local(y, rank, world)).backward()
+        loss_fn(full(x), y).backward()
+        vs_full.append(max_diff(grads(ours), grads(full)))
+        vs_torch.append(max_diff(grads(ours), grads(theirs)))
+        for o in opts:
+            o.step()
+    buffers = {b.data_ptr(): b for b in ours.allreduce_buffers}
+    in_buffers = all(any(b.data_ptr() <= p.grad.data_ptr() < b.data_ptr() + b.numel() * b.element_size()
+                         for b in buffers.values()) for p in ours.parameters())
+    return dict(after_broadcast=after_broadcast, vs_full=vs_full, vs_torch=vs_torch,
+                buckets=len(ours._buckets), grads_in_buffers=in_buffers,
+                params=[p.detach().clone() for p in ours.parameters()])
+
+
+def _half(rank, world, dtype, always_fp32):
+    ours = DistributedDataParallel(mlp(100, dtype=dtype), message_size=40,
+                                   allreduce_always_fp32=always_fp32)
+    theirs = nn.parallel.DistributedDataParallel(mlp(100, dtype=dtype))
+    exact = copy.deepcopy(mlp(100, dtype=dtype)).double()
+    errs_ours, errs_torch = [], []
+    for step in range(2):
+        x, y = data(step)
+        for m in (ours, theirs, exact):
+            zero(m, True)
+        loss_fn(ours(local(x, rank, world).to(dtype)), local(y, rank, world)).backward()
+        loss_fn(theirs(local(x, rank, world).to(dtype)), local(y, rank, world)).backward()
+        loss_fn(exact(x.to(dtype).double()), y.to(dtype).double()).backward()
+        errs_ours.append(max_diff(grads(ours), grads(exact)))
+        errs_torch.append(max_diff(grads(theirs), grads(exact)))
+    return dict(err_ours=max(errs_ours), err_torch=max(errs_torch),
+                grad_dtypes=sorted({str(p.grad.dtype) for p in ours.parameters()}),
+                buffer_dtypes=sorted({str(b.dtype) for b in ours._buckets}))
+
+
+def _no_sync(rank, world):
+    ours = DistributedDataParallel(mlp(100), message_size=40)
+    full = mlp(100)
+    calls = []
+    real = dist.all_reduce
+    dist.all_reduce = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+    diffs, inside = [], []
+    try:
+        for step in range(2):
+            x, y = data(step)
+            zero(ours, True)
+            zero(full, True)
+            xl, yl = local(x, rank, world), local(y, rank, world)
+            with ours.no_sync():
+                n0 = len(calls)
+                (loss_fn(ours(xl[:2]), yl[:2]) / 2).backward()
+                inside.append(len(calls) - n0)
+            (loss_fn(ours(xl[2:]), yl[2:]) / 2).backward()
+            loss_fn(full(x), y).backward()
+            diffs.append(max_diff(grads(ours), grads(full)))
+    finally:
+        dist.all_reduce = real
+    return dict(vs_full=diffs, allreduces_inside_no_sync=inside)
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.a, self.b, self.c, self.frozen = (nn.Linear(4, 4) for _ in range(4))
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x, use_b):
+        h = self.a(x).tanh()
+        if use_b:
+            h = h + self.b(x).tanh()
+        return self.frozen(h)
+
+
+def _unused(rank, world):
+    ours = DistributedDataParallel(Branchy(), message_size=8)
+    ref = Branchy()
+    results = []
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        xs = [torch.randn(3, 4, generator=g) for _ in range(world)]
+        zero(ours, True)
+        zero(ref, True)
+        ours(xs[rank], use_b=rank == 1).square().mean().backward()
+        sum(ref(xs[r], use_b=r == 1).square().mean() for r in range(world)).div(world).backward()
+        results.append(dict(
+            a=max_diff([ours.module.a.weight.grad, ours.module.a.bias.grad],
+                       [ref.a.weight.grad, ref.a.bias.grad]),
+            b=max_diff([ours.module.b.weight.grad, ours.module.b.bias.grad],
+                       [ref.b.weight.grad, ref.b.bias.grad]),
+            c_none=ours.module.c.weight.grad is None and ours.module.c.bias.grad is None,
+            frozen_none=ours.module.frozen.weight.grad is None))
+    return results
+
+
+def _overlap(rank, world):
+    model = mlp(100, width=32, depth=8)
+    ours = DistributedDataParallel(model, message_size=32 * 33)
+    x, y = data(0)
+    loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()  # fixes the layout
+    events = []
+    for i, p in enumerate(model.parameters()):
+        p.register_post_accumulate_grad_hook(lambda p, i=i: events.append(("grad", i, time.perf_counter())))
+    real = dist.all_reduce
+
+    def recording(tensor, *a, **k):
+        events.append(("launch", tensor.numel(), time.perf_counter()))
+        return real(tensor, *a, **k)
+
+    dist.all_reduce = recording
+    try:
+        zero(ours, True)
+        loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()
+        events.append(("backward returned", 0, time.perf_counter()))
+    finally:
+        dist.all_reduce = real
+    kinds = [e[0] for e in events]
+    return dict(kinds=kinds, buckets=len(ours._buckets),
+                first_launch=kinds.index("launch"),
+                last_grad=len(kinds) - 1 - kinds[::-1].index("grad"))
+
+
+def _scaling(rank, world):
+    out = {}
+    x, y = data(0)
+    ref = mlp(100)
+    loss_fn(ref(x), y).backward()
+    for name, kwargs, factor in (("predivide", dict(gradient_predivide_factor=2.0), 1.0),
+                                 ("sum", dict(gradient_average=False), world),
+                                 ("sum_predivide", dict(gradient_average=False,
+                                                        gradient_predivide_factor=4.0), world / 4)):
+        ours = DistributedDataParallel(mlp(100), **kwargs)
+        for _ in range(2):
+            zero(ours, True)
+            loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()
+        out[name] = max_diff(grads(ours), [g * factor for g in grads(ref)])
+    model = mlp(100)
+    trigger = DistributedDataParallel(model, allreduce_trigger_params=[model[2].weight])
+    for _ in range(2):
+        zero(trigger, True)
+        loss_fn(trigger(local(x, rank, world)), local(y, rank, world)).backward()
+    out["trigger_buckets"] = len(trigger._buckets)
+    out["trigger"] = max_diff(grads(trigger), grads(ref))
+    return out
+
+
+class WithBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("offset", torch.zeros(3))
+
+    def forward(self, x):
+        return self.lin(x) + self.offset
+
+
+def _state_and_buffers(rank, world):
+    bare = WithBuffer()
+    ours = DistributedDataParallel(bare)
+    keys = sorted(ours.state_dict())
+    with torch.no_grad():
+        ours.module.offset.fill_(float(rank * 7))
+    ours(torch.ones(2, 3))
+    offset_after_forward = ours.module.offset.tolist()
+    other = WithBuffer()
+    with torch.no_grad():
+        other.offset.fill_(3.0)
+    ours.load_state_dict(other.state_dict())  # a bare model's keys
+    loaded_bare = ours.module.offset.tolist()
+    prefixed = {"module." + k: v * 0 + 5 for k, v in other.state_dict().items()}
+    ours.load_state_dict(prefixed)  # torch DDP's keys
+    loaded_prefixed = ours.module.offset.tolist()
+    fresh = WithBuffer()
+    fresh.load_state_dict(ours.state_dict())  # ours into a bare model
+    return dict(keys=keys, offset_after_forward=offset_after_forward, loaded_bare=loaded_bare,
+                loaded_prefixed=loaded_prefixed, fresh=fresh.offset.tolist())
+
+
+def _reducer(rank, world):
+    model = mlp(100 + rank)
+    red = Reducer(model)
+    same = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float(rank + 1))
+    model[0].bias.grad = None if rank == 0 else model[0].bias.grad  # a missing grad is zeros
+    red.reduce()
+    tensors = [torch.full((3,), float(rank)), torch.full((2, 2), float(rank), dtype=torch.float64)]
+    Reducer(tensors).reduce()
+    return dict(params=same, weight_grad=model[0].weight.grad.unique().tolist(),
+                bias_grad=model[0].bias.grad.unique().tolist(),
+                list_values=[t.unique().tolist() for t in tensors])
+
+
+def suite(rank, world):
+    return dict(
+        fp32=_fp32(rank, world, delay=False),
+        fp32_delay=_fp32(rank, world, delay=True),
+        fp16=_half(rank, world, torch.float16, False),
+        bf16=_half(rank, world, torch.bfloat16, False),
+        bf16_fp32=_half(rank, world, torch.bfloat16, True),
+        no_sync=_no_sync(rank, world),
+        unused=_unused(rank, world),
+        overlap=_overlap(rank, world),
+        scaling=_scaling(rank, world),
+        state=_state_and_buffers(rank, world),
+        reducer=_reducer(rank, world),
+    )

@@ -1,0 +1,43 @@
+"""SyncBatchNorm on 2 gloo ranks with unequal (and empty) per-rank batches against
+torch's BatchNorm on the concatenated batch, in float64; smaller process groups; with
+DistributedDataParallel. The ranks run syncbn_workers.suite once (~10 s)."""
+
+import pytest
+
+from _launch import run_ranks
+from syncbn_workers import CASES
+
+# Note [SyncBN tolerances]: float64 throughout; values are O(1)-O(10) and every result
+# is a sum of at most ~150 terms computed in another order (per-rank Welford, merge,
+# allreduce) than torch's, so differences stay within 150 * 1e1 * 2**-52 ~ 3e-13.
+TOL = 1e-12
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_ranks("syncbn_workers:suite", timeout=120)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_batchnorm_on_global_batch(ranks, case):
+    for r in ranks:
+        res = r[case]
+        for what in ("out", "grad_in", "grad_params", "running", "eval"):
+            assert res[what] <= TOL, (what, res[what])
+        assert res["batches_tracked"] == 2
+        if "channels_last" in case and "apex" not in case:
+            assert res["out_channels_last"]  # the output keeps the input's memory format
+
+
+def test_groups_smaller_than_world(ranks):
+    for r in ranks:
+        res = r["subgroups"]
+        assert res["out"] <= TOL and res["grad_in"] <= TOL and res["running"] <= TOL
+        assert res["whole_world"]  # group_size == world size: the default group
+
+
+def test_with_ddp_and_convert(ranks):
+    for r in ranks:
+        res = r["ddp"]
+        assert res["converted"] == "SyncBatchNorm"
+        assert res["grads"] <= TOL and res["running"] <= TOL

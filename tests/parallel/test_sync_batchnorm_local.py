@@ -1,0 +1,138 @@
+"""SyncBatchNorm in one process (no process group: world size 1): numerics against
+torch's BatchNorm per dtype and layout, Welford's stability, eval mode, conversion,
+state dicts and bad input. The multi-rank behaviour is in test_sync_batchnorm.py."""
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import dtype_id
+from core_ops.parallel import SyncBatchNorm, convert_syncbn_model
+
+LAYOUTS = ["contiguous", "channels_last", "apex_channel_last"]
+
+
+def _inputs(dtype, layout, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(6, 5, 7, 9, generator=g, dtype=torch.float64) * 2 + 3
+    dy = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    x = x.to(dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, dy
+
+
+def _run(module, x, dy, layout):
+    """Output, input grad, weight grad, bias grad, all in (N, C, H, W) terms."""
+    x = x.detach()
+    if layout == "apex_channel_last":
+        x = x.movedim(1, -1).contiguous()
+    x.requires_grad_()
+    y = module(x)
+    if layout == "apex_channel_last":
+        y = y.movedim(-1, 1)
+    (y.double() * dy).sum().backward()
+    gx = x.grad.movedim(-1, 1) if layout == "apex_channel_last" else x.grad
+    return [t.double() for t in (y.detach(), gx, module.weight.grad, module.bias.grad)]
+
+
+def _pair(channel_last=False):
+    ref = nn.BatchNorm2d(5)
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(3))
+        ref.bias.uniform_(-1, 1, generator=torch.Generator().manual_seed(4))
+    ours = SyncBatchNorm(5, channel_last=channel_last)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=dtype_id)
+def test_error_at_most_torch_batchnorm_error(dtype, layout):
+    """Against float64 truth on the same (rounded) input and fp32 weights (Apex's
+    keep_batchnorm_fp32), our error is at most twice torch's BatchNorm error in the
+    same dtype, plus one ulp of the output dtype at the output's scale (Note [Test
+    tolerances] in tests/conftest.py; both accumulate in float32)."""
+    x, dy = _inputs(dtype, layout)
+    ref, ours = _pair(channel_last=layout == "apex_channel_last")
+    exact = ref.double()
+    truth = _run(exact, x.double(), dy, "contiguous")
+    ref, _ = _pair()
+    theirs = _run(ref, x, dy, "channels_last" if layout == "channels_last" else "contiguous")
+    mine = _run(ours, x, dy, layout)
+    eps = torch.finfo(dtype).eps
+    for name, t, o, m in zip(("out", "grad_in", "grad_weight", "grad_bias"), truth, theirs, mine):
+        err_torch = (o - t).abs().max().item()
+        err_ours = (m - t).abs().max().item()
+        assert err_ours <= 2 * err_torch + eps * t.abs().max().item(), (name, err_ours, err_torch)
+    assert torch.allclose(ours.running_var.double(), exact.running_var, rtol=1e-5)
+    assert torch.allclose(ours.running_mean.double(), exact.running_mean, rtol=1e-5, atol=1e-6)
+
+
+def test_welford_is_stable_far_from_zero():
+    """Mean 1e4, variance 1: E[x^2] - E[x]^2 in float32 would lose every digit (1e8
+    against an ulp of 8); Welford keeps the variance to ~1e-5 relative."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, 3, 1000, generator=g, dtype=torch.float64) + 1e4).float()
+    mean, var = torch.ops.core_ops.sync_batch_norm_stats(x)
+    var64, mean64 = torch.var_mean(x.double(), dim=(0, 2), correction=0)
+    assert (var.double() - var64).abs().max().item() <= 1e-4 * var64.max().item()
+    assert (mean.double() - mean64).abs().max().item() <= 1e-3  # ulp(1e4) = 1e-3 in float32
+
+
+def test_momentum_none_and_eval_without_process_group():
+    ref, ours = _pair()
+    ref.momentum = ours.momentum = None
+    for seed in range(3):
+        x, _ = _inputs(torch.float32, "contiguous", seed)
+        ref(x)
+        ours(x)
+    assert torch.allclose(ours.running_mean, ref.running_mean, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(ours.running_var, ref.running_var, rtol=1e-6)
+    assert int(ours.num_batches_tracked) == 3
+    ref.eval()
+    ours.eval()
+    x, _ = _inputs(torch.float32, "contiguous", 7)
+    torch.testing.assert_close(ours(x), ref(x))
+
+
+def test_no_running_stats_uses_batch_stats_in_eval():
+    ref = nn.BatchNorm1d(4, track_running_stats=False).eval()
+    ours = SyncBatchNorm(4, track_running_stats=False).eval()
+    x = torch.randn(10, 4, 3)
+    torch.testing.assert_close(ours(x), ref(x))
+
+
+def test_convert_syncbn_model_keeps_weights_buffers_and_mode():
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4),
+                          nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2, momentum=None)))
+    with torch.no_grad():
+        model[1].weight.fill_(2.0)
+        model[1].running_mean.fill_(0.5)
+    model[2].eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    converted = convert_syncbn_model(model, channel_last=False)
+    assert isinstance(converted[1], SyncBatchNorm) and isinstance(converted[2][1], SyncBatchNorm)
+    assert converted[2][1].momentum is None and not converted[2][1].training
+    after = converted.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert isinstance(convert_syncbn_model(nn.BatchNorm3d(2)), SyncBatchNorm)
+    bn = nn.BatchNorm2d(4)
+    bn.load_state_dict(converted[1].state_dict())  # and back into torch's BatchNorm
+    assert torch.equal(bn.weight, converted[1].weight)
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 3, 4, 5, 6, 7)])
+def test_wrong_input_rank(shape):
+    with pytest.raises(ValueError, match="2D to 5D input"):
+        SyncBatchNorm(3)(torch.randn(shape))
+
+
+def test_wrong_channels_and_single_value():
+    with pytest.raises(ValueError, match="num_features is 3"):
+        SyncBatchNorm(3)(torch.randn(2, 4, 5))
+    with pytest.raises(ValueError, match="num_features is 3"):
+        SyncBatchNorm(3, channel_last=True)(torch.randn(2, 5, 4))
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        SyncBatchNorm(3)(torch.randn(1, 3))
