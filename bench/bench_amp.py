@@ -1,0 +1,128 @@
+"""core_ops.amp on this machine, in the same run (interleaved):
+
+1. Loss-scaler overhead against a bare FusedAdam step on the same params (20M fp32 in
+   200 tensors): (a) ``LossScaler.step`` + ``update`` (overflow check by one read-only
+   norm pass, unscale inside the kernel); (b) the full explicit path, ``scale`` +
+   ``unscale_`` (in place, with the overflow check) + ``step`` + ``update``, which is
+   what ``amp.scale_loss`` does at O1. Target: (b) within 1.10x of the bare step.
+2. A training step (forward, backward, step) of a small MLP at O2 bf16 with FusedAdam
+   against the same model trained with ``torch.autocast(bfloat16)`` +
+   ``AdamW(fused=True)``. Target: <= 1.0x.
+
+    python bench/bench_amp.py [--device cpu|cuda] [--repeats 20] [--threads N]
+"""
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import harness
+from core_ops import amp
+from core_ops.amp import LossScaler
+from core_ops.optimizers import FusedAdam
+
+
+def params_with_grads(args, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = args.numel // args.tensors
+    ps = [torch.randn(n, generator=g).to(args.device).requires_grad_() for _ in range(args.tensors)]
+    for p in ps:
+        p.grad = (torch.randn(n, generator=g) * 1e-2).to(args.device)
+    return ps
+
+
+def scaler_overhead(args):
+    bare = FusedAdam(params_with_grads(args), lr=1e-4)
+    fused = FusedAdam(params_with_grads(args), lr=1e-4)
+    explicit = FusedAdam(params_with_grads(args), lr=1e-4)
+    s_fused, s_explicit = LossScaler(args.device, init_scale=1.0), LossScaler(args.device, init_scale=1.0)
+    loss = torch.ones((), device=args.device)
+
+    def fused_path():
+        s_fused.scale(loss)
+        s_fused.step(fused)
+        s_fused.update()
+
+    def explicit_path():
+        # init_scale=1 and growth_interval=2000 keep the grads' values steady over the
+        # repeats; the work done does not depend on the value of the scale.
+        s_explicit.scale(loss)
+        s_explicit.unscale_(explicit)
+        s_explicit.step(explicit)
+        s_explicit.update()
+
+    rows = []
+    for name, fn in (("LossScaler.step+update (check in kernel)", fused_path),
+                     ("scale+unscale_+step+update (amp O1 path)", explicit_path)):
+        bt, ct = harness.time_ab(bare.step, fn, args.device, args.repeats, args.warmup)
+        rows.append(harness.row(name, "FusedAdam.step() alone", bt, ct,
+                                1.10 if "unscale_" in name else None))
+    # For context, torch's own overhead: GradScaler + AdamW(fused=True) against the bare step.
+    torch_bare = torch.optim.AdamW(params_with_grads(args), lr=1e-4, fused=True)
+    torch_scaled = torch.optim.AdamW(params_with_grads(args), lr=1e-4, fused=True)
+    torch_scaler = torch.amp.GradScaler(args.device, init_scale=1.0)
+
+    def torch_path():
+        torch_scaler.scale(loss)
+        torch_scaler.step(torch_scaled)
+        torch_scaler.update()
+
+    bt, ct = harness.time_ab(torch_bare.step, torch_path, args.device, args.repeats, args.warmup)
+    rows.append(harness.row("torch: GradScaler.step+update, AdamW(fused=True)",
+                            "AdamW(fused=True).step() alone", bt, ct))
+    return rows
+
+
+def mlp(width, depth):
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.GELU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def o2_vs_autocast(args, width=1024, depth=4, batch=256):
+    x = torch.randn(batch, width, device=args.device)
+    y = torch.randint(0, 10, (batch,), device=args.device)
+    base_model = mlp(width, depth).to(args.device)
+    ours_model = copy.deepcopy(base_model)
+    base_opt = torch.optim.AdamW(base_model.parameters(), lr=1e-4, fused=True)
+    ours_opt = FusedAdam(ours_model.parameters(), lr=1e-4)
+    ours_model, ours_opt = amp.initialize(ours_model, ours_opt, opt_level="O2",
+                                          half_dtype=torch.bfloat16, verbosity=0)
+
+    def baseline():
+        base_opt.zero_grad()
+        with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16):
+            out = base_model(x)
+        F.cross_entropy(out.float(), y).backward()
+        base_opt.step()
+
+    def ours():
+        ours_opt.zero_grad()
+        loss = F.cross_entropy(ours_model(x), y)
+        with amp.scale_loss(loss, ours_opt) as scaled:
+            scaled.backward()
+        ours_opt.step()
+
+    bt, ct = harness.time_ab(baseline, ours, args.device, args.repeats, args.warmup)
+    n = sum(p.numel() for p in base_model.parameters())
+    return [harness.row(f"O2 bf16 MLP step ({n / 1e6:.1f}M params, batch {batch})",
+                        "autocast(bf16) + AdamW(fused=True)", bt, ct, 1.0)]
+
+
+def main():
+    args = harness.parser(__doc__.splitlines()[0], repeats=20).parse_args()
+    harness.setup(args)
+    rows = scaler_overhead(args) + o2_vs_autocast(args)
+    harness.compare(rows)
+    if args.json:
+        harness.write_json(args.json, rows, **harness.machine())
+    if args.plot:
+        harness.plot(rows, args.plot, "core_ops.amp")
+
+
+if __name__ == "__main__":
+    main()
