@@ -186,3 +186,29 @@ def test_wrapped_model_is_rejected():
     with pytest.raises(RuntimeError, match="already wrapped in DataParallel: call amp.initialize on "
                                            "the bare model first"):
         amp.initialize(model, opt_level="O1")
+
+
+def test_lr_schedulers_before_and_after_initialize():
+    model = conv_net()
+    opt = FusedAdam(model.parameters(), lr=1e-2)
+    before = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    after = torch.optim.lr_scheduler.StepLR(opt, 3, 0.5)
+    x, y = DATA[0]
+    for _ in range(6):
+        opt.zero_grad()
+        with amp.scale_loss(F.cross_entropy(model(x), y), opt) as scaled:
+            scaled.backward()
+        opt.step()
+        before.step()
+        after.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.5**3 * 0.5**2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_half_dtype_the_device_cannot_run():
+    from core_ops.amp.frontend import _check_half_supported
+    from core_ops.amp.opt_levels import resolve
+    with pytest.raises(RuntimeError, match="float16 matmul does not run on cuda .*use "
+                                           "half_dtype=torch.bfloat16 or opt_level='O0'"):
+        _check_half_supported("cuda", resolve("O2", torch.float16))
