@@ -67,6 +67,12 @@ def test_import_aliases():
     assert apex.optimizers is core_ops.optimizers and FusedAdam is core_ops.optimizers.FusedAdam
     assert FusedLayerNorm is core_ops.normalization.FusedLayerNorm and amp_C is our_amp_c
     assert core_ops.amp.__spec__.name == "core_ops.amp"  # still itself under its own name
+    import core_ops.parallel
+    from apex.parallel import LARC, DistributedDataParallel, SyncBatchNorm, convert_syncbn_model
+    assert DistributedDataParallel is core_ops.parallel.DistributedDataParallel
+    assert (SyncBatchNorm, convert_syncbn_model) == (core_ops.parallel.SyncBatchNorm,
+                                                     core_ops.parallel.convert_syncbn_model)
+    assert LARC is core_ops.optimizers.LARC
     t = [torch.ones(2), torch.zeros(3)]
     assert torch.equal(apex_C.unflatten(apex_C.flatten(t), t)[1], t[1])
     with pytest.raises(ModuleNotFoundError, match="core_ops replaces Apex's apex.amp.*not apex.contrib"):
