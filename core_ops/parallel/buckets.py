@@ -60,6 +60,7 @@ class Bucket:
         self.device = params[0].device
         self.is_view = self.dtype == params[0].dtype  # grads can live in the buffer itself
         self.buffer = None
+        self.pre_scale = self.post_scale = 1.0  # set by the owner (Note [Averaging])
         self.ready = [False] * len(params)
         self.pending = len(params)
 
@@ -82,12 +83,18 @@ class Bucket:
         return self.buffer[start:start + self.numels[slot]].view_as(self.params[slot])
 
     def put(self, slot, grad):
-        """Marks ``slot`` ready; copies ``grad`` in unless it already is the buffer's view."""
+        """Marks ``slot`` ready; copies ``grad`` in (unless it already is the buffer's
+        view), times ``pre_scale``."""
         self.allocate()
         view = self.view(slot)
         if grad is None:
             view.zero_()
-        elif not (grad.data_ptr() == view.data_ptr() and grad.stride() == view.stride()):
+        elif grad.data_ptr() == view.data_ptr() and grad.stride() == view.stride():
+            if self.pre_scale != 1.0:
+                view.mul_(self.pre_scale)
+        elif self.pre_scale != 1.0:
+            torch.mul(grad, self.pre_scale, out=view)  # scaled while copied: one pass
+        else:
             view.copy_(grad)
         if not self.ready[slot]:
             self.ready[slot] = True

@@ -2,6 +2,7 @@
 allreduced asynchronously from the gradient hooks while backward still runs."""
 
 import contextlib
+import math
 import weakref
 import zlib
 
@@ -186,6 +187,23 @@ class DistributedDataParallel(nn.Module):
         self._buckets = [_buckets.Bucket([self._params[i] for i in g], self.allreduce_always_fp32)
                          for g in groups]
         self._slot = {i: (b, s) for b, g in enumerate(groups) for s, i in enumerate(g)}
+        for bucket in self._buckets:
+            bucket.pre_scale, bucket.post_scale = self._scales(bucket.dtype)
+
+    def _scales(self, dtype):
+        """Note [Averaging]: Apex divides by gradient_predivide_factor before the sum
+        and by world_size / factor after it. When both factors are powers of two and
+        the dtype has float32's exponent range, scaling commutes exactly with the sum,
+        so all of it is done before, fused into the copy of each grad into its bucket,
+        which saves a pass over the gradients after communication (torch's DDP fuses
+        its division the same way). float16 keeps Apex's order: pre-dividing its small
+        grads would flush them to zero."""
+        pre = 1.0 / self.gradient_predivide_factor
+        post = self.gradient_predivide_factor / self.world_size if self.gradient_average else 1.0
+        exact = all(math.frexp(v)[0] == 0.5 for v in (pre, post))
+        if exact and dtype in (torch.float32, torch.float64, torch.bfloat16):
+            return pre * post, 1.0
+        return pre, post
 
     def _agreed_order(self):
         """Rank 0's ready order from this first backward, the same on every rank.
@@ -238,8 +256,6 @@ class DistributedDataParallel(nn.Module):
 
     def _launch(self, bucket):
         self._used.append(bucket.fill_missing())
-        if self.gradient_predivide_factor != 1.0:
-            bucket.buffer.mul_(1.0 / self.gradient_predivide_factor)
         self._works.append(dist.all_reduce(bucket.buffer, group=self.process_group, async_op=True))
 
     def _finish_backward(self):
@@ -251,12 +267,10 @@ class DistributedDataParallel(nn.Module):
                     self._buckets[b].put(slot, self._params[i].grad)
             for bucket in self._buckets[self._next:]:
                 self._launch(bucket)
-            post = (self.gradient_predivide_factor / self.world_size if self.gradient_average
-                    else 1.0)
             for bucket, work, used in zip(self._buckets, self._works, self._used):
                 work.wait()
-                if post != 1.0:
-                    bucket.buffer.mul_(post)
+                if bucket.post_scale != 1.0:
+                    bucket.buffer.mul_(bucket.post_scale)
                 bucket.write_back(used)
                 bucket.reset()
                 if not self.retain_allreduce_buffers:

@@ -1,0 +1,106 @@
+"""DistributedDataParallel step time (forward + backward + gradient allreduce) on 2 gloo
+ranks x 1 thread, an MLP of ~25M params, core_ops against torch's DDP with
+gradient_as_bucket_view=True, interleaved in the same run; and a bf16 model whose
+grads core_ops reduces in bf16 against torch's DDP on the fp32 model.
+
+    python bench/bench_ddp.py [--repeats 15] [--batch 32] [--json out.json]
+
+Both sides' grads are checked against each other (and the ranks against each other)
+before anything is timed. Each timed step starts after a barrier (untimed), so a
+rank's time is its own step, not its wait for the other; rank 0 reports.
+"""
+
+import copy
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import harness
+from core_ops.parallel import DistributedDataParallel
+
+WIDTHS = [1024, 3072, 3072, 3072, 1024]  # 25.2M params
+
+
+def mlp(dtype=torch.float32):
+    torch.manual_seed(0)
+    layers = []
+    for i, (a, b) in enumerate(zip(WIDTHS, WIDTHS[1:])):
+        layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(WIDTHS) - 2 else [])
+    return nn.Sequential(*layers).to(dtype)
+
+
+def step_fn(model, x, y):
+    def step():
+        model.zero_grad()  # set_to_none, torch's default: both sides copy grads into buckets
+        nn.functional.mse_loss(model(x).float(), y).backward()
+    return step
+
+
+def check(ours, theirs, rank, rtol):
+    g_ours = torch.cat([p.grad.float().flatten() for p in ours.parameters()])
+    g_theirs = torch.cat([p.grad.float().flatten() for p in theirs.parameters()])
+    torch.testing.assert_close(g_ours, g_theirs, rtol=rtol, atol=rtol * g_theirs.abs().max().item())
+    other = g_ours.clone()
+    dist.broadcast(other, 0)
+    assert torch.equal(other, g_ours), f"rank {rank} grads differ from rank 0's"
+
+
+def worker(rank, args, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(args.threads or 1)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300))
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(args.batch, WIDTHS[0], generator=g), torch.randn(args.batch, WIDTHS[-1], generator=g)
+    barrier = dist.barrier
+    theirs = nn.parallel.DistributedDataParallel(mlp(), gradient_as_bucket_view=True)
+    base = step_fn(theirs, x, y)
+    rows = []
+    cases = [("fp32", torch.float32, 1e-5, 1.0)]
+    if not args.skip_bf16:
+        cases.append(("bf16 model, grads reduced in bf16", torch.bfloat16, 2e-2, 0.75))
+    for case, dtype, rtol, target in cases:
+        ours = DistributedDataParallel(mlp(dtype), message_size=args.message_size)
+        core = step_fn(ours, x.to(dtype), y)
+        for _ in range(2):  # the first step fixes our bucket layout
+            base()
+            core()
+        if dtype == torch.float32:
+            check(ours, theirs, rank, rtol)
+        bt, ct = harness.time_ab(base, core, "cpu", args.repeats, args.warmup, before=barrier)
+        params = sum(p.numel() for p in ours.parameters())
+        rows.append(harness.row(f"DDP step, {params / 1e6:.1f}M params, {case}",
+                                "torch DDP fp32 (gradient_as_bucket_view=True)", bt, ct, target,
+                                buckets=len(ours._buckets)))
+        del ours
+    if rank == 0:
+        harness.compare(rows)
+        if args.json:
+            harness.write_json(args.json, rows, args=vars(args))
+    dist.destroy_process_group()
+
+
+def main():
+    p = harness.parser(__doc__.splitlines()[0], repeats=15)
+    p.add_argument("--batch", type=int, default=8, help="samples per rank")
+    p.add_argument("--message-size", type=int, default=10_000_000,
+                   help="core_ops DDP bucket size in elements (Apex's default 1e7)")
+    p.add_argument("--skip-bf16", action="store_true", help="only the fp32 comparison")
+    args = p.parse_args()
+    if args.device != "cpu":
+        raise SystemExit("bench_ddp runs 2 gloo ranks on CPU")
+    mp.spawn(worker, args=(args, _free_port()), nprocs=2, join=True)
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":
+    main()
