@@ -116,7 +116,7 @@ def o2_vs_autocast(args, width=1024, depth=4, batch=256):
 def main():
     args = harness.parser(__doc__.splitlines()[0], repeats=20).parse_args()
     harness.setup(args)
-    rows = scaler_overhead(args) + o2_vs_autocast(args)
+    rows = scaler_overhead(args) + o2_vs_autocast(args) + o2_vs_autocast(args, 256, 3, 64)
     harness.compare(rows)
     if args.json:
         harness.write_json(args.json, rows, **harness.machine())
