@@ -37,9 +37,9 @@ def sync_batch_norm_stats(input):
 def sync_batch_norm_elemt(input, mean, invstd, weight, bias):
     check_batch_norm_args(input, stats=(("mean", mean), ("invstd", invstd)), weight=weight, bias=bias)
     acc = mean.dtype
-    y = (input.to(acc) - _channel(mean, input)) * _channel(invstd, input)
-    if weight is not None:
-        y = y * _channel(weight.to(acc), input)
+    # Grouped as csrc/include/core_ops/welford_math.h: (x - mean) * (invstd * weight) + bias.
+    scale = invstd if weight is None else invstd * weight.to(acc)
+    y = (input.to(acc) - _channel(mean, input)) * _channel(scale, input)
     if bias is not None:
         y = y + _channel(bias.to(acc), input)
     return _like_input(y, input)
