@@ -10,7 +10,6 @@ before anything is timed. Each timed step starts after a barrier (untimed), so a
 rank's time is its own step, not its wait for the other; rank 0 reports.
 """
 
-import copy
 import datetime
 import os
 

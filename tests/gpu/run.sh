@@ -32,3 +32,6 @@ echo "==== core_ops GPU run: $($PY -c 'import torch; print(torch.cuda.get_device
 printf '%s\n' "${summary[@]}"
 echo "---- bench ----"; tail -n 20 "$LOG/bench.log"
 echo "---- failures ----"; grep -E "^(FAILED|ERROR)" "$LOG/tests.log" | head -20
+# core_ops.parallel: SyncBatchNorm's CUDA kernels vs torch.nn.SyncBatchNorm at world size 1.
+step syncbn 120 $PY -m pytest -q -s -p no:cacheprovider tests/parallel/test_sync_batchnorm_cuda.py tests/parallel/test_sync_batch_norm_ops.py -k "cuda or gpu or world_size or faster"
+echo "---- syncbn ----"; grep -E "SyncBN|passed|failed" "$LOG/syncbn.log" | tail -3

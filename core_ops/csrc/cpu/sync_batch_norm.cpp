@@ -10,16 +10,14 @@
 // first. Outputs take input's strides (at::empty_like), as the fake kernels promise.
 #include <algorithm>
 #include <array>
-#include <sstream>
 #include <type_traits>
 #include <vector>
 
 #include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
+#include <core_ops/sync_batch_norm_args.h>
 #include <core_ops/welford_math.h>
 
 #include "multi_tensor_apply.h"
@@ -31,78 +29,6 @@ template <typename T>
 using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
 template <typename T>
 constexpr bool kVectorized = !std::is_same_v<T, double>;
-
-struct Layout {
-  at::Tensor data;  // contiguous memory in the chosen layout
-  bool rows;        // true: (N * L) rows of C channels; false: N * C planes of L values
-  int64_t n, c, l;
-};
-
-Layout layout_of(const at::Tensor& t, bool rows) {
-  int64_t l = 1;
-  for (int64_t d = 2; d < t.dim(); ++d) l *= t.size(d);
-  return {rows ? t.movedim(1, -1).contiguous() : t.contiguous(), rows, t.size(0), t.size(1), l};
-}
-
-bool reads_rows(const at::Tensor& t) {
-  return t.dim() == 2 || (!t.is_contiguous() && t.movedim(1, -1).is_contiguous());
-}
-
-// An uninitialized tensor in the layout's memory order, viewed as (N, C, *).
-at::Tensor empty_in(const Layout& lay, const at::Tensor& like) {
-  return at::empty(lay.data.sizes(), like.options()).movedim(-1, lay.rows ? 1 : -1);
-}
-
-at::Tensor with_input_strides(const at::Tensor& result, const at::Tensor& input) {
-  at::Tensor out = at::empty_like(input);
-  if (out.strides() == result.strides()) return result;
-  out.copy_(result);
-  return out;
-}
-
-std::string shape_str(const at::Tensor& t) {
-  std::ostringstream s;
-  s << "(";
-  for (int64_t d = 0; d < t.dim(); ++d) s << t.size(d) << (t.dim() == 1 || d + 1 < t.dim() ? ", " : "");
-  std::string r = s.str();
-  if (t.dim() > 1) r = r.substr(0, r.size() - 2);
-  else if (t.dim() == 1) r = r.substr(0, r.size() - 1);
-  return r + ")";
-}
-
-// The checks of _validate.check_batch_norm_args, in the same words.
-void check_args(const at::Tensor& input, const at::Tensor* grad_out,
-                std::initializer_list<std::pair<const char*, const at::Tensor*>> stats,
-                const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK_VALUE(input.dim() >= 2, "input must have at least 2 dimensions (N, C, ...), got shape ",
-                    shape_str(input));
-  const auto dt = input.scalar_type();
-  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
-                   "input: expected float32, float16, bfloat16 or float64, got ", dtype_name(dt));
-  const int64_t channels = input.size(1);
-  const auto acc = dt == at::kDouble ? at::kDouble : at::kFloat;
-  if (grad_out != nullptr) {
-    TORCH_CHECK_VALUE(grad_out->sizes() == input.sizes() && grad_out->scalar_type() == dt,
-                      "grad_out has shape ", shape_str(*grad_out), " and dtype ",
-                      dtype_name(grad_out->scalar_type()), " but input has ", shape_str(input),
-                      " and ", dtype_name(dt));
-  }
-  for (const auto& [name, t] : stats) {
-    TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == channels && t->scalar_type() == acc &&
-                          t->device() == input.device(),
-                      name, " must be a (", channels, ",) ", dtype_name(acc), " tensor on ",
-                      input.device(), ", got ", shape_str(*t), " ", dtype_name(t->scalar_type()),
-                      " on ", t->device());
-  }
-  for (const auto& [name, t] : {std::pair{"weight", &weight}, std::pair{"bias", &bias}}) {
-    if (!t->has_value()) continue;
-    const at::Tensor& v = **t;
-    TORCH_CHECK_VALUE(v.dim() == 1 && v.size(0) == channels && v.is_floating_point() &&
-                          v.device() == input.device(),
-                      name, " must be a (", channels, ",) float tensor on ", input.device(), ", got ",
-                      shape_str(v), " ", dtype_name(v.scalar_type()), " on ", v.device());
-  }
-}
 
 // Rows [r0, r1) split evenly into one block per thread (at most), in a fixed order.
 template <typename F>
@@ -212,7 +138,7 @@ void row_stats(const scalar_t* x, int64_t r0, int64_t r1, int64_t c, double* mea
 }
 
 std::tuple<at::Tensor, at::Tensor> sync_batch_norm_stats(const at::Tensor& input) {
-  check_args(input, nullptr, {}, std::nullopt, std::nullopt);
+  check_batch_norm_args(input, nullptr, {}, std::nullopt, std::nullopt);
   const auto acc = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor mean = at::empty({input.size(1)}, input.options().dtype(acc));
   at::Tensor var = at::empty_like(mean);
@@ -335,7 +261,7 @@ void row_sums(const scalar_t* dy, const scalar_t* x, int64_t r0, int64_t r1, int
 std::tuple<at::Tensor, at::Tensor> sync_batch_norm_backward_reduce(const at::Tensor& grad_out,
                                                                    const at::Tensor& input,
                                                                    const at::Tensor& mean) {
-  check_args(input, &grad_out, {{"mean", &mean}}, std::nullopt, std::nullopt);
+  check_batch_norm_args(input, &grad_out, {{"mean", &mean}}, std::nullopt, std::nullopt);
   at::Tensor sum_dy = at::empty_like(mean), sum_dy_xmu = at::empty_like(mean);
   const bool rows = reads_rows(input);
   const Layout lay = layout_of(input, rows), g = layout_of(grad_out, rows);
@@ -436,7 +362,7 @@ void elementwise(const Layout& lay, const scalar_t* x, const scalar_t* dy, scala
 
 at::Tensor sync_batch_norm_elemt(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
                                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias) {
-  check_args(input, nullptr, {{"mean", &mean}, {"invstd", &invstd}}, weight, bias);
+  check_batch_norm_args(input, nullptr, {{"mean", &mean}, {"invstd", &invstd}}, weight, bias);
   // Per-channel constants by tensor ops, rounded as the reference rounds them.
   const at::Tensor scale = (weight.has_value() ? invstd.mul(weight->to(invstd.scalar_type())) : invstd).contiguous();
   const at::Tensor shift = bias.has_value() ? bias->to(invstd.scalar_type()).contiguous() : at::zeros_like(invstd);
@@ -459,7 +385,7 @@ at::Tensor sync_batch_norm_backward_elemt(const at::Tensor& grad_out, const at::
                                           const at::Tensor& mean, const at::Tensor& invstd,
                                           const std::optional<at::Tensor>& weight,
                                           const at::Tensor& mean_dy, const at::Tensor& mean_dy_xmu) {
-  check_args(input, &grad_out,
+  check_batch_norm_args(input, &grad_out,
              {{"mean", &mean}, {"invstd", &invstd}, {"mean_dy", &mean_dy}, {"mean_dy_xmu", &mean_dy_xmu}},
              weight, std::nullopt);
   const at::Tensor scale = (weight.has_value() ? invstd.mul(weight->to(invstd.scalar_type())) : invstd).contiguous();
