@@ -37,6 +37,32 @@ template <bool kWrite, bool kProbe, bool kReduce, typename in_t, typename out_t,
 ChunkStats<float> map_chunk(const in_t* x, out_t* y, int64_t n, const F& f) {
   fVec probe(0.f), sum0(0.f), sum1(0.f), sum2(0.f), sum3(0.f);
   int64_t i = 0;
+  if constexpr (kReduce && !kWrite) {
+    // Note [Read streams]: a read-only pass over one contiguous stream is limited by
+    // the cache misses a core keeps in flight (~16 GB/s on the 2-core EPYC here).
+    // Reading the four quarters of the chunk side by side keeps four prefetch streams
+    // busy: l2norm of 80 MB in 3.9 ms instead of 5.8 (bench/README.md). The order of
+    // the sums depends only on the chunk, so results stay thread-count independent.
+    const int64_t q = n / (4 * kWidth) * kWidth;
+    for (int64_t j = 0; j < q; j += kWidth) {
+      fVec a0, b0, a1, b1, a2, b2, a3, b3;
+      VecIO<in_t>::load(x + j, a0, b0);
+      VecIO<in_t>::load(x + q + j, a1, b1);
+      VecIO<in_t>::load(x + 2 * q + j, a2, b2);
+      VecIO<in_t>::load(x + 3 * q + j, a3, b3);
+      if constexpr (kProbe) {
+        probe = probe + (nonfinite_probe(a0) + nonfinite_probe(b0)) +
+                (nonfinite_probe(a1) + nonfinite_probe(b1)) +
+                (nonfinite_probe(a2) + nonfinite_probe(b2)) +
+                (nonfinite_probe(a3) + nonfinite_probe(b3));
+      }
+      sum0 = sum0 + (square_math(f(a0)) + square_math(f(b0)));
+      sum1 = sum1 + (square_math(f(a1)) + square_math(f(b1)));
+      sum2 = sum2 + (square_math(f(a2)) + square_math(f(b2)));
+      sum3 = sum3 + (square_math(f(a3)) + square_math(f(b3)));
+    }
+    i = 4 * q;
+  }
   if constexpr (kReduce) {
     // Four independent accumulators: one chain of vector adds is latency-bound
     // below the memory bandwidth of a single core.
