@@ -112,6 +112,40 @@ class FusedOptimizer(Optimizer):
         divisor = clip.reciprocal() if grad_scale is None else grad_scale.to(device) / clip
         return divisor.reshape(1), found_inf
 
+    # ---- the step ---------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None, **scaler):
+        """One update, one fused op call per (device, dtype) group of params.
+        ``grad_scale``: grads are divided by it inside the kernel. ``found_inf``: a
+        one-element tensor; when set, nothing changes (params, state, step counts).
+        ``max_grad_norm``: clip by the global norm of the unscaled grads, in the same
+        pass; the norm is kept in ``self.last_grad_norm`` and a non-finite norm sets
+        ``found_inf`` (which is updated in place when given). ``grad_scaler=s``: the
+        same as ``s.step(self)``, see ``_step_with_scaler``."""
+        if scaler:
+            return self._step_with_scaler(closure, **scaler)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale, found_inf = self._scaling(grad_scale, found_inf, *self._clipping(max_grad_norm))
+        for group in self.param_groups:
+            for (device, _), ps in self._grouped(group).items():
+                _build.ensure_for(device)
+                self._step_group(group, ps, device, self._on(grad_scale, device),
+                                 self._on(found_inf, device))
+        return loss
+
+    def _clipping(self, max_grad_norm):
+        """(max_grad_norm, clip_eps) for ``_scaling``; LAMB clips its own way."""
+        return max_grad_norm, 1e-6
+
+    def _step_group(self, group, ps, device, grad_scale, found_inf):
+        """The fused op call for params ``ps`` of ``group`` on ``device``, whose grads
+        are checked; ``grad_scale`` / ``found_inf`` are already on ``device``."""
+        raise NotImplementedError
+
     def _step_with_scaler(self, closure=None, grad_scaler=None, **unknown):
         """``step(grad_scaler=s)`` is ``s.step(self)``, for a ``torch.amp.GradScaler`` or
         a ``core_ops.amp.LossScaler``: the scaler's scale and overflow flag go into the

@@ -3,7 +3,6 @@ call per (device, dtype) group."""
 
 import torch
 
-from .. import _build
 from .._library import op
 from ._base import FusedOptimizer
 
@@ -38,32 +37,17 @@ class FusedAdagrad(FusedOptimizer):
             group.setdefault("initial_accumulator_value", 0.0)
             group.setdefault("maximize", False)
 
-    @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None, **scaler):
-        """One update; ``grad_scale``, ``found_inf`` and ``max_grad_norm`` as in
-        ``FusedAdam.step``."""
-        if scaler:
-            return self._step_with_scaler(closure, **scaler)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        grad_scale, found_inf = self._scaling(grad_scale, found_inf, max_grad_norm)
-        for group in self.param_groups:
-            for (device, _), ps in self._grouped(group).items():
-                _build.ensure_for(device)
-                lr, lr_tensor = self._lr(group, device)
-                sums, steps = [], []
-                for p in ps:
-                    state = self.state[p]
-                    if not state:
-                        state["step"] = self._step_tensor(p)
-                        state["sum"] = self._state_zeros(p).fill_(group["initial_accumulator_value"])
-                    sums.append(state["sum"])
-                    steps.append(state["step"])
-                masters = [m for m in map(self._master, ps) if m is not None]
-                op("fused_adagrad_")(ps, [p.grad for p in ps], sums, masters, steps, lr, group["lr_decay"],
-                                     group["eps"], group["weight_decay"], group["adagrad_w_mode"],
-                                     group["maximize"], lr_tensor, self._on(grad_scale, device),
-                                     self._on(found_inf, device))
-        return loss
+    def _step_group(self, group, ps, device, grad_scale, found_inf):
+        lr, lr_tensor = self._lr(group, device)
+        sums, steps = [], []
+        for p in ps:
+            state = self.state[p]
+            if not state:
+                state["step"] = self._step_tensor(p)
+                state["sum"] = self._state_zeros(p).fill_(group["initial_accumulator_value"])
+            sums.append(state["sum"])
+            steps.append(state["step"])
+        masters = [m for m in map(self._master, ps) if m is not None]
+        op("fused_adagrad_")(ps, [p.grad for p in ps], sums, masters, steps, lr, group["lr_decay"],
+                             group["eps"], group["weight_decay"], group["adagrad_w_mode"],
+                             group["maximize"], lr_tensor, grad_scale, found_inf)

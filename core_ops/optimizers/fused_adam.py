@@ -3,7 +3,6 @@ call per (device, dtype) group."""
 
 import torch
 
-from .. import _build
 from .._library import op
 from ._base import FusedOptimizer
 
@@ -53,33 +52,12 @@ class FusedAdam(FusedOptimizer):
             group["decoupled_weight_decay"] = group["adam_w_mode"]  # for torch.optim to load
         return sd
 
-    @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None, **scaler):
-        """One update. ``grad_scale``: grads are divided by it inside the kernel.
-        ``found_inf``: a one-element tensor; when set, nothing changes (params, state,
-        step counts). ``max_grad_norm``: clip by the global norm of the unscaled grads,
-        in the same pass; the norm is kept in ``self.last_grad_norm`` and a non-finite
-        norm sets ``found_inf`` (which is updated in place when given).
-        ``grad_scaler=s``: the same as ``s.step(self)`` (a ``torch.amp.GradScaler`` or a
-        ``core_ops.amp.LossScaler``), see ``FusedOptimizer._step_with_scaler``."""
-        if scaler:
-            return self._step_with_scaler(closure, **scaler)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        grad_scale, found_inf = self._scaling(grad_scale, found_inf, max_grad_norm)
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for (device, _), ps in self._grouped(group).items():
-                _build.ensure_for(device)
-                lists = self._lists(group, ps)
-                lr, lr_tensor = self._lr(group, device)
-                op("fused_adam_")(*lists, lr, beta1, beta2, group["eps"], group["weight_decay"],
-                                  group["adam_w_mode"], group["bias_correction"], group["amsgrad"],
-                                  group["maximize"], lr_tensor, self._on(grad_scale, device),
-                                  self._on(found_inf, device))
-        return loss
+    def _step_group(self, group, ps, device, grad_scale, found_inf):
+        beta1, beta2 = group["betas"]
+        lr, lr_tensor = self._lr(group, device)
+        op("fused_adam_")(*self._lists(group, ps), lr, beta1, beta2, group["eps"],
+                          group["weight_decay"], group["adam_w_mode"], group["bias_correction"],
+                          group["amsgrad"], group["maximize"], lr_tensor, grad_scale, found_inf)
 
     def _lists(self, group, ps):
         params, grads, exp_avgs, exp_avg_sqs, maxes, masters, steps = [], [], [], [], [], [], []

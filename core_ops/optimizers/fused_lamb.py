@@ -3,7 +3,6 @@
 
 import torch
 
-from .. import _build
 from .._library import op
 from ..multi_tensor_apply import multi_tensor_l2norm
 from ._base import HALF, FusedOptimizer
@@ -36,48 +35,39 @@ class FusedLAMB(FusedOptimizer):
                         use_nvlamb=use_nvlamb, maximize=maximize)
         super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
 
-    @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=None, found_inf=None, **scaler):
-        """One update. ``grad_scale`` / ``found_inf`` as in ``FusedAdam.step``; the
-        global-norm clipping is the constructor's ``max_grad_norm`` (of the first
-        param group, as Apex: the norm is taken over all groups together)."""
-        if scaler:
-            return self._step_with_scaler(closure, **scaler)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        max_norm = self.param_groups[0]["max_grad_norm"] or None
-        grad_scale, found_inf = self._scaling(grad_scale, found_inf, max_norm, clip_eps=0.0)
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for (device, _), ps in self._grouped(group).items():
-                _build.ensure_for(device)
-                lr, lr_tensor = self._lr(group, device)
-                exp_avgs, exp_avg_sqs, steps = [], [], []
-                for p in ps:
-                    state = self.state[p]
-                    if not state:
-                        state["step"] = self._step_tensor(p)
-                        state["exp_avg"] = self._state_zeros(p)
-                        state["exp_avg_sq"] = self._state_zeros(p)
-                    exp_avgs.append(state["exp_avg"])
-                    exp_avg_sqs.append(state["exp_avg_sq"])
-                    steps.append(state["step"])
-                masters = [m for m in map(self._master, ps) if m is not None]
-                updates = [self._state_zeros(p) for p in ps]
-                scale, flag = self._on(grad_scale, device), self._on(found_inf, device)
-                op("fused_lamb_stage1_")(ps, [p.grad for p in ps], exp_avgs, exp_avg_sqs, masters, steps,
-                                         updates, beta1, beta2, group["eps"], group["weight_decay"],
-                                         group["adam_w_mode"], group["bias_correction"],
-                                         group["grad_averaging"], group["maximize"], scale, flag)
-                weights = masters or ps
-                _, param_norms = multi_tensor_l2norm(weights, per_tensor=True)
-                _, update_norms = multi_tensor_l2norm(updates, per_tensor=True)
-                op("fused_lamb_stage2_")(ps, masters, updates, param_norms.to(updates[0].dtype),
-                                         update_norms, lr, group["weight_decay"], group["use_nvlamb"],
-                                         lr_tensor, flag)
-        return loss
+    def _clipping(self, max_grad_norm):
+        # Apex: the constructor's max_grad_norm (of the first param group; the norm is
+        # over all groups together), clip = max_norm / max(norm, max_norm).
+        if max_grad_norm is not None:
+            raise TypeError(f"{type(self).__name__}.step() takes no max_grad_norm: LAMB clips by "
+                            "the constructor's max_grad_norm")
+        return self.param_groups[0]["max_grad_norm"] or None, 0.0
+
+    def _step_group(self, group, ps, device, grad_scale, found_inf):
+        beta1, beta2 = group["betas"]
+        lr, lr_tensor = self._lr(group, device)
+        exp_avgs, exp_avg_sqs, steps = [], [], []
+        for p in ps:
+            state = self.state[p]
+            if not state:
+                state["step"] = self._step_tensor(p)
+                state["exp_avg"] = self._state_zeros(p)
+                state["exp_avg_sq"] = self._state_zeros(p)
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+        masters = [m for m in map(self._master, ps) if m is not None]
+        updates = [self._state_zeros(p) for p in ps]
+        op("fused_lamb_stage1_")(ps, [p.grad for p in ps], exp_avgs, exp_avg_sqs, masters, steps,
+                                 updates, beta1, beta2, group["eps"], group["weight_decay"],
+                                 group["adam_w_mode"], group["bias_correction"],
+                                 group["grad_averaging"], group["maximize"], grad_scale, found_inf)
+        weights = masters or ps
+        _, param_norms = multi_tensor_l2norm(weights, per_tensor=True)
+        _, update_norms = multi_tensor_l2norm(updates, per_tensor=True)
+        op("fused_lamb_stage2_")(ps, masters, updates, param_norms.to(updates[0].dtype),
+                                 update_norms, lr, group["weight_decay"], group["use_nvlamb"],
+                                 lr_tensor, found_inf)
 
 
 class FusedMixedPrecisionLamb(FusedLAMB):

@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from .. import _build, _validate
+from .. import _validate
 from .._library import op
 from ..multi_tensor_apply import multi_tensor_l2norm
 from ._base import FusedOptimizer
@@ -46,51 +46,39 @@ class FusedNovoGrad(FusedOptimizer):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
         if eps < 0 or weight_decay < 0:
             raise ValueError("eps and weight_decay must be >= 0")
-        _check_norm_type(norm_type)
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, reg_inside_moment=reg_inside_moment,
                         grad_averaging=grad_averaging, norm_type=norm_type, init_zero=init_zero,
                         maximize=maximize)
         super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
 
-    @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None, **scaler):
-        """One update; ``grad_scale``, ``found_inf`` and ``max_grad_norm`` as in
-        ``FusedAdam.step``. The layer norms are taken of the grads as they are (scaled)
-        and divided by the grad scale inside the kernel, so no host sync."""
-        if scaler:
-            return self._step_with_scaler(closure, **scaler)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        grad_scale, found_inf = self._scaling(grad_scale, found_inf, max_grad_norm)
-        for group in self.param_groups:
-            _check_norm_type(group["norm_type"])  # a group added later
-            beta1, beta2 = group["betas"]
-            for (device, _), ps in self._grouped(group).items():
-                _build.ensure_for(device)
-                lr, lr_tensor = self._lr(group, device)
-                exp_avgs, exp_avg_sqs, steps = [], [], []
-                for p in ps:
-                    state = self.state[p]
-                    if not state:
-                        state["step"] = self._step_tensor(p)
-                        state["exp_avg"] = self._state_zeros(p)
-                        state["exp_avg_sq"] = self._scalar_zeros(p)
-                    exp_avgs.append(state["exp_avg"])
-                    exp_avg_sqs.append(state["exp_avg_sq"])
-                    steps.append(state["step"])
-                masters = [m for m in map(self._master, ps) if m is not None]
-                grads = [p.grad for p in ps]
-                norms = _grad_norms(grads, group["norm_type"], exp_avg_sqs[0].dtype)
-                op("fused_novograd_")(ps, grads, exp_avgs, exp_avg_sqs, masters, steps, norms,
-                                      group["norm_type"], lr, beta1, beta2, group["eps"],
-                                      group["weight_decay"], group["bias_correction"],
-                                      group["reg_inside_moment"], group["grad_averaging"],
-                                      group["init_zero"], group["maximize"],
-                                      lr_tensor, self._on(grad_scale, device), self._on(found_inf, device))
-        return loss
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        _check_norm_type(self.param_groups[-1]["norm_type"])  # the constructor's or its own
+
+    def _step_group(self, group, ps, device, grad_scale, found_inf):
+        # The layer norms are taken of the grads as they are (scaled) and divided by
+        # the grad scale inside the kernel, so no host sync.
+        beta1, beta2 = group["betas"]
+        lr, lr_tensor = self._lr(group, device)
+        exp_avgs, exp_avg_sqs, steps = [], [], []
+        for p in ps:
+            state = self.state[p]
+            if not state:
+                state["step"] = self._step_tensor(p)
+                state["exp_avg"] = self._state_zeros(p)
+                state["exp_avg_sq"] = self._scalar_zeros(p)
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+        masters = [m for m in map(self._master, ps) if m is not None]
+        grads = [p.grad for p in ps]
+        norms = _grad_norms(grads, group["norm_type"], exp_avg_sqs[0].dtype)
+        op("fused_novograd_")(ps, grads, exp_avgs, exp_avg_sqs, masters, steps, norms,
+                              group["norm_type"], lr, beta1, beta2, group["eps"],
+                              group["weight_decay"], group["bias_correction"],
+                              group["reg_inside_moment"], group["grad_averaging"],
+                              group["init_zero"], group["maximize"], lr_tensor, grad_scale, found_inf)
 
     def _scalar_zeros(self, p):
         return torch.zeros((), dtype=_validate.state_dtype(p.dtype), device=p.device)

@@ -3,7 +3,6 @@
 
 import torch
 
-from .. import _build
 from .._library import op
 from ._base import FusedOptimizer
 
@@ -40,38 +39,24 @@ class FusedSGD(FusedOptimizer):
             group.setdefault("nesterov", False)
             group.setdefault("maximize", False)
 
-    @torch.no_grad()
-    def step(self, closure=None, *, grad_scale=None, found_inf=None, max_grad_norm=None, **scaler):
-        """One update; ``grad_scale``, ``found_inf`` and ``max_grad_norm`` as in
-        ``FusedAdam.step``."""
-        if scaler:
-            return self._step_with_scaler(closure, **scaler)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        grad_scale, found_inf = self._scaling(grad_scale, found_inf, max_grad_norm)
-        for group in self.param_groups:
-            momentum = group["momentum"]
-            for (device, _), ps in self._grouped(group).items():
-                _build.ensure_for(device)
-                lr, lr_tensor = self._lr(group, device)
-                # A param's first step with momentum sets its buffer to the grad (as
-                # torch.optim.SGD); params in that state go in their own call.
-                fresh = [p for p in ps if momentum and self.state[p].get("momentum_buffer") is None]
-                seen = [p for p in ps if not (momentum and self.state[p].get("momentum_buffer") is None)]
-                for first, part in ((True, fresh), (False, seen)):
-                    if not part:
-                        continue
-                    bufs = []
-                    if momentum:
-                        for p in part:
-                            if self.state[p].get("momentum_buffer") is None:
-                                self.state[p]["momentum_buffer"] = self._state_zeros(p)
-                            bufs.append(self.state[p]["momentum_buffer"])
-                    masters = [m for m in map(self._master, part) if m is not None]
-                    op("fused_sgd_")(part, [p.grad for p in part], bufs, masters, lr, momentum,
-                                     group["dampening"], group["weight_decay"], group["nesterov"],
-                                     group["wd_after_momentum"], first, group["maximize"], lr_tensor,
-                                     self._on(grad_scale, device), self._on(found_inf, device))
-        return loss
+    def _step_group(self, group, ps, device, grad_scale, found_inf):
+        momentum = group["momentum"]
+        lr, lr_tensor = self._lr(group, device)
+        # A param's first step with momentum sets its buffer to the grad (as
+        # torch.optim.SGD); params in that state go in their own call.
+        fresh = [p for p in ps if momentum and self.state[p].get("momentum_buffer") is None]
+        seen = [p for p in ps if not (momentum and self.state[p].get("momentum_buffer") is None)]
+        for first, part in ((True, fresh), (False, seen)):
+            if not part:
+                continue
+            bufs = []
+            if momentum:
+                for p in part:
+                    if self.state[p].get("momentum_buffer") is None:
+                        self.state[p]["momentum_buffer"] = self._state_zeros(p)
+                    bufs.append(self.state[p]["momentum_buffer"])
+            masters = [m for m in map(self._master, part) if m is not None]
+            op("fused_sgd_")(part, [p.grad for p in part], bufs, masters, lr, momentum,
+                             group["dampening"], group["weight_decay"], group["nesterov"],
+                             group["wd_after_momentum"], first, group["maximize"], lr_tensor,
+                             grad_scale, found_inf)
