@@ -19,24 +19,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import harness
+from bench_optimizers import make  # fp32 params with grads, the optimizer benches' inputs
 from core_ops import amp
 from core_ops.amp import LossScaler
 from core_ops.optimizers import FusedAdam
 
 
-def params_with_grads(args, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    n = args.numel // args.tensors
-    ps = [torch.randn(n, generator=g).to(args.device).requires_grad_() for _ in range(args.tensors)]
-    for p in ps:
-        p.grad = (torch.randn(n, generator=g) * 1e-2).to(args.device)
-    return ps
-
-
 def scaler_overhead(args):
-    bare = FusedAdam(params_with_grads(args), lr=1e-4)
-    fused = FusedAdam(params_with_grads(args), lr=1e-4)
-    explicit = FusedAdam(params_with_grads(args), lr=1e-4)
+    bare = FusedAdam(make(args), lr=1e-4)
+    fused = FusedAdam(make(args), lr=1e-4)
+    explicit = FusedAdam(make(args), lr=1e-4)
     s_fused, s_explicit = LossScaler(args.device, init_scale=1.0), LossScaler(args.device, init_scale=1.0)
     loss = torch.ones((), device=args.device)
 
@@ -60,8 +52,8 @@ def scaler_overhead(args):
         rows.append(harness.row(name, "FusedAdam.step() alone", bt, ct,
                                 1.10 if "unscale_" in name else None))
     # For context, torch's own overhead: GradScaler + AdamW(fused=True) against the bare step.
-    torch_bare = torch.optim.AdamW(params_with_grads(args), lr=1e-4, fused=True)
-    torch_scaled = torch.optim.AdamW(params_with_grads(args), lr=1e-4, fused=True)
+    torch_bare = torch.optim.AdamW(make(args), lr=1e-4, fused=True)
+    torch_scaled = torch.optim.AdamW(make(args), lr=1e-4, fused=True)
     torch_scaler = torch.amp.GradScaler(args.device, init_scale=1.0)
 
     def torch_path():

@@ -168,3 +168,16 @@ def check_batch_norm_args(input, *, grad_out=None, stats=(), weight=None, bias=N
                               or t.device != input.device):
             raise ValueError(f"{name} must be a ({channels},) float tensor on {input.device}, got "
                              f"{tuple(t.shape)} {t.dtype} on {t.device}")
+
+
+def loss_scale_args(growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale):
+    """The checks of a dynamic loss scale's settings (``update_scale``, ``LossScaler``)."""
+    if not growth_factor > 1.0:
+        raise ValueError(f"growth_factor must be > 1, got {growth_factor}")
+    if not 0.0 < backoff_factor < 1.0:
+        raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor}")
+    if int(growth_interval) < 1 or int(hysteresis) < 1:
+        raise ValueError("growth_interval and hysteresis must be >= 1, got "
+                         f"{growth_interval} and {hysteresis}")
+    if not 0.0 <= min_scale <= max_scale:
+        raise ValueError(f"need 0 <= min_scale <= max_scale, got {min_scale} and {max_scale}")

@@ -18,6 +18,7 @@ from collections import defaultdict
 
 import torch
 
+from .. import _validate
 from ..multi_tensor_apply import multi_tensor_l2norm, multi_tensor_scale, update_scale
 
 
@@ -76,15 +77,8 @@ class LossScaler:
                  max_scale=math.inf, hysteresis=1):
         if not init_scale > 0 or not math.isfinite(init_scale):
             raise ValueError(f"init_scale must be a finite number > 0, got {init_scale}")
-        if not growth_factor > 1.0:
-            raise ValueError(f"growth_factor must be > 1, got {growth_factor}")
-        if not 0.0 < backoff_factor < 1.0:
-            raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor}")
-        if int(growth_interval) < 1 or int(hysteresis) < 1:
-            raise ValueError(f"growth_interval and hysteresis must be >= 1, got {growth_interval} "
-                             f"and {hysteresis}")
-        if not 0.0 <= min_scale <= max_scale:
-            raise ValueError(f"need 0 <= min_scale <= max_scale, got {min_scale} and {max_scale}")
+        _validate.loss_scale_args(growth_factor, backoff_factor, growth_interval, hysteresis,
+                                  min_scale, max_scale)
         self._device = None if device is None else torch.device(device)
         self._init_scale = float(init_scale)
         self._growth_factor = float(growth_factor)

@@ -83,15 +83,8 @@ def update_scale(scale, growth_tracker, found_inf, *, growth_factor=2.0, backoff
     _tracker(scale, "scale", torch.float32, device)
     _tracker(growth_tracker, "growth_tracker", torch.int32, device)
     found_inf = _validate.flag(found_inf, device)
-    if not growth_factor > 1.0:
-        raise ValueError(f"growth_factor must be > 1, got {growth_factor}")
-    if not 0.0 < backoff_factor < 1.0:
-        raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor}")
-    if int(growth_interval) < 1 or int(hysteresis) < 1:
-        raise ValueError("growth_interval and hysteresis must be >= 1, got "
-                         f"{growth_interval} and {hysteresis}")
-    if not 0.0 <= min_scale <= max_scale:
-        raise ValueError(f"need 0 <= min_scale <= max_scale, got {min_scale} and {max_scale}")
+    _validate.loss_scale_args(growth_factor, backoff_factor, growth_interval, hysteresis,
+                              min_scale, max_scale)
     if hysteresis_tracker is None:
         if hysteresis != 1:
             raise ValueError("hysteresis > 1 needs a hysteresis_tracker tensor that "
