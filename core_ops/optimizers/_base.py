@@ -67,6 +67,26 @@ class FusedOptimizer(Optimizer):
     def _state_zeros(self, p):
         return torch.zeros_like(p, dtype=_validate.state_dtype(p.dtype), memory_format=torch.preserve_format)
 
+    def _state_lists(self, ps, **make):
+        """(one list per name in ``make``, steps): ``state[name]`` of each param in
+        ``ps``, made by ``make[name](p)`` when missing (a first step, or amsgrad turned
+        on later), and the step counters."""
+        lists, steps = {name: [] for name in make}, []
+        for p in ps:
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = self._step_tensor(p)
+            for name, fn in make.items():
+                if name not in state:
+                    state[name] = fn(p)
+                lists[name].append(state[name])
+            steps.append(state["step"])
+        return list(lists.values()), steps
+
+    def _masters(self, ps):
+        """The fp32 masters of ``ps`` (an empty list without master weights)."""
+        return [m for m in map(self._master, ps) if m is not None]
+
     def _master(self, p):
         """The fp32 master copy of a half param (created on first use), or None."""
         if not (self.master_weights and p.dtype in HALF):

@@ -39,15 +39,9 @@ class FusedAdagrad(FusedOptimizer):
 
     def _step_group(self, group, ps, device, grad_scale, found_inf):
         lr, lr_tensor = self._lr(group, device)
-        sums, steps = [], []
-        for p in ps:
-            state = self.state[p]
-            if not state:
-                state["step"] = self._step_tensor(p)
-                state["sum"] = self._state_zeros(p).fill_(group["initial_accumulator_value"])
-            sums.append(state["sum"])
-            steps.append(state["step"])
-        masters = [m for m in map(self._master, ps) if m is not None]
+        init = group["initial_accumulator_value"]
+        (sums,), steps = self._state_lists(ps, sum=lambda p: self._state_zeros(p).fill_(init))
+        masters = self._masters(ps)
         op("fused_adagrad_")(ps, [p.grad for p in ps], sums, masters, steps, lr, group["lr_decay"],
                              group["eps"], group["weight_decay"], group["adagrad_w_mode"],
                              group["maximize"], lr_tensor, grad_scale, found_inf)

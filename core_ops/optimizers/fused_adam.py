@@ -60,23 +60,9 @@ class FusedAdam(FusedOptimizer):
                           group["amsgrad"], group["maximize"], lr_tensor, grad_scale, found_inf)
 
     def _lists(self, group, ps):
-        params, grads, exp_avgs, exp_avg_sqs, maxes, masters, steps = [], [], [], [], [], [], []
-        for p in ps:
-            state = self.state[p]
-            if not state:
-                state["step"] = self._step_tensor(p)
-                state["exp_avg"] = self._state_zeros(p)
-                state["exp_avg_sq"] = self._state_zeros(p)
-            if group["amsgrad"] and "max_exp_avg_sq" not in state:
-                state["max_exp_avg_sq"] = self._state_zeros(p)
-            params.append(p)
-            grads.append(p.grad)
-            exp_avgs.append(state["exp_avg"])
-            exp_avg_sqs.append(state["exp_avg_sq"])
-            steps.append(state["step"])
-            if group["amsgrad"]:
-                maxes.append(state["max_exp_avg_sq"])
-            master = self._master(p)
-            if master is not None:
-                masters.append(master)
-        return params, grads, exp_avgs, exp_avg_sqs, maxes, masters, steps
+        make = dict(exp_avg=self._state_zeros, exp_avg_sq=self._state_zeros)
+        if group["amsgrad"]:
+            make["max_exp_avg_sq"] = self._state_zeros
+        states, steps = self._state_lists(ps, **make)
+        maxes = states[2] if group["amsgrad"] else []
+        return ps, [p.grad for p in ps], states[0], states[1], maxes, self._masters(ps), steps

@@ -46,17 +46,9 @@ class FusedLAMB(FusedOptimizer):
     def _step_group(self, group, ps, device, grad_scale, found_inf):
         beta1, beta2 = group["betas"]
         lr, lr_tensor = self._lr(group, device)
-        exp_avgs, exp_avg_sqs, steps = [], [], []
-        for p in ps:
-            state = self.state[p]
-            if not state:
-                state["step"] = self._step_tensor(p)
-                state["exp_avg"] = self._state_zeros(p)
-                state["exp_avg_sq"] = self._state_zeros(p)
-            exp_avgs.append(state["exp_avg"])
-            exp_avg_sqs.append(state["exp_avg_sq"])
-            steps.append(state["step"])
-        masters = [m for m in map(self._master, ps) if m is not None]
+        (exp_avgs, exp_avg_sqs), steps = self._state_lists(
+            ps, exp_avg=self._state_zeros, exp_avg_sq=self._state_zeros)
+        masters = self._masters(ps)
         updates = [self._state_zeros(p) for p in ps]
         op("fused_lamb_stage1_")(ps, [p.grad for p in ps], exp_avgs, exp_avg_sqs, masters, steps,
                                  updates, beta1, beta2, group["eps"], group["weight_decay"],

@@ -61,17 +61,9 @@ class FusedNovoGrad(FusedOptimizer):
         # the grad scale inside the kernel, so no host sync.
         beta1, beta2 = group["betas"]
         lr, lr_tensor = self._lr(group, device)
-        exp_avgs, exp_avg_sqs, steps = [], [], []
-        for p in ps:
-            state = self.state[p]
-            if not state:
-                state["step"] = self._step_tensor(p)
-                state["exp_avg"] = self._state_zeros(p)
-                state["exp_avg_sq"] = self._scalar_zeros(p)
-            exp_avgs.append(state["exp_avg"])
-            exp_avg_sqs.append(state["exp_avg_sq"])
-            steps.append(state["step"])
-        masters = [m for m in map(self._master, ps) if m is not None]
+        (exp_avgs, exp_avg_sqs), steps = self._state_lists(
+            ps, exp_avg=self._state_zeros, exp_avg_sq=self._scalar_zeros)
+        masters = self._masters(ps)
         grads = [p.grad for p in ps]
         norms = _grad_norms(grads, group["norm_type"], exp_avg_sqs[0].dtype)
         op("fused_novograd_")(ps, grads, exp_avgs, exp_avg_sqs, masters, steps, norms,

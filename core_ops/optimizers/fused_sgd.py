@@ -55,7 +55,7 @@ class FusedSGD(FusedOptimizer):
                     if self.state[p].get("momentum_buffer") is None:
                         self.state[p]["momentum_buffer"] = self._state_zeros(p)
                     bufs.append(self.state[p]["momentum_buffer"])
-            masters = [m for m in map(self._master, part) if m is not None]
+            masters = self._masters(part)
             op("fused_sgd_")(part, [p.grad for p in part], bufs, masters, lr, momentum,
                              group["dampening"], group["weight_decay"], group["nesterov"],
                              group["wd_after_momentum"], first, group["maximize"], lr_tensor,
