@@ -7,6 +7,8 @@ from .frontend import initialize
 from .handle import disable_casts, load_state_dict, master_params, scale_loss, state_dict
 from .loss_scaler import GradScaler, LossScaler
 from .opt_levels import OPT_LEVELS, Properties
+from .registry import register_float_function, register_half_function, register_promote_function
 
 __all__ = ["GradScaler", "LossScaler", "OPT_LEVELS", "Properties", "disable_casts", "initialize",
-           "load_state_dict", "master_params", "scale_loss", "state_dict"]
+           "load_state_dict", "master_params", "register_float_function", "register_half_function",
+           "register_promote_function", "scale_loss", "state_dict"]

@@ -1,0 +1,91 @@
+"""Apex's O1 registration functions on top of torch.autocast: a function named by the
+user runs in half, in float32, or in the widest floating type of its arguments
+whenever autocast is on, with autocast off inside it (as Apex's own casting lists
+did). Outside autocast the function runs untouched.
+
+Apex required these calls before ``amp.initialize``; here they may come at any time.
+They replace the attribute ``name`` of ``module`` by a wrapper (once per function,
+which is all Apex's API ever did); nothing else in torch is patched.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import _state
+from .model_casting import cast_tree
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def _autocast_on():
+    """The device type whose autocast is on, or None."""
+    for device_type in _AUTOCAST_DEVICES:
+        if torch.is_autocast_enabled(device_type):
+            return device_type
+    return None
+
+
+def _half_dtype(device_type):
+    current = _state._current
+    if current is not None and current.properties is not None:
+        return current.properties.half_dtype
+    return torch.get_autocast_dtype(device_type)
+
+
+def _widest(args, kwargs):
+    dtypes = [t.dtype for t in _tensors((args, kwargs)) if t.is_floating_point()]
+    widest = dtypes[0] if dtypes else None
+    for d in dtypes[1:]:
+        widest = torch.promote_types(widest, d)
+    return widest
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+
+
+def _register(module, name, cast):
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"{getattr(module, '__name__', module)!r} has no function named {name!r}")
+    if getattr(fn, "_core_ops_amp_cast", None) is not None:
+        fn = fn.__wrapped__  # registered before: the latest registration wins
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        device_type = _autocast_on()
+        if device_type is None:
+            return fn(*args, **kwargs)
+        dtype = cast(device_type, args, kwargs)
+        if dtype is not None:
+            args, kwargs = cast_tree(args, dtype), cast_tree(kwargs, dtype)
+        with torch.autocast(device_type, enabled=False):
+            return fn(*args, **kwargs)
+
+    wrapper._core_ops_amp_cast = cast
+    setattr(module, name, wrapper)
+
+
+def register_half_function(module, name):
+    """``module.name`` runs in the half dtype under O1 (Apex's FP16 list)."""
+    _register(module, name, lambda device_type, args, kwargs: _half_dtype(device_type))
+
+
+def register_float_function(module, name):
+    """``module.name`` runs in float32 under O1 (Apex's FP32 list)."""
+    _register(module, name, lambda device_type, args, kwargs: torch.float32)
+
+
+def register_promote_function(module, name):
+    """``module.name`` runs in the widest floating type of its arguments under O1."""
+    _register(module, name, lambda device_type, args, kwargs: _widest(args, kwargs))
