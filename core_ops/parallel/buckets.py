@@ -16,14 +16,18 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 
-def buffer_dtype(param, always_fp32):
-    """Grads are reduced in their own dtype unless ``always_fp32`` widens half ones."""
+def buffer_dtype(param, always_fp32=False, reduce_dtype=None):
+    """Grads are reduced in their own dtype, unless ``reduce_dtype`` names one for all
+    of them (compression: fp32 grads sent as bf16 halve the bytes), or ``always_fp32``
+    widens half ones (Apex's allreduce_always_fp32)."""
+    if reduce_dtype is not None:
+        return reduce_dtype
     if always_fp32 and param.dtype in (torch.float16, torch.bfloat16):
         return torch.float32
     return param.dtype
 
 
-def plan(params, order, message_size, trigger_ids=None, always_fp32=False):
+def plan(params, order, message_size, trigger_ids=None, dtype_of=buffer_dtype):
     """Buckets as lists of param indices, in launch order. ``order`` is the ready order
     (indices into ``params``). A bucket closes when it reaches ``message_size``
     elements, or, with ``trigger_ids`` (Apex's allreduce_trigger_params), right after
@@ -31,7 +35,7 @@ def plan(params, order, message_size, trigger_ids=None, always_fp32=False):
     open_, closed = {}, []
     for i in order:
         p = params[i]
-        key = (p.device, buffer_dtype(p, always_fp32))
+        key = (p.device, dtype_of(p))
         members, numel = open_.get(key, ([], 0))
         members.append(i)
         open_[key] = (members, numel + p.numel())
@@ -51,12 +55,12 @@ def plan(params, order, message_size, trigger_ids=None, always_fp32=False):
 class Bucket:
     """One flat buffer and the params whose grads it carries (Note [Bucket layout])."""
 
-    def __init__(self, params, always_fp32):
+    def __init__(self, params, dtype):
         self.params = params
         self.numels = [p.numel() for p in params]
         self.offsets = [sum(self.numels[:k]) for k in range(len(params))]
         self.numel = sum(self.numels)
-        self.dtype = buffer_dtype(params[0], always_fp32)
+        self.dtype = dtype
         self.device = params[0].device
         self.is_view = self.dtype == params[0].dtype  # grads can live in the buffer itself
         self.buffer = None
@@ -65,8 +69,10 @@ class Bucket:
         self.pending = len(params)
 
     def allocate(self):
+        # empty, not zeros: put() and fill_missing() write every slot and flag before
+        # the buffer is reduced.
         if self.buffer is None:
-            self.buffer = torch.zeros(self.numel + len(self.params), dtype=self.dtype,
+            self.buffer = torch.empty(self.numel + len(self.params), dtype=self.dtype,
                                       device=self.device)
 
     def release(self):

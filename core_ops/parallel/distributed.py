@@ -19,7 +19,11 @@ from ._groups import all_gather_flat, comm_device, global_src, require_initializ
 _OWNED = WeakIdKeyDictionary()
 
 
-def _check_args(module, message_size, num_allreduce_streams, gradient_predivide_factor):
+_REDUCE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _check_args(module, message_size, num_allreduce_streams, gradient_predivide_factor,
+                allreduce_always_fp32, allreduce_dtype):
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     if isinstance(module, (DistributedDataParallel, nn.parallel.DistributedDataParallel)):
@@ -31,6 +35,12 @@ def _check_args(module, message_size, num_allreduce_streams, gradient_predivide_
         raise ValueError(f"num_allreduce_streams must be >= 1, got {num_allreduce_streams!r}")
     if not gradient_predivide_factor > 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor!r}")
+    if allreduce_dtype is not None and allreduce_dtype not in _REDUCE_DTYPES:
+        raise ValueError(f"allreduce_dtype must be None (each grad's own dtype) or one of "
+                         f"{', '.join(map(str, _REDUCE_DTYPES))}, got {allreduce_dtype!r}")
+    if allreduce_always_fp32 and allreduce_dtype not in (None, torch.float32):
+        raise ValueError(f"allreduce_always_fp32=True contradicts allreduce_dtype={allreduce_dtype}; "
+                         "give one of them")
     params = list(dict.fromkeys(p for p in module.parameters() if p.requires_grad))
     if not params:
         raise ValueError("module has no parameters that require grad: there is nothing for "
@@ -64,7 +74,8 @@ class DistributedDataParallel(nn.Module):
     """Apex's ``DistributedDataParallel(module, message_size=10_000_000,
     delay_allreduce=False, allreduce_trigger_params=None, retain_allreduce_buffers=False,
     allreduce_always_fp32=False, num_allreduce_streams=1, gradient_average=True,
-    gradient_predivide_factor=1.0, process_group=None)``, plus ``broadcast_buffers``.
+    gradient_predivide_factor=1.0, process_group=None)``, plus ``broadcast_buffers`` and
+    ``allreduce_dtype``.
 
     At construction every rank checks that the models agree (count, shapes and dtypes
     of params needing grad; a clear RuntimeError otherwise, or when a rank does not join
@@ -81,14 +92,19 @@ class DistributedDataParallel(nn.Module):
     Beyond Apex: ``no_sync()`` accumulates grads locally; params that get no grad on a
     rank are reduced as zeros (no hang), and keep ``grad=None`` when no rank used them;
     frozen params (requires_grad False) are left alone. fp16 / bf16 grads are reduced
-    in their own dtype unless ``allreduce_always_fp32``. Buffers are broadcast from
+    in their own dtype unless ``allreduce_always_fp32``; ``allreduce_dtype`` reduces
+    every grad in the dtype given instead, e.g. ``torch.bfloat16`` for an fp32 model
+    halves the bytes sent (torch's ``bf16_compress_hook``): each grad is rounded to
+    bf16 (8 mantissa bits) as it is copied into its bucket, summed in bf16, and
+    widened back into ``.grad``. Buffers are broadcast from
     rank 0 before each training forward when ``broadcast_buffers``.
 
     Grads are views of the flat buffers after the first step (torch's
     ``gradient_as_bucket_view``): with ``zero_grad(set_to_none=False)`` the next
     backward accumulates in place and nothing is copied. ``retain_allreduce_buffers``
     keeps the fp32 buffers of ``allreduce_always_fp32`` between steps (same-dtype
-    buffers are always kept, the grads live there); ``allreduce_buffers`` lists them.
+    buffers are always kept, the grads live there, and so are those of
+    ``allreduce_dtype``, reused every step); ``allreduce_buffers`` lists them.
     ``num_allreduce_streams`` is accepted for Apex compatibility: the torch.distributed
     backend already runs collectives on its own streams / threads.
 
@@ -105,16 +121,18 @@ class DistributedDataParallel(nn.Module):
     def __init__(self, module, message_size=10_000_000, delay_allreduce=False,
                  allreduce_trigger_params=None, retain_allreduce_buffers=False,
                  allreduce_always_fp32=False, num_allreduce_streams=1, gradient_average=True,
-                 gradient_predivide_factor=1.0, process_group=None, broadcast_buffers=True):
+                 gradient_predivide_factor=1.0, process_group=None, broadcast_buffers=True,
+                 allreduce_dtype=None):
         super().__init__()
         params = _check_args(module, message_size, num_allreduce_streams,
-                             gradient_predivide_factor)
+                             gradient_predivide_factor, allreduce_always_fp32, allreduce_dtype)
         require_initialized("DistributedDataParallel")
         self.module = module
         self.message_size = message_size
         self.delay_allreduce = delay_allreduce
         self.retain_allreduce_buffers = retain_allreduce_buffers
         self.allreduce_always_fp32 = allreduce_always_fp32
+        self.allreduce_dtype = allreduce_dtype
         self.num_allreduce_streams = num_allreduce_streams
         self.gradient_average = gradient_average
         self.gradient_predivide_factor = float(gradient_predivide_factor)
@@ -183,12 +201,16 @@ class DistributedDataParallel(nn.Module):
 
     def _build_buckets(self, order):
         groups = _buckets.plan(self._params, order, self.message_size, self._trigger_ids,
-                               self.allreduce_always_fp32)
-        self._buckets = [_buckets.Bucket([self._params[i] for i in g], self.allreduce_always_fp32)
+                               self._buffer_dtype)
+        self._buckets = [_buckets.Bucket([self._params[i] for i in g],
+                                         self._buffer_dtype(self._params[g[0]]))
                          for g in groups]
         self._slot = {i: (b, s) for b, g in enumerate(groups) for s, i in enumerate(g)}
         for bucket in self._buckets:
             bucket.pre_scale, bucket.post_scale = self._scales(bucket.dtype)
+
+    def _buffer_dtype(self, param):
+        return _buckets.buffer_dtype(param, self.allreduce_always_fp32, self.allreduce_dtype)
 
     def _scales(self, dtype):
         """Note [Averaging]: Apex divides by gradient_predivide_factor before the sum
@@ -273,8 +295,8 @@ class DistributedDataParallel(nn.Module):
                     bucket.buffer.mul_(bucket.post_scale)
                 bucket.write_back(used)
                 bucket.reset()
-                if not self.retain_allreduce_buffers:
-                    bucket.release()
+                if self.allreduce_always_fp32 and not self.retain_allreduce_buffers:
+                    bucket.release()  # Apex's: the fp32 copies of half grads go
         finally:
             self._reset_iteration()
 

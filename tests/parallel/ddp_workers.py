@@ -100,6 +100,37 @@ def _half(rank, world, dtype, always_fp32):
                 buffer_dtypes=sorted({str(b.dtype) for b in ours._buckets}))
 
 
+def _compressed(rank, world, dtype):
+    """An fp32 model whose grads are reduced in ``dtype`` (allreduce_dtype). Expected,
+    exactly: each rank's grad rounded to ``dtype`` (times 1/world first for bf16, fused
+    into the copy; fp16 keeps Apex's order, Note [Averaging]), the two summed with one
+    rounding, as gloo adds two values, then halved for fp16, widened to fp32."""
+    ours = DistributedDataParallel(mlp(100), message_size=40, allreduce_dtype=dtype)
+    plain = mlp(100)
+    diffs, buffers = [], []
+    for step in range(2):
+        x, y = data(step)
+        zero(ours, set_to_none=step == 0)  # the second step accumulates in fp32 .grad
+        zero(plain, True)
+        loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()
+        loss_fn(plain(local(x, rank, world)), local(y, rank, world)).backward()
+        mine = torch.cat([p.grad.flatten() for p in plain.parameters()])
+        every = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        if dtype == torch.bfloat16:
+            sent = [(g / world).to(dtype).float() for g in every]
+            expected = sum(sent).to(dtype).float()
+        else:
+            sent = [g.to(dtype).float() for g in every]
+            expected = (sum(sent).to(dtype) / world).float()
+        got = torch.cat([p.grad.flatten() for p in ours.parameters()])
+        diffs.append((got - expected).abs().max().item())
+        buffers.append([b.data_ptr() for b in ours.allreduce_buffers])
+    return dict(diffs=diffs, grad_dtypes=sorted({str(p.grad.dtype) for p in ours.parameters()}),
+                buffer_dtypes=sorted({str(b.dtype) for b in ours._buckets}),
+                same_buffers=len(buffers[0]) == len(ours._buckets) and buffers[0] == buffers[1])
+
+
 def _no_sync(rank, world):
     ours = DistributedDataParallel(mlp(100), message_size=40)
     full = mlp(100)
@@ -265,6 +296,8 @@ def suite(rank, world):
         fp16=_half(rank, world, torch.float16, False),
         bf16=_half(rank, world, torch.bfloat16, False),
         bf16_fp32=_half(rank, world, torch.bfloat16, True),
+        fp32_as_bf16=_compressed(rank, world, torch.bfloat16),
+        fp32_as_fp16=_compressed(rank, world, torch.float16),
         no_sync=_no_sync(rank, world),
         unused=_unused(rank, world),
         overlap=_overlap(rank, world),
