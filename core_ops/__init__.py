@@ -10,6 +10,7 @@ from . import _library, reference  # noqa: F401  (op schemas, then reference ker
 from ._info import backend_report
 from .multi_tensor_apply import (
     multi_tensor_axpby,
+    multi_tensor_check_finite,
     multi_tensor_l2norm,
     multi_tensor_scale,
     multi_tensor_unscale_l2norm,
@@ -19,6 +20,6 @@ from .multi_tensor_apply import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "backend_report", "multi_tensor_axpby", "multi_tensor_l2norm", "multi_tensor_scale",
-    "multi_tensor_unscale_l2norm", "update_scale",
+    "backend_report", "multi_tensor_axpby", "multi_tensor_check_finite", "multi_tensor_l2norm",
+    "multi_tensor_scale", "multi_tensor_unscale_l2norm", "update_scale",
 ]

@@ -28,6 +28,11 @@ SCHEMAS = {
         "multi_tensor_scale_(Tensor[] src, Tensor(a!)[] dst, Tensor scale, "
         "Tensor(b!) found_inf) -> ()"
     ),
+    # Read-only: found_inf := 1 when any element is inf or nan (the overflow check of a
+    # loss scaler whose optimizer unscales inside its own kernel).
+    "multi_tensor_check_finite_": (
+        "multi_tensor_check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()"
+    ),
     "multi_tensor_axpby_": (
         "multi_tensor_axpby_(Tensor[] x, Tensor[] y, Tensor(a!)[] out, float a, float b, "
         "Tensor(b!) found_inf, int arg_to_check) -> ()"
@@ -148,6 +153,11 @@ def _norm_outputs(tensors, per_tensor):
 @torch.library.register_fake("core_ops::multi_tensor_scale_")
 def _(src, dst, scale, found_inf):
     check_lists(("src", src), ("dst", dst))
+
+
+@torch.library.register_fake("core_ops::multi_tensor_check_finite_")
+def _(tensors, found_inf):
+    check_lists(("tensors", tensors))
 
 
 @torch.library.register_fake("core_ops::multi_tensor_axpby_")

@@ -17,6 +17,7 @@ def samples(device):
         "multi_tensor_scale_": (half, [torch.empty_like(t) for t in ts], one * 0.5, flag.clone()),
         "multi_tensor_axpby_": (ts, half, [torch.empty_like(t) for t in ts], 2.0, -1.0, flag.clone(), -1),
         "multi_tensor_l2norm": ([t.clone() for t in ts], True),
+        "multi_tensor_check_finite_": (half, flag.clone()),
         "multi_tensor_unscale_l2norm_": ([t.clone() for t in half], one * 0.25, flag.clone(), False),
         "fused_adam_": ([t.clone() for t in ts], [torch.randn_like(t) for t in ts],
                         [torch.zeros_like(t) for t in ts], [torch.zeros_like(t) for t in ts], [], [],

@@ -19,7 +19,7 @@ from collections import defaultdict
 import torch
 
 from .. import _validate
-from ..multi_tensor_apply import multi_tensor_l2norm, multi_tensor_scale, update_scale
+from ..multi_tensor_apply import multi_tensor_check_finite, multi_tensor_scale, update_scale
 
 
 class _Stage(enum.Enum):
@@ -163,12 +163,13 @@ class LossScaler:
         state["stage"] = _Stage.UNSCALED
 
     def _check(self, optimizer):
-        """The overflow flag of the still-scaled grads, read-only (one norm pass)."""
+        """The overflow flag of the still-scaled grads: one read-only pass that tests
+        every element, as torch's unscale_ does (a norm would also flag finite grads
+        whose squares overflow)."""
         found = torch.zeros((), dtype=torch.float32, device=self._device)
-        for grads in _grads_by_device_dtype(optimizer).values():
-            total, _ = multi_tensor_l2norm(grads)
-            bad = (~torch.isfinite(total)).float().reshape(())
-            found = torch.maximum(found, bad.to(self._device, non_blocking=True))
+        for (device, _), grads in _grads_by_device_dtype(optimizer).items():
+            flag = multi_tensor_check_finite(grads)
+            found = torch.maximum(found, flag.reshape(()).to(self._device, non_blocking=True))
         return found
 
     def _first_grad_device(self, optimizer):

@@ -4,6 +4,7 @@ from . import amp_C
 from .applier import MultiTensorApply, multi_tensor_applier
 from .ops import (
     multi_tensor_axpby,
+    multi_tensor_check_finite,
     multi_tensor_l2norm,
     multi_tensor_scale,
     multi_tensor_unscale_l2norm,
@@ -12,5 +13,6 @@ from .ops import (
 
 __all__ = [
     "MultiTensorApply", "amp_C", "multi_tensor_applier", "multi_tensor_axpby",
-    "multi_tensor_l2norm", "multi_tensor_scale", "multi_tensor_unscale_l2norm", "update_scale",
+    "multi_tensor_check_finite", "multi_tensor_l2norm", "multi_tensor_scale",
+    "multi_tensor_unscale_l2norm", "update_scale",
 ]

@@ -32,6 +32,17 @@ def multi_tensor_scale(src, dst, scale, found_inf=None):
     return found_inf
 
 
+def multi_tensor_check_finite(tensors, found_inf=None):
+    """Sets ``found_inf`` (returned) to 1 if any element of ``tensors`` is inf or nan;
+    reads the tensors and writes nothing else. Unlike testing a norm for inf, large
+    finite values never raise the flag."""
+    (tensors,), device = _prepare(("tensors", tensors))
+    found_inf = _validate.flag(found_inf, device)
+    if tensors:
+        op("multi_tensor_check_finite_")(tensors, found_inf)
+    return found_inf
+
+
 def multi_tensor_axpby(x, y, out, a, b, found_inf=None, arg_to_check=-1):
     """``out[i] = a * x[i] + b * y[i]``; sets ``found_inf`` (returned) if the inputs
     chosen by ``arg_to_check`` (-1 both, 0 x, 1 y; Apex's meaning) hold inf or nan."""

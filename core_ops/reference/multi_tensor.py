@@ -34,6 +34,11 @@ def multi_tensor_scale_(src, dst, scale, found_inf):
         out.copy_(x.to(acc) * s)
 
 
+def multi_tensor_check_finite_(tensors, found_inf):
+    check_lists(("tensors", tensors))
+    flag_nonfinite(found_inf, tensors)
+
+
 def multi_tensor_axpby_(x, y, out, a, b, found_inf, arg_to_check):
     check_lists(("x", x), ("y", y), ("out", out))
     acc = compute_dtype(x, y, out)
@@ -74,6 +79,7 @@ def multi_tensor_unscale_l2norm_(tensors, inv_scale, found_inf, per_tensor):
 
 KERNELS = {
     "multi_tensor_scale_": multi_tensor_scale_,
+    "multi_tensor_check_finite_": multi_tensor_check_finite_,
     "multi_tensor_axpby_": multi_tensor_axpby_,
     "multi_tensor_l2norm": multi_tensor_l2norm,
     "multi_tensor_unscale_l2norm_": multi_tensor_unscale_l2norm_,

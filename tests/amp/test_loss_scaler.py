@@ -26,7 +26,7 @@ OPTIMIZERS = {
 }
 
 
-def run(scaler, make_opt, steps=10, clip=False):
+def run(scaler, make_opt, steps=10, clip=False, inject=OVERFLOW_AT):
     model = mlp()
     opt = make_opt(model.parameters())
     g = torch.Generator().manual_seed(3)
@@ -35,8 +35,8 @@ def run(scaler, make_opt, steps=10, clip=False):
         x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
         opt.zero_grad()
         scaler.scale(nn.functional.mse_loss(model(x), y)).backward()
-        if i in OVERFLOW_AT:
-            model[0].weight.grad[0, 0] = OVERFLOW_AT[i]
+        if i in inject:
+            model[0].weight.grad[0, 0] = inject[i]
         if clip:
             scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
@@ -55,6 +55,21 @@ def test_matches_torch_grad_scaler(name, clip):
     theirs = run(torch.amp.GradScaler("cpu", **kwargs), OPTIMIZERS[name], clip=clip)
     assert ours[0] == theirs[0]
     # The scales are powers of two, so unscaling is exact in both: bit-equal params.
+    for a, b in zip(ours[1], theirs[1]):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_large_finite_grads_are_not_overflow(name):
+    """A grad of 1e20 is finite, but its square overflows float32: an overflow check by
+    norm would skip the step and halve the scale. Ours tests elements, as torch does."""
+    kwargs = dict(init_scale=2.0**10, growth_interval=2)
+    scaler = LossScaler("cpu", **kwargs)
+    ours = run(scaler, OPTIMIZERS[name], inject={3: 1e20})
+    theirs = run(torch.amp.GradScaler("cpu", **kwargs), OPTIMIZERS[name], inject={3: 1e20})
+    assert scaler.skipped_steps == 0
+    assert ours[0] == theirs[0] == [2.0**10 * 2**k for k in (0, 1, 1, 2, 2, 3, 3, 4, 4, 5)]
     for a, b in zip(ours[1], theirs[1]):
         for x, y in zip(a, b):
             assert torch.equal(x, y)

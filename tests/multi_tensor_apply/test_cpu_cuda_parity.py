@@ -34,6 +34,9 @@ def test_scale_and_norms_agree(dtype):
     tg, _, fg = core_ops.multi_tensor_unscale_l2norm(gpu, 0.5)
     torch.testing.assert_close(tg.cpu(), tc, **NORM_TOL[torch.float32])
     assert fc.item() == fg.item() == 0
+    gpu[-1][7] = float("nan")
+    assert core_ops.multi_tensor_check_finite(gpu[:-1]).item() == 0
+    assert core_ops.multi_tensor_check_finite(gpu).item() == 1
 
 
 def test_more_tensors_than_one_launch_holds():

@@ -38,6 +38,8 @@ def f32(*shape):
     (lambda: core_ops.multi_tensor_axpby([f32(3)], [f32(3)], [f32(3)], 1, 1, arg_to_check=2), ValueError, "arg_to_check"),
     (lambda: core_ops.multi_tensor_axpby([f32(3)], [f32(2)], [f32(3)], 1, 1), ValueError, r"y\[0\] has shape \[2\]"),
     (lambda: core_ops.multi_tensor_l2norm([f32(3), "x"]), TypeError, r"tensors\[1\] must be a tensor"),
+    (lambda: core_ops.multi_tensor_check_finite([f32(3), f32(3).half()]), TypeError, r"tensors\[1\] has dtype torch.float16"),
+    (lambda: core_ops.multi_tensor_check_finite([f32(3)], found_inf=torch.zeros(2)), ValueError, "found_inf must be a one-element"),
     (lambda: core_ops.update_scale(torch.ones(1), torch.zeros(1), None), TypeError, "growth_tracker must be a one-element torch.int32"),
     (lambda: core_ops.update_scale(torch.ones(1), torch.zeros(1, dtype=torch.int32), None, hysteresis=2), ValueError, "hysteresis_tracker"),
     (lambda: core_ops.update_scale(torch.ones(1), torch.zeros(1, dtype=torch.int32), None, backoff_factor=2.0), ValueError, "backoff_factor"),

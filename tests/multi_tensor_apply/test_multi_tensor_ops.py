@@ -53,6 +53,23 @@ def test_scale_matches_reference(device, src_dtype, dst_dtype):
     assert fn.item() == fr.item() == 0
 
 
+@pytest.mark.parametrize("dtype", FLOATS + [torch.float64], ids=dtype_id)
+def test_check_finite_matches_reference(device, dtype):
+    ts = make_list(EDGE_SIZES, dtype, device, seed=12)
+    fn, fr = flag(device), flag(device)
+    native("multi_tensor_check_finite_")(ts, fn)
+    REF["multi_tensor_check_finite_"](ts, fr)
+    assert fn.item() == fr.item() == 0
+    # The largest finite value of the dtype: no flag, though the norm overflows where
+    # its square does (float32 accumulation of float32 / bfloat16 / float64 squares).
+    big = [t.clone() for t in ts]
+    big[-1].view(-1)[-1] = torch.finfo(dtype).max
+    fn = core_ops.multi_tensor_check_finite(big, found_inf=flag(device))
+    assert fn.item() == 0
+    if dtype != torch.float16:
+        assert not torch.isfinite(core_ops.multi_tensor_l2norm(big)[0])
+
+
 @pytest.mark.parametrize("dtypes", [(torch.float32,) * 3, (torch.float16, torch.float32, torch.bfloat16),
                                     (torch.bfloat16, torch.float16, torch.float32),
                                     (torch.float64,) * 3], ids=lambda ds: "-".join(map(dtype_id, ds)))
@@ -111,6 +128,7 @@ def test_nonfinite_sets_flag(device, value, where, dtype, flag_dtype):
         f = core_ops.multi_tensor_scale(src, [torch.empty_like(t) for t in src], 2.0,
                                         found_inf=flag(device, flag_dtype))
         assert f.item() == 1, (poisoned, where)
+        assert core_ops.multi_tensor_check_finite(src, found_inf=flag(device, flag_dtype)).item() == 1
         _, _, f2 = core_ops.multi_tensor_unscale_l2norm([t.clone() for t in src], 0.5,
                                                         found_inf=flag(device, flag_dtype))
         assert f2.item() == 1
@@ -144,6 +162,7 @@ def test_empty_lists(device):
     total, per = core_ops.multi_tensor_l2norm([])
     assert total.item() == 0 and per.numel() == 0
     assert core_ops.multi_tensor_scale([], [], 2.0).item() == 0
+    assert core_ops.multi_tensor_check_finite([]).item() == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)

@@ -37,7 +37,7 @@ template <bool kWrite, bool kProbe, bool kReduce, typename in_t, typename out_t,
 ChunkStats<float> map_chunk(const in_t* x, out_t* y, int64_t n, const F& f) {
   fVec probe(0.f), sum0(0.f), sum1(0.f), sum2(0.f), sum3(0.f);
   int64_t i = 0;
-  if constexpr (kReduce && !kWrite) {
+  if constexpr ((kReduce || kProbe) && !kWrite) {
     // Note [Read streams]: a read-only pass over one contiguous stream is limited by
     // the cache misses a core keeps in flight (~16 GB/s on the 2-core EPYC here).
     // Reading the four quarters of the chunk side by side keeps four prefetch streams
@@ -56,10 +56,12 @@ ChunkStats<float> map_chunk(const in_t* x, out_t* y, int64_t n, const F& f) {
                 (nonfinite_probe(a2) + nonfinite_probe(b2)) +
                 (nonfinite_probe(a3) + nonfinite_probe(b3));
       }
-      sum0 = sum0 + (square_math(f(a0)) + square_math(f(b0)));
-      sum1 = sum1 + (square_math(f(a1)) + square_math(f(b1)));
-      sum2 = sum2 + (square_math(f(a2)) + square_math(f(b2)));
-      sum3 = sum3 + (square_math(f(a3)) + square_math(f(b3)));
+      if constexpr (kReduce) {
+        sum0 = sum0 + (square_math(f(a0)) + square_math(f(b0)));
+        sum1 = sum1 + (square_math(f(a1)) + square_math(f(b1)));
+        sum2 = sum2 + (square_math(f(a2)) + square_math(f(b2)));
+        sum3 = sum3 + (square_math(f(a3)) + square_math(f(b3)));
+      }
     }
     i = 4 * q;
   }
