@@ -5,6 +5,8 @@
    norm pass, unscale inside the kernel); (b) the full explicit path, ``scale`` +
    ``unscale_`` (in place, with the overflow check) + ``step`` + ``update``, which is
    what ``amp.scale_loss`` does at O1. Target: (b) within 1.10x of the bare step.
+   (c) as (a) on fp16 params with fp32 master weights (FusedAdam(master_weights=True)),
+   where the check reads 2 bytes per element against the step's 30.
 2. A training step (forward, backward, step) of a small MLP at O2 bf16 with FusedAdam
    against the same model trained with ``torch.autocast(bfloat16)`` +
    ``AdamW(fused=True)``. Target: <= 1.0x.
@@ -45,11 +47,28 @@ def scaler_overhead(args):
         s_explicit.step(explicit)
         s_explicit.update()
 
+    half = [p.detach().half().requires_grad_() for p in make(args)]
+    for p, q in zip(half, make(args)):
+        p.grad = q.grad.half()
+    bare16 = FusedAdam(half, lr=1e-4, master_weights=True)
+    fused16 = FusedAdam([p.detach().clone().requires_grad_() for p in half], lr=1e-4,
+                        master_weights=True)
+    for p, q in zip(fused16.param_groups[0]["params"], half):
+        p.grad = q.grad.clone()
+    s_16 = LossScaler(args.device, init_scale=1.0)
+
+    def fp16_path():
+        s_16.scale(loss)
+        s_16.step(fused16)
+        s_16.update()
+
     rows = []
-    for name, fn in (("LossScaler.step+update (check in kernel)", fused_path),
-                     ("scale+unscale_+step+update (amp O1 path)", explicit_path)):
-        bt, ct = harness.time_ab(bare.step, fn, args.device, args.repeats, args.warmup)
-        rows.append(harness.row(name, "FusedAdam.step() alone", bt, ct,
+    for name, base, fn in (
+            ("LossScaler.step+update (check in kernel)", bare.step, fused_path),
+            ("scale+unscale_+step+update (amp O1 path)", bare.step, explicit_path),
+            ("fp16 + fp32 masters: LossScaler.step+update", bare16.step, fp16_path)):
+        bt, ct = harness.time_ab(base, fn, args.device, args.repeats, args.warmup)
+        rows.append(harness.row(name, "the same FusedAdam's step() alone", bt, ct,
                                 1.10 if "unscale_" in name else None))
     # For context, torch's own overhead: GradScaler + AdamW(fused=True) against the bare step.
     torch_bare = torch.optim.AdamW(make(args), lr=1e-4, fused=True)
