@@ -113,3 +113,17 @@ def test_cuda_extension_compiles_for_sm80_and_sm90_and_loads():
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
     assert "cuda: ok: native" in proc.stdout
+
+
+def test_unity_files_cover_every_cpu_source_once(tmp_path, monkeypatch):
+    """Note [Unity build]: with 2 jobs, 2 unity files include every CPU source once;
+    with a job per source, the sources compile as they are."""
+    cpu = _build.sources("cpu")
+    monkeypatch.setenv("MAX_JOBS", "2")
+    units = _build._translation_units("cpu", tmp_path)
+    assert [u.name for u in units] == ["unity_0.cpp", "unity_1.cpp"]
+    included = [line.split('"')[1] for u in units for line in u.read_text().splitlines()]
+    assert sorted(included) == sorted(str(f) for f in cpu)
+    monkeypatch.setenv("MAX_JOBS", str(len(cpu)))
+    assert _build._translation_units("cpu", tmp_path) == cpu
+    assert _build._translation_units("cuda", tmp_path) == _build.sources("cuda")
