@@ -109,6 +109,29 @@ def case_l2norm(args, dtype):
             lambda: core_ops.multi_tensor_l2norm(ts), nbytes(ts))
 
 
+def case_check_finite(args, dtype):
+    """The read-only overflow check. torch has no read-only one; its fastest flag is
+    the unscale op with inv_scale 1, which leaves the values as they are."""
+    ts = make_tensors(args.numel, args.tensors, dtype, args.device)
+    one = torch.ones(1, device=args.device)
+    base_flag, core_flag = torch.zeros(1, device=args.device), torch.zeros(1, device=args.device)
+
+    def base():
+        torch._amp_foreach_non_finite_check_and_unscale_(ts, base_flag, one)
+
+    def core():
+        core_ops.multi_tensor_check_finite(ts, core_flag)
+
+    base(), core()
+    check_flags(base_flag, core_flag, 0)
+    ts[args.tensors // 2][7] = float("nan")
+    base(), core()
+    check_flags(base_flag, core_flag, 1)
+    ts[args.tensors // 2][7] = 1.0
+    base_flag.zero_(), core_flag.zero_()
+    return ("_amp_foreach_non_finite_check_and_unscale_(inv_scale=1)", base, core, nbytes(ts))
+
+
 def case_unscale_l2norm(args, dtype):
     """Unscale in place, check inf/nan and take the norm of the unscaled values."""
     base_ts, core_ts, base_flag, core_flag = twin_inputs(args, dtype)
@@ -188,10 +211,12 @@ def case_axpby(args, dtype):
 CASES = [
     ("unscale fp32", case_unscale, torch.float32, 1.0),
     ("l2norm fp32", case_l2norm, torch.float32, 0.5),
+    ("check_finite fp32", case_check_finite, torch.float32, None),
     ("unscale+l2norm fp32", case_unscale_l2norm, torch.float32, None),
     ("axpby fp32", case_axpby, torch.float32, None),
     ("unscale bf16", case_unscale, torch.bfloat16, None),
     ("l2norm bf16", case_l2norm, torch.bfloat16, None),
+    ("check_finite bf16", case_check_finite, torch.bfloat16, None),
 ]
 
 
