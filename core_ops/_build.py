@@ -69,10 +69,10 @@ def _translation_units(kind: str, build_dir: Path) -> list[Path]:
     in an anonymous namespace (a compile error on a machine with few cores says so).
     CUDA sources compile one by one: nvcc's time is in device code, not headers."""
     files = sources(kind)
-    jobs = int(os.environ.get("MAX_JOBS") or os.cpu_count() or 1)
+    jobs = os.environ.get("MAX_JOBS", "").strip()  # torch's cpp_extension reads it too
+    jobs = max(int(jobs) if jobs.isdigit() else (os.cpu_count() or 1), 1)
     if kind != "cpu" or jobs >= len(files):
         return files
-    jobs = max(jobs, 1)
     units = []
     for k in range(jobs):
         unit = build_dir / f"unity_{k}.cpp"
