@@ -67,9 +67,11 @@ class LossScaler:
     ``skipped_steps``. ``device`` may be None: the scaler then lives on the device of
     the first loss it scales.
 
-    Overflow, for an optimizer that unscales inside its step (fused): the global L2
-    norm of the scaled grads is not finite, which also counts a sum of squares beyond
-    float32's range (|grad| above ~1e19) as an overflow, as Apex's LAMB does.
+    Overflow, for an optimizer that unscales inside its step (fused): an inf or nan
+    element in the scaled grads, tested element by element as torch's GradScaler does
+    (a finite grad whose square overflows is not an overflow). Fused optimizers that
+    take norms of the scaled grads (LAMB's clipping, NovoGrad's layer norms) add a
+    non-finite norm to the flag themselves.
     """
 
     def __init__(self, device=None, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
@@ -167,7 +169,7 @@ class LossScaler:
         every element, as torch's unscale_ does (a norm would also flag finite grads
         whose squares overflow)."""
         found = torch.zeros((), dtype=torch.float32, device=self._device)
-        for (device, _), grads in _grads_by_device_dtype(optimizer).items():
+        for grads in _grads_by_device_dtype(optimizer).values():
             flag = multi_tensor_check_finite(grads)
             found = torch.maximum(found, flag.reshape(()).to(self._device, non_blocking=True))
         return found

@@ -66,6 +66,11 @@ class FusedNovoGrad(FusedOptimizer):
         masters = self._masters(ps)
         grads = [p.grad for p in ps]
         norms = _grad_norms(grads, group["norm_type"], exp_avg_sqs[0].dtype)
+        if found_inf is not None:
+            # Under a loss scaler: finite grads whose norm overflows float32 would put
+            # inf into exp_avg_sq for good; skip the step, so the scale backs off.
+            bad = (~torch.isfinite(norms).all()).to(found_inf.dtype).reshape(found_inf.shape)
+            found_inf.copy_(torch.maximum(found_inf, bad.to(found_inf.device)))
         op("fused_novograd_")(ps, grads, exp_avgs, exp_avg_sqs, masters, steps, norms,
                               group["norm_type"], lr, beta1, beta2, group["eps"],
                               group["weight_decay"], group["bias_correction"],

@@ -1,6 +1,6 @@
 """Flat gradient buckets: which params share one allreduce, and their flat buffers.
 
-Note [Bucket layout]: a bucket holds params of one (device, buffer dtype) in the
+Note [Bucket layout]: a bucket holds params of one (device, param dtype, buffer dtype) in the
 order their gradients became ready on rank 0 in the first iteration, so that every
 rank fills and launches the same buckets in the same order (collectives must match
 across ranks). Each buffer is the grads, back to back, followed by one "used" flag
@@ -37,7 +37,7 @@ def plan(params, order, message_size, trigger_ids=None, dtype_of=buffer_dtype):
     open_, closed = {}, []
     for i in order:
         p = params[i]
-        key = (p.device, dtype_of(p))
+        key = (p.device, p.dtype, dtype_of(p))  # one param dtype per bucket: see is_view
         members, numel = open_.get(key, ([], 0))
         members.append(i)
         open_[key] = (members, numel + p.numel())
@@ -100,7 +100,8 @@ class Bucket:
         elif grad.data_ptr() == view.data_ptr() and grad.stride() == view.stride():
             if self.pre_scale != 1.0:
                 view.mul_(self.pre_scale)
-        elif self.pre_scale != 1.0 and grad.dtype != view.dtype and grad.is_contiguous():
+        elif (self.pre_scale != 1.0 and grad.dtype != view.dtype and grad.is_contiguous()
+              and torch.float64 not in (grad.dtype, view.dtype)):
             # Scaled and rounded while copied, in one vectorized pass: torch.mul(out=)
             # into another dtype takes a scalar casting loop, 7x slower than a copy.
             multi_tensor_scale([grad], [view], self.pre_scale)
@@ -113,12 +114,14 @@ class Bucket:
             self.pending -= 1
 
     def fill_missing(self):
-        """Zeros for the params that got no grad this backward; writes the used flags."""
+        """Fills the slots this backward did not: with the param's grad when it has one
+        (accumulated under no_sync, or zeroed in place), else zeros; writes the used
+        flags."""
         self.allocate()
-        used = list(self.ready)
-        for slot, ready in enumerate(used):
+        used = [ready or p.grad is not None for ready, p in zip(self.ready, self.params)]
+        for slot, ready in enumerate(self.ready):
             if not ready:
-                self.view(slot).zero_()
+                self.put(slot, self.params[slot].grad)
         self.buffer[self.numel:].copy_(torch.tensor(used, dtype=self.dtype))
         self.ready = [True] * len(self.params)
         self.pending = 0

@@ -207,23 +207,26 @@ class DistributedDataParallel(nn.Module):
                          for g in groups]
         self._slot = {i: (b, s) for b, g in enumerate(groups) for s, i in enumerate(g)}
         for bucket in self._buckets:
-            bucket.pre_scale, bucket.post_scale = self._scales(bucket.dtype)
+            bucket.pre_scale, bucket.post_scale = self._scales(bucket.dtype, bucket.params[0].dtype)
 
     def _buffer_dtype(self, param):
         return _buckets.buffer_dtype(param, self.allreduce_always_fp32, self.allreduce_dtype)
 
-    def _scales(self, dtype):
+    def _scales(self, dtype, grad_dtype):
         """Note [Averaging]: Apex divides by gradient_predivide_factor before the sum
         and by world_size / factor after it. When both factors are powers of two and
         the dtype has float32's exponent range, scaling commutes exactly with the sum,
         so all of it is done before, fused into the copy of each grad into its bucket,
         which saves a pass over the gradients after communication (torch's DDP fuses
-        its division the same way). float16 keeps Apex's order: pre-dividing its small
-        grads would flush them to zero."""
+        its division the same way). float16 grads keep Apex's order: pre-dividing their
+        small values would flush them to zero. Wider grads sent as float16
+        (allreduce_dtype) are divided first, as torch's fp16_compress_hook does: a sum
+        of values that each fit in float16 can overflow it."""
         pre = 1.0 / self.gradient_predivide_factor
         post = self.gradient_predivide_factor / self.world_size if self.gradient_average else 1.0
         exact = all(math.frexp(v)[0] == 0.5 for v in (pre, post))
-        if exact and dtype in (torch.float32, torch.float64, torch.bfloat16):
+        compressed = dtype == torch.float16 and grad_dtype != torch.float16
+        if exact and (dtype in (torch.float32, torch.float64, torch.bfloat16) or compressed):
             return pre * post, 1.0
         return pre, post
 
@@ -294,11 +297,12 @@ class DistributedDataParallel(nn.Module):
                 if bucket.post_scale != 1.0:
                     bucket.buffer.mul_(bucket.post_scale)
                 bucket.write_back(used)
-                bucket.reset()
                 if self.allreduce_always_fp32 and not self.retain_allreduce_buffers:
                     bucket.release()  # Apex's: the fp32 copies of half grads go
         finally:
             self._reset_iteration()
+            for bucket in self._buckets or []:  # after a failure too: no stale ready slots
+                bucket.reset()
 
     # --- public --------------------------------------------------------------------
 

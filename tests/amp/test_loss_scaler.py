@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from core_ops.amp import LossScaler
-from core_ops.optimizers import FusedAdam
+from core_ops.optimizers import FusedAdam, FusedNovoGrad
 
 OVERFLOW_AT = {2: math.inf, 5: math.nan, 6: -math.inf}
 
@@ -73,6 +73,19 @@ def test_large_finite_grads_are_not_overflow(name):
     for a, b in zip(ours[1], theirs[1]):
         for x, y in zip(a, b):
             assert torch.equal(x, y)
+
+
+def test_novograd_skips_when_a_layer_norm_overflows():
+    """NovoGrad takes layer norms of the still-scaled grads; a finite 1e20 makes one
+    overflow float32. Under the scaler that step is skipped and the scale halves, and
+    the second moments stay finite (an inf there would freeze the layer for good)."""
+    scaler = LossScaler("cpu", init_scale=2.0**10, growth_interval=100)
+    scales, params, opt = run(scaler, lambda ps: FusedNovoGrad(ps, lr=1e-2), inject={3: 1e20})
+    assert scaler.skipped_steps == 1
+    assert scales == [2.0**10] * 3 + [2.0**9] * 7
+    assert torch.equal(params[2][0], params[3][0])  # the skipped step moved nothing
+    assert not torch.equal(params[3][0], params[4][0])
+    assert all(torch.isfinite(st["exp_avg_sq"]).all() for st in opt.state.values())
 
 
 def test_trajectory_and_skip_count():

@@ -102,9 +102,10 @@ def _half(rank, world, dtype, always_fp32):
 
 def _compressed(rank, world, dtype):
     """An fp32 model whose grads are reduced in ``dtype`` (allreduce_dtype). Expected,
-    exactly: each rank's grad rounded to ``dtype`` (times 1/world first for bf16, fused
-    into the copy; fp16 keeps Apex's order, Note [Averaging]), the two summed with one
-    rounding, as gloo adds two values, then halved for fp16, widened to fp32."""
+    exactly: each rank's grad times 1/world rounded to ``dtype`` (one rounding, fused
+    into the copy; fp16 too, as torch's fp16_compress_hook, Note [Averaging]), the two
+    summed with one rounding (gloo adds two values; with more ranks the sum would
+    round at each addition), widened to fp32."""
     ours = DistributedDataParallel(mlp(100), message_size=40, allreduce_dtype=dtype)
     plain = mlp(100)
     diffs, buffers = [], []
@@ -117,18 +118,100 @@ def _compressed(rank, world, dtype):
         mine = torch.cat([p.grad.flatten() for p in plain.parameters()])
         every = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
-        if dtype == torch.bfloat16:
-            sent = [(g / world).to(dtype).float() for g in every]
-            expected = sum(sent).to(dtype).float()
-        else:
-            sent = [g.to(dtype).float() for g in every]
-            expected = (sum(sent).to(dtype) / world).float()
+        sent = [(g / world).to(dtype).float() for g in every]
+        expected = sum(sent).to(dtype).float()
         got = torch.cat([p.grad.flatten() for p in ours.parameters()])
         diffs.append((got - expected).abs().max().item())
         buffers.append([b.data_ptr() for b in ours.allreduce_buffers])
     return dict(diffs=diffs, grad_dtypes=sorted({str(p.grad.dtype) for p in ours.parameters()}),
                 buffer_dtypes=sorted({str(b.dtype) for b in ours._buckets}),
                 same_buffers=len(buffers[0]) == len(ours._buckets) and buffers[0] == buffers[1])
+
+
+class MixedDtypes(nn.Module):
+    """An fp32 layer after a bf16 one: backward makes the fp32 grads first, so one
+    bucket of a given buffer dtype would start with an fp32 param and go on with bf16."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(11)
+        self.a = nn.Linear(6, 12).bfloat16()
+        self.b = nn.Linear(12, 3)
+
+    def forward(self, x):
+        return self.b(self.a(x.bfloat16()).float().tanh())
+
+
+def _mixed_dtypes(rank, world):
+    """fp32 and bf16 params in one model, reduced in fp32 (allreduce_always_fp32) or in
+    bf16 (allreduce_dtype): every grad keeps its param's dtype and equals the average
+    of the ranks' local grads within bf16 rounding."""
+    out = {}
+    for name, kwargs in (("always_fp32", dict(allreduce_always_fp32=True)),
+                         ("as_bf16", dict(allreduce_dtype=torch.bfloat16))):
+        ours = DistributedDataParallel(MixedDtypes(), message_size=1000, **kwargs)
+        plain = MixedDtypes()
+        errs = []
+        for step in range(2):
+            x, y = data(step)
+            zero(ours, True)
+            zero(plain, True)
+            loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()
+            loss_fn(plain(local(x, rank, world)), local(y, rank, world)).backward()
+            mine = torch.cat([p.grad.float().flatten() for p in plain.parameters()])
+            every = [torch.empty_like(mine) for _ in range(world)]
+            dist.all_gather(every, mine)
+            expected = sum(every) / world
+            got = torch.cat([p.grad.float().flatten() for p in ours.parameters()])
+            errs.append(((got - expected).abs().max() / expected.abs().max()).item())
+        out[name] = dict(err=max(errs), dtypes_match=all(p.grad.dtype == p.dtype for p in ours.parameters()))
+    return out
+
+
+def _no_sync_then_unused(rank, world):
+    """A param that got grads only inside no_sync keeps them through the synced
+    backward that does not use it: reduced like the others, not zeroed or dropped."""
+    ours = DistributedDataParallel(Branchy(), message_size=8)
+    ref = Branchy()
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(3, 4, generator=g) for _ in range(2 * world)]
+    with ours.no_sync():
+        ours(xs[rank], use_b=True).square().mean().backward()
+    ours(xs[world + rank], use_b=False).square().mean().backward()
+    for r in range(world):
+        (ref(xs[r], use_b=True).square().mean() / world).backward()
+        (ref(xs[world + r], use_b=False).square().mean() / world).backward()
+    b = ours.module.b
+    return dict(b_grads=None if b.weight.grad is None else
+                max_diff([b.weight.grad, b.bias.grad], [ref.b.weight.grad, ref.b.bias.grad]),
+                a=max_diff([ours.module.a.weight.grad], [ref.a.weight.grad]))
+
+
+def _failed_finish_then_step(rank, world):
+    """A failure while the grads are handed back (here, one injected error) leaves no
+    stale bucket behind: the next step's grads equal the full-batch ones."""
+    ours = DistributedDataParallel(mlp(100), message_size=40)
+    full = mlp(100)
+    x, y = data(0)
+    loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()  # fixes the layout
+    bucket = ours._buckets[-1]
+    real = bucket.write_back
+
+    def fail_once(used):
+        bucket.write_back = real
+        raise RuntimeError("injected")
+    bucket.write_back = fail_once
+    zero(ours, True)
+    raised = False
+    try:
+        loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()
+    except RuntimeError as e:
+        raised = "injected" in str(e)
+    x, y = data(1)
+    zero(ours, True)
+    loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()
+    loss_fn(full(x), y).backward()
+    return dict(raised=raised, diff=max_diff(grads(ours), grads(full)))
 
 
 def _no_sync(rank, world):
@@ -298,6 +381,9 @@ def suite(rank, world):
         bf16_fp32=_half(rank, world, torch.bfloat16, True),
         fp32_as_bf16=_compressed(rank, world, torch.bfloat16),
         fp32_as_fp16=_compressed(rank, world, torch.float16),
+        mixed_dtypes=_mixed_dtypes(rank, world),
+        no_sync_then_unused=_no_sync_then_unused(rank, world),
+        failed_finish=_failed_finish_then_step(rank, world),
         no_sync=_no_sync(rank, world),
         unused=_unused(rank, world),
         overlap=_overlap(rank, world),

@@ -63,6 +63,29 @@ def test_allreduce_dtype_compresses_fp32_grads(ranks, case, dtype):
         assert res["same_buffers"]  # kept and reused, not reallocated each step
 
 
+@pytest.mark.parametrize("config", ["always_fp32", "as_bf16"])
+def test_params_of_mixed_dtypes(ranks, config):
+    """bf16 rounding of the reduced grads (8 mantissa bits): relative error <= 2^-7."""
+    for r in ranks:
+        res = r["mixed_dtypes"][config]
+        assert res["dtypes_match"]
+        assert res["err"] <= 2.0 ** -7, res["err"]
+
+
+def test_no_sync_grads_survive_a_synced_backward_that_skips_them(ranks):
+    for r in ranks:
+        res = r["no_sync_then_unused"]
+        assert res["b_grads"] is not None and res["b_grads"] <= FP32_TOL, res
+        assert res["a"] <= FP32_TOL
+
+
+def test_failure_while_finishing_leaves_no_stale_bucket(ranks):
+    for r in ranks:
+        res = r["failed_finish"]
+        assert res["raised"]
+        assert res["diff"] <= FP32_TOL, res["diff"]
+
+
 def test_no_sync_accumulates_then_reduces(ranks):
     for r in ranks:
         res = r["no_sync"]
