@@ -58,6 +58,14 @@ def sources(kind: str) -> list[Path]:
     return sorted((CSRC / kind).glob(pattern))
 
 
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), not the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
 def _translation_units(kind: str, build_dir: Path) -> list[Path]:
     """Note [Unity build]: each CPU source spends ~12 s of its compile parsing the same
     torch headers (torch/library.h alone is ~10 s), more than most spend on their own
@@ -66,11 +74,12 @@ def _translation_units(kind: str, build_dir: Path) -> list[Path]:
     headers are parsed once per core: the cold CPU build on 2 cores went from ~150 s to
     the figure in bench/README.md. Every source keeps its helpers in its own named
     functions, so sources that share a unity file must not define the same name twice
-    in an anonymous namespace (a compile error on a machine with few cores says so).
+    in an anonymous namespace: tests/test_build.py compiles all of them as one unity
+    file (syntax only) so a clash fails CI, not a user's build on a small machine.
     CUDA sources compile one by one: nvcc's time is in device code, not headers."""
     files = sources(kind)
     jobs = os.environ.get("MAX_JOBS", "").strip()  # torch's cpp_extension reads it too
-    jobs = max(int(jobs) if jobs.isdigit() else (os.cpu_count() or 1), 1)
+    jobs = max(int(jobs) if jobs.isdigit() else _usable_cores(), 1)
     if kind != "cpu" or jobs >= len(files):
         return files
     units = []

@@ -127,3 +127,20 @@ def test_unity_files_cover_every_cpu_source_once(tmp_path, monkeypatch):
     monkeypatch.setenv("MAX_JOBS", str(len(cpu)))
     assert _build._translation_units("cpu", tmp_path) == cpu
     assert _build._translation_units("cuda", tmp_path) == _build.sources("cuda")
+
+
+def test_all_cpu_sources_compile_as_one_unity_file(tmp_path, monkeypatch):
+    """Note [Unity build]: on one core every CPU source shares one translation unit, so
+    no two may define the same name in an anonymous namespace. Syntax only (~20 s)."""
+    from torch.utils.cpp_extension import include_paths
+    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    if compiler is None:
+        pytest.skip("no C++ compiler on PATH")
+    monkeypatch.setenv("MAX_JOBS", "1")
+    (unit,) = _build._translation_units("cpu", tmp_path)
+    assert len(unit.read_text().splitlines()) == len(_build.sources("cpu"))
+    includes = [f"-I{_build.CSRC / 'include'}"] + [f"-isystem{p}" for p in include_paths()]
+    proc = subprocess.run([compiler, "-std=c++20", "-fsyntax-only", *_build.cpu_flags(), *includes,
+                           "-DTORCH_API_INCLUDE_EXTENSION_H", str(unit)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -67,6 +67,7 @@ class Bucket:
         self.is_view = self.dtype == params[0].dtype  # grads can live in the buffer itself
         self.buffer = None
         self.pre_scale = self.post_scale = 1.0  # set by the owner (Note [Averaging])
+        self._scale_tensor = self._unread_flag = None  # pre_scale on the device, made on first use
         self.ready = [False] * len(params)
         self.pending = len(params)
 
@@ -104,7 +105,11 @@ class Bucket:
               and torch.float64 not in (grad.dtype, view.dtype)):
             # Scaled and rounded while copied, in one vectorized pass: torch.mul(out=)
             # into another dtype takes a scalar casting loop, 7x slower than a copy.
-            multi_tensor_scale([grad], [view], self.pre_scale)
+            # The scale and flag tensors are made once per bucket (the flag is unread).
+            if self._scale_tensor is None:
+                self._scale_tensor = torch.full((1,), self.pre_scale, device=self.device)
+                self._unread_flag = torch.zeros(1, device=self.device)
+            multi_tensor_scale([grad], [view], self._scale_tensor, self._unread_flag)
         elif self.pre_scale != 1.0:
             torch.mul(grad, self.pre_scale, out=view)  # scaled while copied: one pass
         else:

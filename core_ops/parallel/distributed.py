@@ -101,7 +101,8 @@ class DistributedDataParallel(nn.Module):
 
     Grads are views of the flat buffers after the first step (torch's
     ``gradient_as_bucket_view``): with ``zero_grad(set_to_none=False)`` the next
-    backward accumulates in place and nothing is copied. ``retain_allreduce_buffers``
+    backward accumulates in place and nothing is copied (unless the buffer has another
+    dtype than the grads: ``allreduce_always_fp32``, ``allreduce_dtype``). ``retain_allreduce_buffers``
     keeps the fp32 buffers of ``allreduce_always_fp32`` between steps (same-dtype
     buffers are always kept, the grads live there, and so are those of
     ``allreduce_dtype``, reused every step); ``allreduce_buffers`` lists them.

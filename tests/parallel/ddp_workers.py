@@ -100,30 +100,33 @@ def _half(rank, world, dtype, always_fp32):
                 buffer_dtypes=sorted({str(b.dtype) for b in ours._buckets}))
 
 
-def _compressed(rank, world, dtype):
+def _compressed(rank, world, dtype, model_dtype=torch.float32):
     """An fp32 model whose grads are reduced in ``dtype`` (allreduce_dtype). Expected,
     exactly: each rank's grad times 1/world rounded to ``dtype`` (one rounding, fused
     into the copy; fp16 too, as torch's fp16_compress_hook, Note [Averaging]), the two
     summed with one rounding (gloo adds two values; with more ranks the sum would
     round at each addition), widened to fp32."""
-    ours = DistributedDataParallel(mlp(100), message_size=40, allreduce_dtype=dtype)
-    plain = mlp(100)
+    ours = DistributedDataParallel(mlp(100, dtype=model_dtype), message_size=40, allreduce_dtype=dtype)
+    plain = mlp(100, dtype=model_dtype)
     diffs, buffers = [], []
     for step in range(2):
         x, y = data(step)
         zero(ours, set_to_none=step == 0)  # the second step accumulates in fp32 .grad
         zero(plain, True)
+        x = x.to(model_dtype)
         loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()
         loss_fn(plain(local(x, rank, world)), local(y, rank, world)).backward()
         mine = torch.cat([p.grad.flatten() for p in plain.parameters()])
         every = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
-        sent = [(g / world).to(dtype).float() for g in every]
-        expected = sum(sent).to(dtype).float()
-        got = torch.cat([p.grad.flatten() for p in ours.parameters()])
+        # The sum of two values of ``dtype`` is exact in float64, then rounded once.
+        sent = [(g / world).to(dtype).double() for g in every]
+        expected = sum(sent).to(dtype).double()
+        got = torch.cat([p.grad.double().flatten() for p in ours.parameters()])
         diffs.append((got - expected).abs().max().item())
         buffers.append([b.data_ptr() for b in ours.allreduce_buffers])
-    return dict(diffs=diffs, grad_dtypes=sorted({str(p.grad.dtype) for p in ours.parameters()}),
+    return dict(diffs=diffs, grad_dtypes=sorted({str(p.grad.dtype).removeprefix("torch.")
+                                                 for p in ours.parameters()}),
                 buffer_dtypes=sorted({str(b.dtype) for b in ours._buckets}),
                 same_buffers=len(buffers[0]) == len(ours._buckets) and buffers[0] == buffers[1])
 
@@ -381,6 +384,7 @@ def suite(rank, world):
         bf16_fp32=_half(rank, world, torch.bfloat16, True),
         fp32_as_bf16=_compressed(rank, world, torch.bfloat16),
         fp32_as_fp16=_compressed(rank, world, torch.float16),
+        fp64_as_fp32=_compressed(rank, world, torch.float32, torch.float64),
         mixed_dtypes=_mixed_dtypes(rank, world),
         no_sync_then_unused=_no_sync_then_unused(rank, world),
         failed_finish=_failed_finish_then_step(rank, world),

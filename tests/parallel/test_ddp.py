@@ -50,15 +50,17 @@ def test_allreduce_always_fp32(ranks):
         assert res["err_ours"] <= res["err_torch"] * 1.01 + 1e-6
 
 
-@pytest.mark.parametrize("case,dtype", [("fp32_as_bf16", "torch.bfloat16"),
-                                        ("fp32_as_fp16", "torch.float16")])
-def test_allreduce_dtype_compresses_fp32_grads(ranks, case, dtype):
-    """fp32 grads sent in a half dtype: bit-equal to rounding each rank's grad, summing
-    with one rounding and widening back (the worker's docstring says how), both on a
-    fresh step and when the second backward accumulates into the fp32 grads."""
+@pytest.mark.parametrize("case,dtype,grad_dtype", [("fp32_as_bf16", "torch.bfloat16", "float32"),
+                                                   ("fp32_as_fp16", "torch.float16", "float32"),
+                                                   ("fp64_as_fp32", "torch.float32", "float64")])
+def test_allreduce_dtype_compresses_grads(ranks, case, dtype, grad_dtype):
+    """Grads sent in a narrower dtype (fp32 as bf16 / fp16, fp64 as fp32): bit-equal to
+    rounding each rank's grad, summing with one rounding and widening back (the
+    worker's docstring says how), both on a fresh step and when the second backward
+    accumulates into the existing grads."""
     for r in ranks:
         res = r[case]
-        assert res["buffer_dtypes"] == [dtype] and res["grad_dtypes"] == ["torch.float32"]
+        assert res["buffer_dtypes"] == [dtype] and res["grad_dtypes"] == [grad_dtype]
         assert res["diffs"] == [0.0, 0.0]
         assert res["same_buffers"]  # kept and reused, not reallocated each step
 

@@ -8,9 +8,7 @@ namespace core_ops::cpu {
 namespace {
 
 void multi_tensor_check_finite_(at::TensorList tensors, const at::Tensor& found_inf) {
-  if (tensors.empty()) return;
-  check_list(tensors, "tensors", tensors[0].device());
-  check_flag(found_inf, tensors[0].device());
+  if (!check_check_finite_args(tensors, found_inf)) return;
 
   ContiguousList ts(tensors, false);
   const auto chunks = make_chunks(tensors);

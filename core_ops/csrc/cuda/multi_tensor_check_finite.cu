@@ -33,10 +33,8 @@ struct CheckFiniteOp {
 };
 
 void multi_tensor_check_finite_(at::TensorList tensors, const at::Tensor& found_inf) {
-  if (tensors.empty()) return;
+  if (!check_check_finite_args(tensors, found_inf)) return;
   const auto device = tensors[0].device();
-  check_list(tensors, "tensors", device);
-  check_flag(found_inf, device);
   check_cuda(device);
   const c10::cuda::CUDAGuard guard(device);
 

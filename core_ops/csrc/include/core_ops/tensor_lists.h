@@ -102,6 +102,14 @@ inline bool check_scale_args(at::TensorList src, at::TensorList dst, const at::T
   return true;
 }
 
+inline bool check_check_finite_args(at::TensorList tensors, const at::Tensor& found_inf) {
+  if (tensors.empty()) return false;
+  const auto device = tensors[0].device();
+  check_list(tensors, "tensors", device);
+  check_flag(found_inf, device);
+  return true;
+}
+
 inline bool check_axpby_args(at::TensorList x, at::TensorList y, at::TensorList out,
                              const at::Tensor& found_inf, int64_t arg_to_check) {
   check_same_length(x, "x", y, "y");
