@@ -17,6 +17,16 @@ from ..multi_tensor_apply import multi_tensor_l2norm
 HALF = (torch.float16, torch.bfloat16)
 
 
+def flag_overflow(found_inf, bad):
+    """found_inf |= bad on the device, in place; returns found_inf, or ``bad`` when
+    there is none. found_inf may be 0-d (torch's GradScaler, LossScaler) or one-element."""
+    if found_inf is None:
+        return bad
+    bad = bad.to(found_inf.device, found_inf.dtype).reshape(found_inf.shape)
+    found_inf.copy_(torch.maximum(found_inf, bad))
+    return found_inf
+
+
 class FusedOptimizer(Optimizer):
     # torch.amp.GradScaler.step() sets self.grad_scale / self.found_inf and lets the
     # step unscale and skip inside the kernel instead of unscaling grads first.
@@ -119,11 +129,7 @@ class FusedOptimizer(Optimizer):
         total = torch.linalg.vector_norm(torch.stack([n.to(device, dtype) for n in norms]))
         if grad_scale is not None:
             total = total / grad_scale.to(device, dtype).reshape(())
-        bad = (~torch.isfinite(total)).float().reshape(1)  # found_inf is float32
-        if found_inf is None:
-            found_inf = bad
-        else:
-            found_inf.copy_(torch.maximum(found_inf, bad.to(found_inf.device, found_inf.dtype)))
+        found_inf = flag_overflow(found_inf, (~torch.isfinite(total)).float().reshape(1))
         self.last_grad_norm = total
         # grads / (scale / clip) = unscaled grads * clip, clip = min(1, max_norm / norm)
         # clip_eps=1e-6 as torch.nn.utils.clip_grad_norm_; LAMB passes 0 (Apex's

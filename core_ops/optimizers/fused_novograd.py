@@ -9,7 +9,7 @@ import torch
 from .. import _validate
 from .._library import op
 from ..multi_tensor_apply import multi_tensor_l2norm
-from ._base import FusedOptimizer
+from ._base import FusedOptimizer, flag_overflow
 
 
 class FusedNovoGrad(FusedOptimizer):
@@ -69,8 +69,7 @@ class FusedNovoGrad(FusedOptimizer):
         if found_inf is not None:
             # Under a loss scaler: finite grads whose norm overflows float32 would put
             # inf into exp_avg_sq for good; skip the step, so the scale backs off.
-            bad = (~torch.isfinite(norms).all()).to(found_inf.dtype).reshape(found_inf.shape)
-            found_inf.copy_(torch.maximum(found_inf, bad.to(found_inf.device)))
+            flag_overflow(found_inf, ~torch.isfinite(norms).all())
         op("fused_novograd_")(ps, grads, exp_avgs, exp_avg_sqs, masters, steps, norms,
                               group["norm_type"], lr, beta1, beta2, group["eps"],
                               group["weight_decay"], group["bias_correction"],

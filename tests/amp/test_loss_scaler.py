@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from core_ops.amp import LossScaler
-from core_ops.optimizers import FusedAdam, FusedNovoGrad
+from core_ops.optimizers import FusedAdam, FusedLAMB, FusedNovoGrad
 
 OVERFLOW_AT = {2: math.inf, 5: math.nan, 6: -math.inf}
 
@@ -70,6 +70,20 @@ def test_large_finite_grads_are_not_overflow(name):
     theirs = run(torch.amp.GradScaler("cpu", **kwargs), OPTIMIZERS[name], inject={3: 1e20})
     assert scaler.skipped_steps == 0
     assert ours[0] == theirs[0] == [2.0**10 * 2**k for k in (0, 1, 1, 2, 2, 3, 3, 4, 4, 5)]
+    for a, b in zip(ours[1], theirs[1]):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+
+
+def test_lamb_under_either_scaler():
+    """FusedLAMB clips by the global norm inside step(), folding a non-finite norm into
+    the scaler's 0-d found_inf (it used to crash: a one-element flag copied into a 0-d
+    one). Under LossScaler and torch's GradScaler alike: the same scales and params."""
+    kwargs = dict(init_scale=2.0**10, growth_interval=2)
+    ours = run(LossScaler("cpu", **kwargs), lambda ps: FusedLAMB(ps, lr=1e-2))
+    theirs = run(torch.amp.GradScaler("cpu", **kwargs), lambda ps: FusedLAMB(ps, lr=1e-2))
+    assert ours[0] == theirs[0]
+    assert [ours[0][i] < ours[0][i - 1] for i in OVERFLOW_AT] == [True] * len(OVERFLOW_AT)
     for a, b in zip(ours[1], theirs[1]):
         for x, y in zip(a, b):
             assert torch.equal(x, y)
