@@ -12,12 +12,8 @@ before anything is timed. Each timed step starts after a barrier (untimed), so a
 rank's time is its own step, not its wait for the other; rank 0 reports.
 """
 
-import datetime
-import os
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import harness
@@ -62,10 +58,7 @@ def torch_compressed():
     return model
 
 
-def worker(rank, args, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(args.threads or 1)
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300))
+def worker(rank, args):
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(args.batch, WIDTHS[0], generator=g), torch.randn(args.batch, WIDTHS[-1], generator=g)
     barrier = dist.barrier
@@ -97,10 +90,7 @@ def worker(rank, args, port):
                                 buckets=len(getattr(ours, "_buckets", None) or [])))
         del ours
     if rank == 0:
-        harness.compare(rows)
-        if args.json:
-            harness.write_json(args.json, rows, args=vars(args))
-    dist.destroy_process_group()
+        harness.report(rows, args)
 
 
 def main():
@@ -112,14 +102,7 @@ def main():
     args = p.parse_args()
     if args.device != "cpu":
         raise SystemExit("bench_ddp runs 2 gloo ranks on CPU")
-    mp.spawn(worker, args=(args, _free_port()), nprocs=2, join=True)
-
-
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    harness.run_gloo_ranks(worker, args)
 
 
 if __name__ == "__main__":

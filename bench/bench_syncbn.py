@@ -8,13 +8,8 @@ Before timing, each rank checks SyncBatchNorm against BatchNorm2d on the concate
 global batch. Each timed call starts after an untimed barrier; rank 0 reports.
 """
 
-import datetime
-import os
-import socket
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import harness
@@ -39,10 +34,7 @@ def check(rank):
     torch.testing.assert_close(y, ref(x)[rank * 4:(rank + 1) * 4], rtol=1e-5, atol=1e-5)
 
 
-def worker(rank, args, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(args.threads or 1)
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
+def worker(rank, args):
     check(rank)
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(SHAPE, generator=g).requires_grad_()
@@ -53,20 +45,14 @@ def worker(rank, args, port):
     rows = [harness.row(f"fwd+bwd {tuple(SHAPE)} fp32 per rank, 2 ranks", "local nn.BatchNorm2d",
                         bt, ct, 1.5)]
     if rank == 0:
-        harness.compare(rows)
-        if args.json:
-            harness.write_json(args.json, rows, args=vars(args))
-    dist.destroy_process_group()
+        harness.report(rows, args)
 
 
 def main():
     args = harness.parser(__doc__.splitlines()[0], repeats=30).parse_args()
     if args.device != "cpu":
         raise SystemExit("bench_syncbn runs 2 gloo ranks on CPU; tests/gpu/run.sh times CUDA")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(args, port), nprocs=2, join=True)
+    harness.run_gloo_ranks(worker, args, timeout_s=120)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,16 @@ after each call, so a time covers the kernels the call launched, not just the la
 """
 
 import argparse
+import datetime
 import json
+import os
 import platform
+import socket
 import statistics
 import time
 
 import torch
+import torch.multiprocessing
 
 
 def sync(device):
@@ -157,3 +161,33 @@ def write_json(path, rows, **meta):
     with open(path, "w") as f:
         json.dump(dict(machine=machine(), **meta, rows=rows), f, indent=2)
     print(f"wrote {path}")
+
+
+def run_gloo_ranks(worker, args, world_size=2, timeout_s=300):
+    """Runs ``worker(rank, args)`` in ``world_size`` spawned processes joined in one
+    gloo group on loopback, each with ``args.threads`` threads (default 1); the group
+    is torn down after. ``worker`` must be a module-level function (spawn pickles it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_gloo_rank, args=(worker, args, world_size, port, timeout_s),
+                                nprocs=world_size, join=True)
+
+
+def _gloo_rank(rank, worker, args, world_size, port, timeout_s):
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(args.threads or 1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        worker(rank, args)
+    finally:
+        dist.destroy_process_group()
+
+
+def report(rows, args):
+    """The comparison table, and the JSON file when ``--json`` was given."""
+    compare(rows)
+    if args.json:
+        write_json(args.json, rows, args=vars(args))

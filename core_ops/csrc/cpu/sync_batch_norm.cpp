@@ -38,6 +38,16 @@ void for_row_blocks(int64_t rows, int64_t cols, int64_t blocks, const F& f) {
   });
 }
 
+// f(ch) for every channel of a planes layout, channels split across threads (a
+// thread takes enough channels to make kSerialBelow elements of work).
+template <typename F>
+void for_each_channel(const Layout& lay, const F& f) {
+  const int64_t grain = std::max<int64_t>(1, kSerialBelow / std::max<int64_t>(1, lay.n * lay.l));
+  at::parallel_for(0, lay.c, grain, [&](int64_t c0, int64_t c1) {
+    for (int64_t ch = c0; ch < c1; ++ch) f(ch);
+  });
+}
+
 int64_t row_blocks(int64_t rows, int64_t cols) {
   const int64_t by_size = std::max<int64_t>(1, rows * cols / kSerialBelow);
   return std::max<int64_t>(1, std::min({rows, by_size, int64_t(at::get_num_threads())}));
@@ -149,14 +159,11 @@ std::tuple<at::Tensor, at::Tensor> sync_batch_norm_stats(const at::Tensor& input
     acc_t* pm = mean.data_ptr<acc_t>();
     acc_t* pv = var.data_ptr<acc_t>();
     if (!lay.rows) {
-      const int64_t grain = std::max<int64_t>(1, kSerialBelow / std::max<int64_t>(1, lay.n * lay.l));
-      at::parallel_for(0, lay.c, grain, [&](int64_t c0, int64_t c1) {
-        for (int64_t ch = c0; ch < c1; ++ch) {
-          double m, v;
-          plane_stats(x + ch * lay.l, lay.n, lay.c * lay.l, lay.l, m, v);
-          pm[ch] = static_cast<acc_t>(m);
-          pv[ch] = static_cast<acc_t>(v);
-        }
+      for_each_channel(lay, [&](int64_t ch) {
+        double m, v;
+        plane_stats(x + ch * lay.l, lay.n, lay.c * lay.l, lay.l, m, v);
+        pm[ch] = static_cast<acc_t>(m);
+        pv[ch] = static_cast<acc_t>(v);
       });
       return;
     }
@@ -274,14 +281,11 @@ std::tuple<at::Tensor, at::Tensor> sync_batch_norm_backward_reduce(const at::Ten
     acc_t* ps = sum_dy.data_ptr<acc_t>();
     acc_t* pt = sum_dy_xmu.data_ptr<acc_t>();
     if (!lay.rows) {
-      const int64_t grain = std::max<int64_t>(1, kSerialBelow / std::max<int64_t>(1, lay.n * lay.l));
-      at::parallel_for(0, lay.c, grain, [&](int64_t c0, int64_t c1) {
-        for (int64_t ch = c0; ch < c1; ++ch) {
-          double sd, sx;
-          plane_sums(dy + ch * lay.l, x + ch * lay.l, lay.n, lay.c * lay.l, lay.l, pm[ch], sd, sx);
-          ps[ch] = static_cast<acc_t>(sd);
-          pt[ch] = static_cast<acc_t>(sx);
-        }
+      for_each_channel(lay, [&](int64_t ch) {
+        double sd, sx;
+        plane_sums(dy + ch * lay.l, x + ch * lay.l, lay.n, lay.c * lay.l, lay.l, pm[ch], sd, sx);
+        ps[ch] = static_cast<acc_t>(sd);
+        pt[ch] = static_cast<acc_t>(sx);
       });
       return;
     }
