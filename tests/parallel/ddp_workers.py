@@ -40,6 +40,14 @@ def grads(model):
     return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
 
 
+def rank_grads(model, world):
+    """Every rank's local grads of ``model``, flattened in float64, in rank order."""
+    mine = torch.cat([p.grad.double().flatten() for p in model.parameters()])
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    return every
+
+
 def max_diff(a, b):
     return max((x.double() - y.double()).abs().max().item() for x, y in zip(a, b))
 
@@ -116,11 +124,8 @@ def _compressed(rank, world, dtype, model_dtype=torch.float32):
         x = x.to(model_dtype)
         loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()
         loss_fn(plain(local(x, rank, world)), local(y, rank, world)).backward()
-        mine = torch.cat([p.grad.flatten() for p in plain.parameters()])
-        every = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(every, mine)
         # The sum of two values of ``dtype`` is exact in float64, then rounded once.
-        sent = [(g / world).to(dtype).double() for g in every]
+        sent = [(g / world).to(dtype).double() for g in rank_grads(plain, world)]
         expected = sum(sent).to(dtype).double()
         got = torch.cat([p.grad.double().flatten() for p in ours.parameters()])
         diffs.append((got - expected).abs().max().item())
@@ -161,11 +166,8 @@ def _mixed_dtypes(rank, world):
             zero(plain, True)
             loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()
             loss_fn(plain(local(x, rank, world)), local(y, rank, world)).backward()
-            mine = torch.cat([p.grad.float().flatten() for p in plain.parameters()])
-            every = [torch.empty_like(mine) for _ in range(world)]
-            dist.all_gather(every, mine)
-            expected = sum(every) / world
-            got = torch.cat([p.grad.float().flatten() for p in ours.parameters()])
+            expected = sum(rank_grads(plain, world)) / world
+            got = torch.cat([p.grad.double().flatten() for p in ours.parameters()])
             errs.append(((got - expected).abs().max() / expected.abs().max()).item())
         out[name] = dict(err=max(errs), dtypes_match=all(p.grad.dtype == p.dtype for p in ours.parameters()))
     return out
