@@ -10,11 +10,14 @@ import torch.nn.functional as F
 from amp_cases import HALVES, batches, conv_net, inject, optimizer_state, train
 from conftest import dtype_id
 from core_ops import amp
-from core_ops.optimizers import FusedAdam, FusedSGD
+from core_ops.optimizers import FusedAdam, FusedLAMB, FusedNovoGrad, FusedSGD
 
 OPTIMIZERS = {
     "FusedAdam": lambda ps: FusedAdam(ps, lr=1e-3),
     "FusedSGD": lambda ps: FusedSGD(ps, lr=0.01, momentum=0.9),
+    # Apex's BERT recipe: FusedLAMB under amp (it clips by norm inside step()).
+    "FusedLAMB": lambda ps: FusedLAMB(ps, lr=1e-3),
+    "FusedNovoGrad": lambda ps: FusedNovoGrad(ps, lr=1e-3),
     "torch_SGD": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
     "torch_AdamW_fused": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
 }
