@@ -1,13 +1,31 @@
 // CUDA kernels of the sync batch-norm ops: the checks and layouts of
-// core_ops/sync_batch_norm_args.h, the math of core_ops/welford_math.h. Reductions run
-// one block per channel (each thread a Welford / sum over a strided share, merged in
-// shared memory); elementwise kernels are grid-stride over the memory order of the
-// layout. Accumulation is float (double for double input).
+// core_ops/sync_batch_norm_args.h, the math of core_ops/welford_math.h.
+//
+// Note [CUDA batch-norm reductions]: each channel's reduction is split into S slices
+// (enough blocks to fill the GPU, each slice at least kMinPerSlice values); one block
+// reduces a slice into a partial result (Welford's (mean, m2, count), or the two sums)
+// in a scratch buffer, and a second kernel merges each channel's S partials in slice
+// order, in double. The result is deterministic, and no float accumulator runs over
+// more than about per_channel / (S * 256) values. Planes (contiguous input) give a
+// block one channel, its threads walking the slice in memory order; rows
+// (channels-last, 2-D) give a block 32 adjacent channels (coalesced reads) and 8 row
+// groups. Threads load kIlp values before using them, so that enough loads are in
+// flight to reach the memory bandwidth.
+//
+// Note [Channel cursor]: the kernels walk memory order with a fixed stride and track
+// each element's plane column and channel incrementally, by deltas computed once,
+// instead of dividing by L and C per element (a 64-bit division is a software routine
+// of about a hundred instructions on the GPU).
+#include <algorithm>
+
 #include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #include <torch/library.h>
 
 #include <core_ops/sync_batch_norm_args.h>
@@ -17,99 +35,298 @@ namespace core_ops::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kIlp = 4;
+constexpr int kTileC = 32, kTileR = kThreads / kTileC;  // rows layout: channels x row groups
+constexpr int64_t kMinPerSlice = 4096;
+constexpr int64_t kMaxSlices = 64;
 
 template <typename T>
 using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-// Where element i (0 <= i < n * l) of channel ch lives, in either layout.
-struct Addr {
-  int64_t c, l;
-  bool rows;
-  __device__ int64_t operator()(int64_t ch, int64_t i) const {
-    return rows ? i * c + ch : ((i / l) * c + ch) * l + i % l;
+// --- the two reductions (Note [CUDA batch-norm reductions]) ---------------------------
+// An accumulator: init(proto, channel), load(address) -> Values, push(Values),
+// merge(other), store(out, field_stride) of its kFields partial values, and finish(),
+// which merges a channel's partials in double into the op's two outputs. Accumulators
+// are plain structs (no constructors): blocks keep them in shared memory.
+
+template <typename scalar_t, typename acc_t>
+struct StatsAcc {  // Welford over x -> (mean, biased variance)
+  static constexpr int kFields = 3;
+  using Values = acc_t;
+  const scalar_t* x;
+  acc_t mean, m2, count;
+  __device__ void init(const StatsAcc& proto, int64_t) {
+    *this = proto;
+    mean = m2 = count = acc_t(0);
   }
-  __device__ int64_t channel(int64_t flat) const { return rows ? flat % c : (flat / l) % c; }
+  __device__ Values load(int64_t a) const { return static_cast<acc_t>(x[a]); }
+  __device__ void push(Values v) {
+    count += 1;
+    welford_update(mean, m2, v, acc_t(1) / count);
+  }
+  __device__ void merge(const StatsAcc& o) { welford_combine(mean, m2, count, o.mean, o.m2, o.count); }
+  __device__ void store(acc_t* out, int64_t stride) const {
+    out[0] = mean;
+    out[stride] = m2;
+    out[2 * stride] = count;
+  }
+  __device__ static void finish(const acc_t* p, int64_t slice_stride, int64_t field_stride, int64_t slices,
+                                acc_t* mean_out, acc_t* var_out) {
+    double m = 0, q = 0, k = 0;
+    for (int64_t s = 0; s < slices; ++s) {
+      const acc_t* ps = p + s * slice_stride;
+      welford_combine<double>(m, q, k, ps[0], ps[field_stride], ps[2 * field_stride]);
+    }
+    *mean_out = static_cast<acc_t>(m);
+    *var_out = static_cast<acc_t>(k > 0 ? q / k : 0.0);
+  }
 };
 
 template <typename scalar_t, typename acc_t>
-__global__ void stats_kernel(const scalar_t* x, Addr at, int64_t per_channel, acc_t* mean_out, acc_t* var_out) {
-  __shared__ acc_t sm[kThreads], sq[kThreads], sk[kThreads];
-  const int64_t ch = blockIdx.x;
-  acc_t m = 0, q = 0, k = 0;
-  for (int64_t i = threadIdx.x; i < per_channel; i += blockDim.x) {
-    k += 1;
-    welford_update(m, q, static_cast<acc_t>(x[at(ch, i)]), acc_t(1) / k);
+struct SumsAcc {  // (sum dy, sum dy * (x - mean))
+  static constexpr int kFields = 2;
+  struct Values {
+    acc_t dy, x;
+  };
+  const scalar_t* dy;
+  const scalar_t* x;
+  const acc_t* mean;
+  acc_t mu, s, t;
+  __device__ void init(const SumsAcc& proto, int64_t ch) {
+    *this = proto;
+    mu = mean[ch];
+    s = t = acc_t(0);
   }
-  sm[threadIdx.x] = m;
-  sq[threadIdx.x] = q;
-  sk[threadIdx.x] = k;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s /= 2) {
-    if (threadIdx.x < s) {
-      welford_combine(sm[threadIdx.x], sq[threadIdx.x], sk[threadIdx.x], sm[threadIdx.x + s],
-                      sq[threadIdx.x + s], sk[threadIdx.x + s]);
+  __device__ Values load(int64_t a) const { return {static_cast<acc_t>(dy[a]), static_cast<acc_t>(x[a])}; }
+  __device__ void push(Values v) {
+    s += v.dy;
+    t += v.dy * (v.x - mu);
+  }
+  __device__ void merge(const SumsAcc& o) {
+    s += o.s;
+    t += o.t;
+  }
+  __device__ void store(acc_t* out, int64_t stride) const {
+    out[0] = s;
+    out[stride] = t;
+  }
+  __device__ static void finish(const acc_t* p, int64_t slice_stride, int64_t field_stride, int64_t slices,
+                                acc_t* sum_dy, acc_t* sum_dy_xmu) {
+    double s = 0, t = 0;
+    for (int64_t k = 0; k < slices; ++k) {
+      s += p[k * slice_stride];
+      t += p[k * slice_stride + field_stride];
     }
+    *sum_dy = static_cast<acc_t>(s);
+    *sum_dy_xmu = static_cast<acc_t>(t);
+  }
+};
+
+// Partial (field f, slice s, channel ch) lives at partial[(f * S + s) * C + ch].
+
+// Planes: block (channel, slice). Value k < n * l of channel ch lives at
+// (k / l) * c * l + ch * l + k % l; a thread starts at lo + tid and steps kThreads
+// values at a time (Note [Channel cursor]).
+template <typename Acc, typename acc_t>
+__global__ void plane_reduce_kernel(Acc proto, int64_t n, int64_t c, int64_t l, acc_t* partial) {
+  __shared__ Acc buf[kThreads];
+  const int64_t ch = blockIdx.x, s = blockIdx.y, slices = gridDim.y;
+  const int64_t lo = n * l * s / slices, hi = n * l * (s + 1) / slices;
+  const int64_t cl = c * l, dj = kThreads % l, da = (kThreads / l) * cl + dj;
+  Acc acc;
+  acc.init(proto, ch);
+  int64_t k = lo + threadIdx.x, j = k % l, addr = (k / l) * cl + ch * l + j;
+  while (k < hi) {
+    int64_t a[kIlp];
+    bool ok[kIlp];
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      ok[u] = k < hi;
+      a[u] = addr;
+      k += kThreads;
+      j += dj;
+      addr += da;
+      if (j >= l) {  // crossed into the next plane of this channel
+        j -= l;
+        addr += cl - l;
+      }
+    }
+    typename Acc::Values v[kIlp];
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      if (ok[u]) v[u] = acc.load(a[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      if (ok[u]) acc.push(v[u]);
+    }
+  }
+  buf[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) buf[threadIdx.x].merge(buf[threadIdx.x + w]);
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    mean_out[ch] = sm[0];
-    var_out[ch] = sk[0] > 0 ? sq[0] / sk[0] : acc_t(0);
-  }
+  if (threadIdx.x == 0) buf[0].store(partial + s * c + ch, slices * c);
 }
 
-template <typename scalar_t, typename acc_t>
-__global__ void sums_kernel(const scalar_t* dy, const scalar_t* x, Addr at, int64_t per_channel,
-                            const acc_t* mean, acc_t* sum_dy, acc_t* sum_dy_xmu) {
-  __shared__ acc_t ss[kThreads], st[kThreads];
-  const int64_t ch = blockIdx.x;
-  const acc_t mu = mean[ch];
-  acc_t s = 0, t = 0;
-  for (int64_t i = threadIdx.x; i < per_channel; i += blockDim.x) {
-    const int64_t a = at(ch, i);
-    const acc_t g = static_cast<acc_t>(dy[a]);
-    s += g;
-    t += g * (static_cast<acc_t>(x[a]) - mu);
-  }
-  ss[threadIdx.x] = s;
-  st[threadIdx.x] = t;
-  __syncthreads();
-  for (int w = blockDim.x / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) {
-      ss[threadIdx.x] += ss[threadIdx.x + w];
-      st[threadIdx.x] += st[threadIdx.x + w];
+// Rows: block (tile of kTileC channels, slice); thread (tx, ty) reads channel
+// tile * kTileC + tx of rows lo + ty, lo + ty + kTileR, ...: a warp reads kTileC
+// adjacent values of one row.
+template <typename Acc, typename acc_t>
+__global__ void row_reduce_kernel(Acc proto, int64_t rows, int64_t c, acc_t* partial) {
+  __shared__ Acc buf[kTileR][kTileC];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t ch = blockIdx.x * int64_t(kTileC) + tx, s = blockIdx.y, slices = gridDim.y;
+  const int64_t lo = rows * s / slices, hi = rows * (s + 1) / slices;
+  Acc acc;
+  acc.init(proto, ch < c ? ch : 0);
+  if (ch < c) {
+    for (int64_t r = lo + ty; r < hi; r += int64_t(kTileR) * kIlp) {
+      typename Acc::Values v[kIlp];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        if (r + u * kTileR < hi) v[u] = acc.load((r + u * kTileR) * c + ch);
+      }
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        if (r + u * kTileR < hi) acc.push(v[u]);
+      }
     }
-    __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    sum_dy[ch] = ss[0];
-    sum_dy_xmu[ch] = st[0];
+  buf[ty][tx] = acc;
+  __syncthreads();
+  if (ty == 0 && ch < c) {
+    for (int g = 1; g < kTileR; ++g) acc.merge(buf[g][tx]);
+    acc.store(partial + s * c + ch, slices * c);
+  }
+}
+
+template <typename Acc, typename acc_t>
+__global__ void merge_kernel(const acc_t* partial, int64_t slices, int64_t c, acc_t* out0, acc_t* out1) {
+  for (int64_t ch = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; ch < c; ch += int64_t(gridDim.x) * blockDim.x) {
+    Acc::finish(partial + ch, c, slices * c, slices, out0 + ch, out1 + ch);
+  }
+}
+
+int sm_count(const at::Tensor& on) {
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, on.get_device()));
+  return std::max(sms, 1);
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Note [CUDA batch-norm reductions]: out0 / out1 get the channel results of Acc.
+template <typename Acc, typename acc_t>
+void reduce_channels(const Acc& proto, const Layout& lay, const at::Tensor& like, acc_t* out0, acc_t* out1) {
+  const int64_t per_channel = lay.n * lay.l;
+  const int64_t channel_blocks = lay.rows ? ceil_div(lay.c, kTileC) : lay.c;
+  const int64_t wanted = ceil_div(4 * int64_t(sm_count(like)), channel_blocks);
+  const int64_t slices = std::clamp<int64_t>(std::min(wanted, per_channel / kMinPerSlice), 1, kMaxSlices);
+  // An empty batch (n * l == 0) has zero partials: mean, variance and sums 0, as the
+  // CPU kernel and the reference give (and no division by l == 0 below).
+  const at::Tensor partial = per_channel == 0 ? at::zeros({Acc::kFields * slices * lay.c}, like.options())
+                                              : at::empty({Acc::kFields * slices * lay.c}, like.options());
+  acc_t* p = partial.data_ptr<acc_t>();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  if (per_channel == 0) {
+    // nothing to read
+  } else if (lay.rows) {
+    row_reduce_kernel<Acc, acc_t><<<dim3(channel_blocks, slices), dim3(kTileC, kTileR), 0, stream>>>(
+        proto, per_channel, lay.c, p);
+  } else {
+    plane_reduce_kernel<Acc, acc_t><<<dim3(lay.c, slices), kThreads, 0, stream>>>(proto, lay.n, lay.c, lay.l, p);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int merge_blocks = static_cast<int>(std::min<int64_t>(ceil_div(lay.c, kThreads), 65535));
+  merge_kernel<Acc, acc_t><<<merge_blocks, kThreads, 0, stream>>>(p, slices, lay.c, out0, out1);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// --- elementwise (Note [Channel cursor]) ------------------------------------------------
+
+// Deltas of one grid stride in memory order: rows layouts are planes of l = 1.
+struct Stride {
+  int64_t step, l, c, dj, dch;
+};
+
+Stride stride_of(const Layout& lay, int64_t step) {
+  const int64_t l = lay.rows ? 1 : lay.l;
+  return {step, l, lay.c, step % l, (step / l) % lay.c};
+}
+
+// A map over every element i in memory order with its channel: f.load(i) -> Values,
+// then f.store(i, channel, values); kIlp elements per thread per round.
+template <typename F>
+__global__ void channel_map_kernel(F f, int64_t numel, Stride st) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  int64_t j = i % st.l, ch = (i / st.l) % st.c;
+  while (i < numel) {
+    int64_t idx[kIlp], chs[kIlp];
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      idx[u] = i;
+      chs[u] = ch;
+      i += st.step;
+      j += st.dj;
+      ch += st.dch;
+      if (j >= st.l) {
+        j -= st.l;
+        ++ch;
+      }
+      if (ch >= st.c) ch -= st.c;
+    }
+    typename F::Values v[kIlp];
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      if (idx[u] < numel) v[u] = f.load(idx[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      if (idx[u] < numel) f.store(idx[u], chs[u], v[u]);
+    }
   }
 }
 
 template <typename scalar_t, typename acc_t>
-__global__ void elemt_kernel(const scalar_t* x, scalar_t* y, Addr at, int64_t numel, const acc_t* mean,
-                             const acc_t* scale, const acc_t* shift) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t ch = at.channel(i);
-    y[i] = static_cast<scalar_t>(batch_norm_elemt_math(static_cast<acc_t>(x[i]), mean[ch], scale[ch], shift[ch]));
+struct ElemtForward {
+  using Values = acc_t;
+  const scalar_t* x;
+  scalar_t* y;
+  const acc_t *mean, *scale, *shift;
+  __device__ Values load(int64_t i) const { return static_cast<acc_t>(x[i]); }
+  __device__ void store(int64_t i, int64_t ch, Values v) const {
+    y[i] = static_cast<scalar_t>(batch_norm_elemt_math(v, mean[ch], scale[ch], shift[ch]));
   }
-}
+};
 
 template <typename scalar_t, typename acc_t>
-__global__ void backward_elemt_kernel(const scalar_t* dy, const scalar_t* x, scalar_t* dx, Addr at, int64_t numel,
-                                      const acc_t* mean, const acc_t* mean_dy, const acc_t* k, const acc_t* scale) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t ch = at.channel(i);
-    dx[i] = static_cast<scalar_t>(batch_norm_backward_elemt_math(
-        static_cast<acc_t>(dy[i]), static_cast<acc_t>(x[i]), mean[ch], mean_dy[ch], k[ch], scale[ch]));
+struct ElemtBackward {
+  struct Values {
+    acc_t dy, x;
+  };
+  const scalar_t *dy, *x;
+  scalar_t* dx;
+  const acc_t *mean, *mean_dy, *k, *scale;
+  __device__ Values load(int64_t i) const { return {static_cast<acc_t>(dy[i]), static_cast<acc_t>(x[i])}; }
+  __device__ void store(int64_t i, int64_t ch, Values v) const {
+    dx[i] = static_cast<scalar_t>(batch_norm_backward_elemt_math(v.dy, v.x, mean[ch], mean_dy[ch], k[ch], scale[ch]));
   }
+};
+
+template <typename F>
+void map_channels(const F& f, const Layout& lay, const at::Tensor& like) {
+  const int64_t numel = lay.n * lay.c * lay.l;
+  if (numel == 0) return;
+  // 8 blocks of 256 threads fill an SM; more only repeat the grid-stride loop.
+  const int64_t blocks = std::min<int64_t>(ceil_div(numel, kThreads * kIlp), 8 * int64_t(sm_count(like)));
+  channel_map_kernel<F><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      f, numel, stride_of(lay, blocks * kThreads));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-Addr addr_of(const Layout& lay) { return {lay.c, lay.l, lay.rows}; }
-
-int elementwise_blocks(int64_t numel) {
-  return static_cast<int>(std::min<int64_t>((numel + kThreads - 1) / kThreads, 65535));
-}
+// --- the ops ----------------------------------------------------------------------------
 
 std::tuple<at::Tensor, at::Tensor> sync_batch_norm_stats(const at::Tensor& input) {
   check_batch_norm_args(input, nullptr, {}, std::nullopt, std::nullopt);
@@ -121,9 +338,8 @@ std::tuple<at::Tensor, at::Tensor> sync_batch_norm_stats(const at::Tensor& input
   if (lay.c == 0) return {mean, var};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_stats", [&] {
     using acc_t = acc_of<scalar_t>;
-    stats_kernel<scalar_t, acc_t><<<lay.c, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-        lay.data.const_data_ptr<scalar_t>(), addr_of(lay), lay.n * lay.l, mean.data_ptr<acc_t>(), var.data_ptr<acc_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    StatsAcc<scalar_t, acc_t> proto{lay.data.const_data_ptr<scalar_t>()};
+    reduce_channels(proto, lay, mean, mean.data_ptr<acc_t>(), var.data_ptr<acc_t>());
   });
   return {mean, var};
 }
@@ -139,10 +355,9 @@ std::tuple<at::Tensor, at::Tensor> sync_batch_norm_backward_reduce(const at::Ten
   if (lay.c == 0) return {sum_dy, sum_dy_xmu};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_backward_reduce", [&] {
     using acc_t = acc_of<scalar_t>;
-    sums_kernel<scalar_t, acc_t><<<lay.c, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-        g.data.const_data_ptr<scalar_t>(), lay.data.const_data_ptr<scalar_t>(), addr_of(lay), lay.n * lay.l,
-        m.const_data_ptr<acc_t>(), sum_dy.data_ptr<acc_t>(), sum_dy_xmu.data_ptr<acc_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    SumsAcc<scalar_t, acc_t> proto{g.data.const_data_ptr<scalar_t>(), lay.data.const_data_ptr<scalar_t>(),
+                                   m.const_data_ptr<acc_t>()};
+    reduce_channels(proto, lay, mean, sum_dy.data_ptr<acc_t>(), sum_dy_xmu.data_ptr<acc_t>());
   });
   return {sum_dy, sum_dy_xmu};
 }
@@ -156,16 +371,13 @@ at::Tensor sync_batch_norm_elemt(const at::Tensor& input, const at::Tensor& mean
   const at::Tensor m = mean.contiguous();
   const Layout lay = layout_of(input, reads_rows(input));
   at::Tensor out = empty_in(lay, input);
-  const int64_t numel = input.numel();
-  if (numel > 0) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_elemt", [&] {
-      using acc_t = acc_of<scalar_t>;
-      elemt_kernel<scalar_t, acc_t><<<elementwise_blocks(numel), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-          lay.data.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), addr_of(lay), numel,
-          m.const_data_ptr<acc_t>(), scale.const_data_ptr<acc_t>(), shift.const_data_ptr<acc_t>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_elemt", [&] {
+    using acc_t = acc_of<scalar_t>;
+    ElemtForward<scalar_t, acc_t> f{lay.data.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                                    m.const_data_ptr<acc_t>(), scale.const_data_ptr<acc_t>(),
+                                    shift.const_data_ptr<acc_t>()};
+    map_channels(f, lay, input);
+  });
   return with_input_strides(out, input);
 }
 
@@ -182,17 +394,13 @@ at::Tensor sync_batch_norm_backward_elemt(const at::Tensor& grad_out, const at::
   const bool rows = reads_rows(input);
   const Layout lay = layout_of(input, rows), g = layout_of(grad_out, rows);
   at::Tensor out = empty_in(lay, input);
-  const int64_t numel = input.numel();
-  if (numel > 0) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_backward_elemt", [&] {
-      using acc_t = acc_of<scalar_t>;
-      backward_elemt_kernel<scalar_t, acc_t><<<elementwise_blocks(numel), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-          g.data.const_data_ptr<scalar_t>(), lay.data.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), addr_of(lay),
-          numel, m.const_data_ptr<acc_t>(), mdy.const_data_ptr<acc_t>(), k.const_data_ptr<acc_t>(),
-          scale.const_data_ptr<acc_t>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_backward_elemt", [&] {
+    using acc_t = acc_of<scalar_t>;
+    ElemtBackward<scalar_t, acc_t> f{g.data.const_data_ptr<scalar_t>(), lay.data.const_data_ptr<scalar_t>(),
+                                     out.data_ptr<scalar_t>(), m.const_data_ptr<acc_t>(), mdy.const_data_ptr<acc_t>(),
+                                     k.const_data_ptr<acc_t>(), scale.const_data_ptr<acc_t>()};
+    map_channels(f, lay, input);
+  });
   return with_input_strides(out, input);
 }
 
