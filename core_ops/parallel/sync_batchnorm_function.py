@@ -29,17 +29,31 @@ def merge_stats(means, variances, counts):
 
 
 def local_and_global_stats(input, group):
-    """(mean, biased var, global count) of the batch over every rank of ``group``."""
+    """(mean, biased var, global count) of the batch over every rank of ``group``. The
+    count is a Python int when the group is this process alone (known on the host:
+    each op on it would be a kernel launch on a GPU), else a 0-d tensor."""
     _build.ensure_for(input.device)
     mean, var = op("sync_batch_norm_stats")(input)
     count = input.numel() // input.shape[1] if input.shape[1] else 0
     if world_size(group) == 1:
-        return mean, var, mean.new_full((), float(count))
+        return mean, var, count
     local = torch.cat([mean, var, mean.new_full((1,), float(count))])
     gathered = all_gather_flat(local, group)
     channels = mean.numel()
     return merge_stats(gathered[:, :channels], gathered[:, channels:2 * channels],
                        gathered[:, 2 * channels])
+
+
+def update_running_stats(running_mean, running_var, mean, var, count, factor):
+    """Moves the running stats ``factor`` of the way to this batch's, in one foreach op.
+    The running variance is the unbiased estimate over the global batch (torch's
+    BatchNorm); a count on the device stays there, so the host never waits for it."""
+    if isinstance(count, torch.Tensor):
+        unbiased = var * (count / (count - 1).clamp(min=1))
+    else:
+        unbiased = var * (count / max(count - 1, 1))
+    torch._foreach_lerp_([running_mean, running_var],
+                         [mean.to(running_mean.dtype), unbiased.to(running_var.dtype)], factor)
 
 
 class SyncBatchNormFunction(torch.autograd.Function):
@@ -51,20 +65,21 @@ class SyncBatchNormFunction(torch.autograd.Function):
         mean, var, count = local_and_global_stats(input, group)
         invstd = torch.rsqrt(var + eps)
         if running_mean is not None:
-            # Running variance is the unbiased estimate over the global batch (torch's
-            # BatchNorm); the count is a tensor so the host never waits on the device.
-            unbiased = var * (count / (count - 1).clamp(min=1))
-            running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype), alpha=factor)
-            running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype), alpha=factor)
+            update_running_stats(running_mean, running_var, mean, var, count, factor)
         out = op("sync_batch_norm_elemt")(input, mean, invstd, weight, bias)
-        ctx.save_for_backward(input, weight, mean, invstd, count)
+        if isinstance(count, torch.Tensor):
+            ctx.save_for_backward(input, weight, mean, invstd, count)
+        else:
+            ctx.save_for_backward(input, weight, mean, invstd)
+            ctx.count = count
         ctx.group = group
         ctx.has_bias = bias is not None
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        input, weight, mean, invstd, count = ctx.saved_tensors
+        input, weight, mean, invstd, *count = ctx.saved_tensors
+        count = count[0] if count else max(ctx.count, 1)
         grad_out = grad_out if grad_out.dtype == input.dtype else grad_out.to(input.dtype)
         sum_dy, sum_dy_xmu = op("sync_batch_norm_backward_reduce")(grad_out, input, mean)
         grad_weight = grad_bias = grad_input = None
@@ -78,7 +93,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
             sums = torch.cat([sum_dy, sum_dy_xmu])
             if world_size(ctx.group) > 1:
                 dist.all_reduce(sums, group=ctx.group)
-            sums = sums / count.clamp(min=1)
+            sums = sums / (count.clamp(min=1) if isinstance(count, torch.Tensor) else count)
             channels = mean.numel()
             grad_input = op("sync_batch_norm_backward_elemt")(
                 grad_out, input, mean, invstd, weight, sums[:channels], sums[channels:])
