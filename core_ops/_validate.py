@@ -108,6 +108,11 @@ def check_optimizer_lists(params, grads, steps, **states):
         return
     if steps is not None:  # None: the optimizer keeps no step count (SGD)
         same_length(params, "params", steps, "steps")
+        first = {}
+        for i, s in enumerate(steps):  # by identity: fake tensors have no data_ptr
+            if first.setdefault(id(s), i) != i:
+                raise ValueError(f"steps[{first[id(s)]}] and steps[{i}] are the same tensor: "
+                                 "each param needs a step count of its own")
     if params[0].dtype != grads[0].dtype:
         raise TypeError(f"grads have dtype {grads[0].dtype} but params have {params[0].dtype}")
     want = state_dtype(params[0].dtype)

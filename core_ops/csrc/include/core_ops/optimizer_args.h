@@ -3,6 +3,7 @@
 // and fake kernels.
 #pragma once
 
+#include <algorithm>
 #include <initializer_list>
 #include <optional>
 #include <utility>
@@ -69,6 +70,20 @@ inline std::vector<at::Tensor> grads_like_params(at::TensorList params, at::Tens
   return out;
 }
 
+// Each param needs a step count of its own: the CPU kernels would advance a shared one
+// once per param, the CUDA ones race on it.
+inline void check_distinct_steps(at::TensorList steps) {
+  std::vector<std::pair<const void*, size_t>> at_address;
+  at_address.reserve(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) at_address.emplace_back(steps[i].const_data_ptr(), i);
+  std::sort(at_address.begin(), at_address.end());
+  for (size_t k = 1; k < at_address.size(); ++k) {
+    const auto [a, b] = std::minmax(at_address[k - 1].second, at_address[k].second);
+    TORCH_CHECK_VALUE(at_address[k].first != at_address[k - 1].first, "steps[", a, "] and steps[", b,
+                      "] are the same tensor: each param needs a step count of its own");
+  }
+}
+
 // params / grads as one (device, dtype) group; steps one-element float32 tensors on
 // the params' device; found_inf, grad_scale and lr_tensor one-element on that device.
 // has_steps=false for optimizers that keep no step count (SGD).
@@ -93,6 +108,7 @@ inline bool check_optimizer_group(at::TensorList params, at::TensorList grads,
                           steps[i].device() == device,
                       "steps[", i, "] must be a one-element float32 tensor on ", device);
   }
+  check_distinct_steps(steps);
   for (const auto* t : {&lr_tensor, &grad_scale}) {
     if (t->has_value()) {
       TORCH_CHECK_VALUE((*t)->numel() == 1 && (*t)->device() == device,
