@@ -21,7 +21,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -289,15 +288,25 @@ __global__ void channel_map_kernel(F f, int64_t numel, Stride st) {
   }
 }
 
+// The per-channel factors (scale = invstd * weight, k = invstd^2 * mean_dy_xmu) are
+// formed in the kernels, each product rounded as the CPU kernel rounds it: on a GPU
+// every separate tensor op would be one more kernel launch per step. A null weight
+// or bias stands for ones or zeros.
+template <typename acc_t>
+__device__ acc_t scale_of(const acc_t* invstd, const acc_t* weight, int64_t ch) {
+  return weight == nullptr ? invstd[ch] : invstd[ch] * weight[ch];
+}
+
 template <typename scalar_t, typename acc_t>
 struct ElemtForward {
   using Values = acc_t;
   const scalar_t* x;
   scalar_t* y;
-  const acc_t *mean, *scale, *shift;
+  const acc_t *mean, *invstd, *weight, *bias;
   __device__ Values load(int64_t i) const { return static_cast<acc_t>(x[i]); }
   __device__ void store(int64_t i, int64_t ch, Values v) const {
-    y[i] = static_cast<scalar_t>(batch_norm_elemt_math(v, mean[ch], scale[ch], shift[ch]));
+    const acc_t shift = bias == nullptr ? acc_t(0) : bias[ch];
+    y[i] = static_cast<scalar_t>(batch_norm_elemt_math(v, mean[ch], scale_of(invstd, weight, ch), shift));
   }
 };
 
@@ -308,12 +317,25 @@ struct ElemtBackward {
   };
   const scalar_t *dy, *x;
   scalar_t* dx;
-  const acc_t *mean, *mean_dy, *k, *scale;
+  const acc_t *mean, *invstd, *weight, *mean_dy, *mean_dy_xmu;
   __device__ Values load(int64_t i) const { return {static_cast<acc_t>(dy[i]), static_cast<acc_t>(x[i])}; }
   __device__ void store(int64_t i, int64_t ch, Values v) const {
-    dx[i] = static_cast<scalar_t>(batch_norm_backward_elemt_math(v.dy, v.x, mean[ch], mean_dy[ch], k[ch], scale[ch]));
+    const acc_t k = invstd[ch] * invstd[ch] * mean_dy_xmu[ch];
+    dx[i] = static_cast<scalar_t>(
+        batch_norm_backward_elemt_math(v.dy, v.x, mean[ch], mean_dy[ch], k, scale_of(invstd, weight, ch)));
   }
 };
+
+// weight / bias as contiguous accumulation-type tensors (no copy when they already
+// are), or undefined when absent.
+at::Tensor per_channel_or_none(const std::optional<at::Tensor>& t, at::ScalarType acc) {
+  return t.has_value() ? t->to(acc).contiguous() : at::Tensor();
+}
+
+template <typename acc_t>
+const acc_t* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.const_data_ptr<acc_t>() : nullptr;
+}
 
 template <typename F>
 void map_channels(const F& f, const Layout& lay, const at::Tensor& like) {
@@ -366,16 +388,16 @@ at::Tensor sync_batch_norm_elemt(const at::Tensor& input, const at::Tensor& mean
                                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias) {
   check_batch_norm_args(input, nullptr, {{"mean", &mean}, {"invstd", &invstd}}, weight, bias);
   const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor scale = (weight.has_value() ? invstd.mul(weight->to(invstd.scalar_type())) : invstd).contiguous();
-  const at::Tensor shift = bias.has_value() ? bias->to(invstd.scalar_type()).contiguous() : at::zeros_like(invstd);
-  const at::Tensor m = mean.contiguous();
+  const at::Tensor w = per_channel_or_none(weight, invstd.scalar_type());
+  const at::Tensor b = per_channel_or_none(bias, invstd.scalar_type());
+  const at::Tensor m = mean.contiguous(), is = invstd.contiguous();
   const Layout lay = layout_of(input, reads_rows(input));
   at::Tensor out = empty_in(lay, input);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_elemt", [&] {
     using acc_t = acc_of<scalar_t>;
     ElemtForward<scalar_t, acc_t> f{lay.data.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                                    m.const_data_ptr<acc_t>(), scale.const_data_ptr<acc_t>(),
-                                    shift.const_data_ptr<acc_t>()};
+                                    m.const_data_ptr<acc_t>(), is.const_data_ptr<acc_t>(), ptr_or_null<acc_t>(w),
+                                    ptr_or_null<acc_t>(b)};
     map_channels(f, lay, input);
   });
   return with_input_strides(out, input);
@@ -388,17 +410,17 @@ at::Tensor sync_batch_norm_backward_elemt(const at::Tensor& grad_out, const at::
                         {{"mean", &mean}, {"invstd", &invstd}, {"mean_dy", &mean_dy}, {"mean_dy_xmu", &mean_dy_xmu}},
                         weight, std::nullopt);
   const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor scale = (weight.has_value() ? invstd.mul(weight->to(invstd.scalar_type())) : invstd).contiguous();
-  const at::Tensor k = invstd.mul(invstd).mul(mean_dy_xmu).contiguous();
-  const at::Tensor m = mean.contiguous(), mdy = mean_dy.contiguous();
+  const at::Tensor w = per_channel_or_none(weight, invstd.scalar_type());
+  const at::Tensor m = mean.contiguous(), is = invstd.contiguous(), mdy = mean_dy.contiguous(),
+                   mdxmu = mean_dy_xmu.contiguous();
   const bool rows = reads_rows(input);
   const Layout lay = layout_of(input, rows), g = layout_of(grad_out, rows);
   at::Tensor out = empty_in(lay, input);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_backward_elemt", [&] {
     using acc_t = acc_of<scalar_t>;
     ElemtBackward<scalar_t, acc_t> f{g.data.const_data_ptr<scalar_t>(), lay.data.const_data_ptr<scalar_t>(),
-                                     out.data_ptr<scalar_t>(), m.const_data_ptr<acc_t>(), mdy.const_data_ptr<acc_t>(),
-                                     k.const_data_ptr<acc_t>(), scale.const_data_ptr<acc_t>()};
+                                     out.data_ptr<scalar_t>(), m.const_data_ptr<acc_t>(), is.const_data_ptr<acc_t>(),
+                                     ptr_or_null<acc_t>(w), mdy.const_data_ptr<acc_t>(), mdxmu.const_data_ptr<acc_t>()};
     map_channels(f, lay, input);
   });
   return with_input_strides(out, input);
