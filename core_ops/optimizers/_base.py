@@ -6,6 +6,7 @@ with torch.optim."""
 from __future__ import annotations
 
 import itertools
+import sys
 from collections import defaultdict
 
 import torch
@@ -13,6 +14,7 @@ from torch.optim import Optimizer
 
 from .. import _build, _validate
 from ..multi_tensor_apply import multi_tensor_l2norm
+from ._checks import check_dense, check_group_keys, check_hyperparameters, check_scale_args
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -33,22 +35,43 @@ class FusedOptimizer(Optimizer):
     _step_supports_amp_scaling = True
     # State tensors kept in the state dtype (float32) whatever the param dtype.
     _state_keys: tuple[str, ...] = ()
+    # Settings kept as attributes rather than in defaults; torch.optim.Optimizer pickles
+    # only defaults, state and param_groups, so these are added (deepcopy, torch.save).
+    _pickled_attrs: tuple[str, ...] = ("set_grad_none", "master_weights", "capturable", "last_grad_norm")
 
     def __init__(self, params, defaults, *, set_grad_none, master_weights=False, capturable=False):
         self.set_grad_none = set_grad_none
         self.master_weights = master_weights
         self.capturable = capturable
         self.last_grad_norm = None
+        check_hyperparameters(defaults)
         super().__init__(params, defaults)
+
+    def __getstate__(self):
+        return {**super().__getstate__(), **{k: getattr(self, k) for k in self._pickled_attrs}}
 
     # ---- construction -------------------------------------------------------------
 
     def add_param_group(self, param_group):
+        """torch's, after the checks of ``_check_group`` (the constructor's groups come
+        here too), so a rejected group leaves the optimizer as it was."""
         params = param_group["params"]
+        # A generator (module.parameters()) can be read only once: hand torch the list.
         params = [params] if isinstance(params, torch.Tensor) else list(params)
-        if len({id(p) for p in params}) != len(params):
+        param_group["params"] = params
+        tensors = [p[1] if isinstance(p, tuple) else p for p in params]  # (name, param) pairs
+        if len({id(p) for p in tensors}) != len(tensors):
             raise ValueError(f"{type(self).__name__}: a parameter appears twice in one param group")
+        self._check_group({**self.defaults, **param_group, "params": tensors},
+                          f"param group {len(self.param_groups)}: ")
         super().add_param_group(param_group)
+
+    def _check_group(self, group, where):
+        """Rejects a group (its options merged over the defaults) before it is added;
+        subclasses add their own rules."""
+        check_group_keys(group, self.defaults, where, type(self).__name__)
+        check_hyperparameters(group, where)
+        check_dense(group["params"], where)
 
     # ---- grads --------------------------------------------------------------------
 
@@ -56,7 +79,8 @@ class FusedOptimizer(Optimizer):
         super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
 
     def _grouped(self, group):
-        """Params of ``group`` that have grads, bucketed by (device, dtype)."""
+        """Params of ``group`` that have grads, bucketed by (device, dtype), checked as the
+        kernels would check them (Note [Checks before updates])."""
         buckets = defaultdict(list)
         for p in group["params"]:
             if p.grad is None:
@@ -67,25 +91,36 @@ class FusedOptimizer(Optimizer):
                 raise ValueError(f"a gradient of shape {tuple(p.grad.shape)} belongs to a param of "
                                  f"shape {tuple(p.shape)}")
             buckets[(p.device, p.dtype)].append(p)
+        for (device, _), ps in buckets.items():
+            check_dense(ps, f"{type(self).__name__}.step(): ")  # a param's .data replaced since
+            _build.ensure_for(device)
         return buckets
+
+    def _work(self):
+        """[(group, its buckets)] for every group, all checked before any update."""
+        return [(group, self._grouped(group)) for group in self.param_groups]
 
     # ---- state --------------------------------------------------------------------
 
-    def _step_tensor(self, p):
-        return torch.zeros((), dtype=torch.float32, device=p.device)
+    @staticmethod
+    def _step_tensor(p, group):
+        # Apex counts steps per group (group['step']: its checkpoints, and
+        # FusedMixedPrecisionLamb's step=N); a param without a count of its own starts there.
+        return torch.as_tensor(group.get("step", 0), dtype=torch.float32).to(p.device, copy=True).reshape(())
 
     def _state_zeros(self, p):
         return torch.zeros_like(p, dtype=_validate.state_dtype(p.dtype), memory_format=torch.preserve_format)
 
-    def _state_lists(self, ps, **make):
+    def _state_lists(self, group, ps, **make):
         """(one list per name in ``make``, steps): ``state[name]`` of each param in
-        ``ps``, made by ``make[name](p)`` when missing (a first step, or amsgrad turned
-        on later), and the step counters."""
+        ``ps`` (of ``group``), made by ``make[name](p)`` when missing (a first step, or
+        amsgrad turned on later), and the step counters. State made for a step that
+        is then skipped is the state a first step starts from (zeros, step unchanged)."""
         lists, steps = {name: [] for name in make}, []
         for p in ps:
             state = self.state[p]
             if "step" not in state:
-                state["step"] = self._step_tensor(p)
+                state["step"] = self._step_tensor(p, group)
             for name, fn in make.items():
                 if name not in state:
                     state[name] = fn(p)
@@ -108,7 +143,7 @@ class FusedOptimizer(Optimizer):
 
     # ---- scaling, skipping, clipping ---------------------------------------------
 
-    def _scaling(self, grad_scale, found_inf, max_grad_norm, clip_eps=1e-6):
+    def _scaling(self, work, grad_scale, found_inf, max_grad_norm, clip_eps=1e-6):
         """(grad_scale, found_inf) to hand the kernels: the caller's, or GradScaler's,
         with clipping by global norm folded into grad_scale (no host sync)."""
         grad_scale = grad_scale if grad_scale is not None else getattr(self, "grad_scale", None)
@@ -117,11 +152,8 @@ class FusedOptimizer(Optimizer):
             return grad_scale, found_inf
         if max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
-        norms = []
-        for group in self.param_groups:
-            for (device, _), ps in self._grouped(group).items():
-                _build.ensure_for(device)
-                norms.append(multi_tensor_l2norm([p.grad for p in ps])[0])
+        norms = [multi_tensor_l2norm([p.grad for p in ps])[0]
+                 for _, buckets in work for ps in buckets.values()]
         if not norms:
             return grad_scale, found_inf
         device = norms[0].device
@@ -129,7 +161,7 @@ class FusedOptimizer(Optimizer):
         total = torch.linalg.vector_norm(torch.stack([n.to(device, dtype) for n in norms]))
         if grad_scale is not None:
             total = total / grad_scale.to(device, dtype).reshape(())
-        found_inf = flag_overflow(found_inf, (~torch.isfinite(total)).float().reshape(1))
+        found_inf = self._flag_overflow(found_inf, (~torch.isfinite(total)).float().reshape(1))
         self.last_grad_norm = total
         # grads / (scale / clip) = unscaled grads * clip, clip = min(1, max_norm / norm)
         # clip_eps=1e-6 as torch.nn.utils.clip_grad_norm_; LAMB passes 0 (Apex's
@@ -137,6 +169,14 @@ class FusedOptimizer(Optimizer):
         clip = torch.clamp(max_grad_norm / (total + clip_eps), max=1.0)
         divisor = clip.reciprocal() if grad_scale is None else grad_scale.to(device) / clip
         return divisor.reshape(1), found_inf
+
+    def _flag_overflow(self, found_inf, bad):
+        """found_inf |= bad for a norm that overflowed float32 although every grad was
+        finite (a skipped step, so that the loss scale backs off), told to the loss
+        scaler that is stepping this optimizer, if any (Note [Overflowing norms])."""
+        if getattr(self, "found_inf", None) is not None:
+            _tell_grad_scaler(self, bad)
+        return flag_overflow(found_inf, bad)
 
     # ---- the step ---------------------------------------------------------------------
 
@@ -148,17 +188,19 @@ class FusedOptimizer(Optimizer):
         ``max_grad_norm``: clip by the global norm of the unscaled grads, in the same
         pass; the norm is kept in ``self.last_grad_norm`` and a non-finite norm sets
         ``found_inf`` (which is updated in place when given). ``grad_scaler=s``: the
-        same as ``s.step(self)``, see ``_step_with_scaler``."""
+        same as ``s.step(self)``, see ``_step_with_scaler``. Every param group is
+        checked before the first update (Note [Checks before updates])."""
         if scaler:
             return self._step_with_scaler(closure, **scaler)
+        check_scale_args(grad_scale, found_inf)
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grad_scale, found_inf = self._scaling(grad_scale, found_inf, *self._clipping(max_grad_norm))
-        for group in self.param_groups:
-            for (device, _), ps in self._grouped(group).items():
-                _build.ensure_for(device)
+        work = self._work()
+        grad_scale, found_inf = self._scaling(work, grad_scale, found_inf, *self._clipping(max_grad_norm))
+        for group, buckets in work:
+            for (device, _), ps in buckets.items():
                 self._step_group(group, ps, device, self._on(grad_scale, device),
                                  self._on(found_inf, device))
         return loss
@@ -204,27 +246,65 @@ class FusedOptimizer(Optimizer):
     def load_state_dict(self, state_dict):
         """torch.optim's loader casts state to the param dtype; core_ops keeps it (and
         master weights) in float32, so those are restored from the saved values
-        exactly, in the param's memory layout, and steps move to the param's device."""
-        saved_groups = state_dict["param_groups"]
-        saved_state = state_dict["state"]
+        exactly, in the param's memory layout, and steps move to the param's device.
+        A state dict that does not fit is rejected before anything is loaded."""
+        self._check_loadable(state_dict)
         super().load_state_dict(state_dict)
-        ids = itertools.chain.from_iterable(g["params"] for g in saved_groups)
-        params = itertools.chain.from_iterable(g["params"] for g in self.param_groups)
-        for pid, p in zip(ids, params):
-            saved = saved_state.get(pid)
-            if not saved:
-                continue
+        for saved, p in self._saved_states(state_dict):
             state = self.state[p]
             for key in (*self._state_keys, "master_param"):
                 value = saved.get(key)
-                if not isinstance(value, torch.Tensor):
-                    continue
-                if value.shape != p.shape:
-                    raise ValueError(f"state '{key}' of a param has shape {tuple(value.shape)} but the "
-                                     f"param has shape {tuple(p.shape)}: the state dict is from another model")
-                state[key] = self._state_zeros(p).copy_(value)
+                if isinstance(value, torch.Tensor):
+                    state[key] = self._state_zeros(p).copy_(value)
             if "step" in state:
                 # A copy: torch's loader may hand back the very tensor of the source
                 # optimizer, and both would then count every step.
                 state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(
                     p.device, copy=True).reshape(())
+
+    def _saved_states(self, state_dict):
+        """(saved state, param) pairs, by position as torch's loader pairs them."""
+        ids = itertools.chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+        params = itertools.chain.from_iterable(g["params"] for g in self.param_groups)
+        return [(state_dict["state"][pid], p) for pid, p in zip(ids, params) if state_dict["state"].get(pid)]
+
+    def _check_loadable(self, state_dict):
+        """Raises if the saved state cannot belong to these params. Group counts and
+        sizes that differ are left to torch's loader, which rejects them first too."""
+        for saved, p in self._saved_states(state_dict):
+            for key in (*self._state_keys, "master_param"):
+                value = saved.get(key)
+                if isinstance(value, torch.Tensor) and value.shape != p.shape:
+                    raise ValueError(f"state '{key}' of a param has shape {tuple(value.shape)} but the "
+                                     f"param has shape {tuple(p.shape)}: the state dict is from another model")
+
+
+# Note [Overflowing norms]: finite grads can have a norm that overflows float32 (LAMB's
+# clipping norm, NovoGrad's layer norms); the step is then skipped through found_inf.
+# torch.amp.GradScaler hands the step a found_inf it sums afresh for each step and, in
+# update(), reads only its own per-device flags, so the flag is OR-ed into those as
+# well (on the device, no sync); otherwise the scale would keep growing while every
+# step is skipped. core_ops' LossScaler hands over the very flag its update() reads.
+
+def _tell_grad_scaler(optimizer, bad):
+    scaler = _calling_grad_scaler(optimizer)
+    if scaler is None:
+        return
+    flags = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+    if flags:
+        flag_overflow(next(iter(flags.values())), bad)
+
+
+def _calling_grad_scaler(optimizer, depth=16):
+    """The torch.amp.GradScaler whose step() is running ``optimizer.step()`` (directly
+    or through ``step(grad_scaler=...)``), found on the call stack: GradScaler passes no
+    reference to itself (its ``grad_scaler`` keyword protocol is deprecated)."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        if (frame.f_code is torch.amp.GradScaler.step.__code__
+                and frame.f_locals.get("optimizer") is optimizer):
+            return frame.f_locals.get("self")
+        frame = frame.f_back
+    return None

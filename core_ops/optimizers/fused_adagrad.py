@@ -1,8 +1,6 @@
 """FusedAdagrad: Apex's constructor, torch.optim.Adagrad numerics, one fused kernel
 call per (device, dtype) group."""
 
-import torch
-
 from .._library import op
 from ._base import FusedOptimizer
 
@@ -18,12 +16,6 @@ class FusedAdagrad(FusedOptimizer):
     def __init__(self, params, lr=1e-2, eps=1e-10, weight_decay=0.0, set_grad_none=True,
                  adagrad_w_mode=False, lr_decay=0.0, initial_accumulator_value=0.0,
                  master_weights=False, maximize=False):
-        if not isinstance(lr, torch.Tensor) and lr < 0:
-            raise ValueError(f"lr must be >= 0, got {lr}")
-        if eps < 0:
-            raise ValueError(f"eps must be >= 0, got {eps}")
-        if weight_decay < 0 or lr_decay < 0 or initial_accumulator_value < 0:
-            raise ValueError("weight_decay, lr_decay and initial_accumulator_value must be >= 0")
         defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, adagrad_w_mode=adagrad_w_mode,
                         lr_decay=lr_decay, initial_accumulator_value=initial_accumulator_value,
                         maximize=maximize)
@@ -40,7 +32,7 @@ class FusedAdagrad(FusedOptimizer):
     def _step_group(self, group, ps, device, grad_scale, found_inf):
         lr, lr_tensor = self._lr(group, device)
         init = group["initial_accumulator_value"]
-        (sums,), steps = self._state_lists(ps, sum=lambda p: self._state_zeros(p).fill_(init))
+        (sums,), steps = self._state_lists(group, ps, sum=lambda p: self._state_zeros(p).fill_(init))
         masters = self._masters(ps)
         op("fused_adagrad_")(ps, [p.grad for p in ps], sums, masters, steps, lr, group["lr_decay"],
                              group["eps"], group["weight_decay"], group["adagrad_w_mode"],

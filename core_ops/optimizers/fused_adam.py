@@ -1,8 +1,6 @@
 """FusedAdam: Apex's constructor, torch.optim.Adam / AdamW numerics, one fused kernel
 call per (device, dtype) group."""
 
-import torch
-
 from .._library import op
 from ._base import FusedOptimizer
 
@@ -23,14 +21,6 @@ class FusedAdam(FusedOptimizer):
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
                  adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True,
                  capturable=False, master_weights=False, maximize=False):
-        if not isinstance(lr, torch.Tensor) and lr < 0:
-            raise ValueError(f"lr must be >= 0, got {lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"betas must be in [0, 1), got {betas}")
-        if eps < 0:
-            raise ValueError(f"eps must be >= 0, got {eps}")
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, adam_w_mode=adam_w_mode, amsgrad=amsgrad,
                         maximize=maximize)
@@ -63,6 +53,6 @@ class FusedAdam(FusedOptimizer):
         make = dict(exp_avg=self._state_zeros, exp_avg_sq=self._state_zeros)
         if group["amsgrad"]:
             make["max_exp_avg_sq"] = self._state_zeros
-        states, steps = self._state_lists(ps, **make)
+        states, steps = self._state_lists(group, ps, **make)
         maxes = states[2] if group["amsgrad"] else []
         return ps, [p.grad for p in ps], states[0], states[1], maxes, self._masters(ps), steps

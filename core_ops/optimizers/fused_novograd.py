@@ -2,14 +2,12 @@
 layer-wise second moments); one norm pass and one fused kernel call per (device, dtype)
 group."""
 
-import itertools
-
 import torch
 
 from .. import _validate
 from .._library import op
 from ..multi_tensor_apply import multi_tensor_l2norm
-from ._base import FusedOptimizer, flag_overflow
+from ._base import FusedOptimizer
 
 
 class FusedNovoGrad(FusedOptimizer):
@@ -40,21 +38,16 @@ class FusedNovoGrad(FusedOptimizer):
                  maximize=False):
         if amsgrad:
             raise ValueError("FusedNovoGrad: amsgrad is not supported (nor was it in Apex)")
-        if not isinstance(lr, torch.Tensor) and lr < 0:
-            raise ValueError(f"lr must be >= 0, got {lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"betas must be in [0, 1), got {betas}")
-        if eps < 0 or weight_decay < 0:
-            raise ValueError("eps and weight_decay must be >= 0")
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, reg_inside_moment=reg_inside_moment,
                         grad_averaging=grad_averaging, norm_type=norm_type, init_zero=init_zero,
                         maximize=maximize)
         super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
 
-    def add_param_group(self, param_group):
-        super().add_param_group(param_group)
-        _check_norm_type(self.param_groups[-1]["norm_type"])  # the constructor's or its own
+    def _check_group(self, group, where):
+        super()._check_group(group, where)
+        if group["norm_type"] not in (0, 2):
+            raise ValueError(f"{where}norm_type must be 2 (L2) or 0 (infinity norm), got {group['norm_type']}")
 
     def _step_group(self, group, ps, device, grad_scale, found_inf):
         # The layer norms are taken of the grads as they are (scaled) and divided by
@@ -62,14 +55,15 @@ class FusedNovoGrad(FusedOptimizer):
         beta1, beta2 = group["betas"]
         lr, lr_tensor = self._lr(group, device)
         (exp_avgs, exp_avg_sqs), steps = self._state_lists(
-            ps, exp_avg=self._state_zeros, exp_avg_sq=self._scalar_zeros)
+            group, ps, exp_avg=self._state_zeros, exp_avg_sq=self._scalar_zeros)
         masters = self._masters(ps)
         grads = [p.grad for p in ps]
         norms = _grad_norms(grads, group["norm_type"], exp_avg_sqs[0].dtype)
         if found_inf is not None:
             # Under a loss scaler: finite grads whose norm overflows float32 would put
-            # inf into exp_avg_sq for good; skip the step, so the scale backs off.
-            flag_overflow(found_inf, ~torch.isfinite(norms).all())
+            # inf into exp_avg_sq for good; skip the step, so the scale backs off
+            # (Note [Overflowing norms] in _base.py).
+            self._flag_overflow(found_inf, ~torch.isfinite(norms).all())
         op("fused_novograd_")(ps, grads, exp_avgs, exp_avg_sqs, masters, steps, norms,
                               group["norm_type"], lr, beta1, beta2, group["eps"],
                               group["weight_decay"], group["bias_correction"],
@@ -83,21 +77,18 @@ class FusedNovoGrad(FusedOptimizer):
         """As ``FusedOptimizer.load_state_dict``, and ``exp_avg_sq`` restored exactly in
         float32 (torch.optim's loader casts it to the param dtype)."""
         super().load_state_dict(state_dict)
-        ids = itertools.chain.from_iterable(g["params"] for g in state_dict["param_groups"])
-        params = itertools.chain.from_iterable(g["params"] for g in self.param_groups)
-        for pid, p in zip(ids, params):
-            value = state_dict["state"].get(pid, {}).get("exp_avg_sq")
-            if not isinstance(value, torch.Tensor):
-                continue
-            if value.numel() != 1:
+        for saved, p in self._saved_states(state_dict):
+            value = saved.get("exp_avg_sq")
+            if isinstance(value, torch.Tensor):
+                self.state[p]["exp_avg_sq"] = self._scalar_zeros(p).copy_(value.reshape(()))
+
+    def _check_loadable(self, state_dict):
+        super()._check_loadable(state_dict)
+        for saved, _ in self._saved_states(state_dict):
+            value = saved.get("exp_avg_sq")
+            if isinstance(value, torch.Tensor) and value.numel() != 1:
                 raise ValueError(f"state 'exp_avg_sq' of a param has shape {tuple(value.shape)}, not one "
                                  "value per tensor: the state dict is not from FusedNovoGrad")
-            self.state[p]["exp_avg_sq"] = self._scalar_zeros(p).copy_(value.reshape(()))
-
-
-def _check_norm_type(norm_type):
-    if norm_type not in (0, 2):
-        raise ValueError(f"norm_type must be 2 (L2) or 0 (infinity norm), got {norm_type}")
 
 
 def _grad_norms(grads, norm_type, dtype):

@@ -1,8 +1,6 @@
 """FusedSGD: Apex's constructor, torch.optim.SGD numerics, one fused kernel call per
 (device, dtype) group."""
 
-import torch
-
 from .._library import op
 from ._base import FusedOptimizer
 
@@ -20,17 +18,15 @@ class FusedSGD(FusedOptimizer):
     def __init__(self, params, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
                  wd_after_momentum=False, materialize_master_grads=True, set_grad_none=False,
                  master_weights=False, maximize=False):
-        if not isinstance(lr, torch.Tensor) and lr < 0:
-            raise ValueError(f"lr must be >= 0, got {lr}")
-        if momentum < 0:
-            raise ValueError(f"momentum must be >= 0, got {momentum}")
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("nesterov needs momentum > 0 and dampening = 0")
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, wd_after_momentum=wd_after_momentum, maximize=maximize)
         super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
+
+    def _check_group(self, group, where):
+        super()._check_group(group, where)
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError(f"{where}nesterov needs momentum > 0 and dampening = 0, got momentum="
+                             f"{group['momentum']}, dampening={group['dampening']}")
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -46,6 +42,12 @@ class FusedSGD(FusedOptimizer):
         # torch.optim.SGD); params in that state go in their own call.
         fresh = [p for p in ps if momentum and self.state[p].get("momentum_buffer") is None]
         seen = [p for p in ps if not (momentum and self.state[p].get("momentum_buffer") is None)]
+        if fresh and found_inf is not None and found_inf.item():
+            # A skipped step leaves them without a buffer, so that their first real step
+            # still sets it to the grad: a zero buffer would later read as a step taken
+            # (buf = momentum*0 + (1-dampening)*g). The buffer's presence is host-side
+            # state, hence this one host read, made only while some param has no buffer.
+            fresh = []
         for first, part in ((True, fresh), (False, seen)):
             if not part:
                 continue

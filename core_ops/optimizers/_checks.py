@@ -1,0 +1,98 @@
+"""The argument checks of the fused optimizers: hyperparameters (of the constructor and
+of every param group, as added), params, and the step's grad_scale / found_inf.
+
+Note [Checks before updates]: everything that can be rejected is rejected before the
+first change, so an error never leaves a half-applied step, a half-added group or a
+half-loaded state dict behind. Values are checked once, when they arrive (a tensor lr
+is read on the host there); the step itself never syncs to check them.
+"""
+
+import numbers
+
+import torch
+
+# Hyperparameters that must be >= 0 wherever an optimizer takes them. "step" is
+# FusedMixedPrecisionLamb's starting step count (Apex's per-group count).
+NON_NEGATIVE = ("lr", "eps", "weight_decay", "momentum", "dampening", "lr_decay",
+                "initial_accumulator_value", "max_grad_norm", "step")
+
+# Keys that torch puts into param groups besides an optimizer's defaults: the LR
+# schedulers' initial_lr, and the names of params given as (name, param) pairs.
+TORCH_GROUP_KEYS = ("params", "initial_lr", "param_names")
+
+
+def check_hyperparameters(values, where=""):
+    """Each known hyperparameter in the dict ``values``; ``where`` prefixes the name in
+    the error ("param group 1: lr must be >= 0, got -1.0")."""
+    for key in NON_NEGATIVE:
+        if values.get(key) is not None:
+            _check_non_negative(values[key], where + key)
+    if "betas" in values:
+        _check_betas(values["betas"], where + "betas")
+
+
+def check_group_keys(group, allowed, where, owner):
+    """A key that no optimizer of this kind reads is most likely a typo ('weight_decy'):
+    stored silently, it would leave the intended setting at its default."""
+    unknown = sorted(set(group) - set(allowed) - set(TORCH_GROUP_KEYS))
+    if unknown:
+        raise ValueError(f"{where}unknown option(s) {unknown}; {owner} takes "
+                         f"{sorted(set(allowed))}")
+
+
+def check_dense(params, where):
+    """The fused kernels walk each tensor as one flat range, so a param must be dense
+    (contiguous, or a permutation of it, e.g. transposed); a strided view with gaps
+    (``w[:, ::2]``) is rejected here rather than at the first step."""
+    for i, p in enumerate(params):
+        if isinstance(p, torch.Tensor) and p.layout == torch.strided and not _dense(p):
+            raise ValueError(f"{where}params[{i}] must be dense (contiguous or a permutation of it), got "
+                             f"shape {list(p.shape)} with strides {list(p.stride())}; pass a contiguous "
+                             "tensor (e.g. a Parameter of its own)")
+
+
+def _dense(t):
+    """Whether ``t`` covers its storage range with no gaps or overlaps, in some order of
+    its dims (sizes of 1 and empty tensors may have any strides)."""
+    if t.numel() == 0:
+        return True
+    expected = 1
+    for stride, size in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def check_scale_args(grad_scale, found_inf):
+    """step()'s grad_scale / found_inf are tensors (they stay on the device: no sync)."""
+    for name, value in (("grad_scale", grad_scale), ("found_inf", found_inf)):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"step(): {name} must be a one-element tensor (on any device) or None, "
+                            f"got {type(value).__name__} {value!r}")
+
+
+def _number(value, name):
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a number or a one-element tensor, got a tensor of shape "
+                             f"{list(value.shape)}")
+        return value.item()
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    return value
+
+
+def _check_non_negative(value, name):
+    number = _number(value, name)
+    if not number >= 0:  # also NaN
+        raise ValueError(f"{name} must be >= 0, got {number}")
+
+
+def _check_betas(betas, name):
+    if isinstance(betas, torch.Tensor) or not hasattr(betas, "__len__") or len(betas) != 2:
+        raise ValueError(f"{name} must be a pair (beta1, beta2), got {betas!r}")
+    for beta in betas:
+        number = _number(beta, name)
+        if not 0.0 <= number < 1.0:  # also NaN
+            raise ValueError(f"{name} must be in [0, 1), got {tuple(betas)}")

@@ -1,0 +1,257 @@
+"""What every fused optimizer promises as a torch.optim.Optimizer, beyond its numerics:
+param groups from generators, copies that step like the original, skipped steps that
+change nothing, checks that run before anything changes (Note [Checks before updates]),
+Apex checkpoints, and loss scalers that back off when a norm overflows.
+
+Results are compared with torch.equal: the same kernels on the same values."""
+
+import copy
+import io
+
+import pytest
+import torch
+from optim_cases import clone_params, make_params
+
+from core_ops import _build
+from core_ops.optimizers import (FusedAdagrad, FusedAdam, FusedLAMB, FusedMixedPrecisionLamb,
+                                 FusedNovoGrad, FusedSGD)
+
+
+@pytest.fixture(autouse=True)
+def _native():
+    assert _build.ensure("cpu").native
+
+
+MAKERS = {
+    "adam": lambda ps, **kw: FusedAdam(ps, lr=1e-2, weight_decay=0.01, **kw),
+    "sgd": lambda ps, **kw: FusedSGD(ps, lr=0.1, momentum=0.9, dampening=0.5, **kw),
+    "adagrad": lambda ps, **kw: FusedAdagrad(ps, lr=0.1, **kw),
+    "lamb": lambda ps, **kw: FusedLAMB(ps, lr=1e-2, **kw),
+    "novograd": lambda ps, **kw: FusedNovoGrad(ps, lr=1e-2, **kw),
+    "mp_lamb": lambda ps, **kw: FusedMixedPrecisionLamb(
+        ps, lr=1e-2, **{k: v for k, v in kw.items() if k != "master_weights"}),
+}
+KINDS = list(MAKERS)
+
+
+def set_grads(params, seed):
+    g = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+
+
+def steps(opt, params, seeds, **kw):
+    for seed in seeds:
+        set_grads(params, seed)
+        opt.step(**kw)
+
+
+def assert_equal(ps, qs):
+    for p, q in zip(ps, qs):
+        assert torch.equal(p.detach(), q.detach())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_param_groups_given_as_generators_train(kind):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2), torch.nn.Linear(2, 2))
+    twin = copy.deepcopy(model)
+    opt = MAKERS[kind]([{"params": model[0].parameters(), "lr": 0.05}, {"params": model[1].parameters()}])
+    opt.add_param_group({"params": model[2].parameters()})
+    ref = MAKERS[kind]([{"params": list(twin[0].parameters()), "lr": 0.05}, {"params": list(twin[1].parameters())}])
+    ref.add_param_group({"params": list(twin[2].parameters())})
+    assert [len(g["params"]) for g in opt.param_groups] == [2, 2, 2]
+    before = [p.detach().clone() for p in model.parameters()]
+    steps(opt, list(model.parameters()), [1, 2])
+    steps(ref, list(twin.parameters()), [1, 2])
+    assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert_equal(model.parameters(), twin.parameters())
+
+
+def saved_and_loaded(opt):
+    buf = io.BytesIO()
+    torch.save(opt, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("copier", [copy.deepcopy, saved_and_loaded], ids=["deepcopy", "torch.save"])
+def test_a_copy_continues_exactly_as_the_original(kind, copier):
+    params = make_params(torch.bfloat16, sizes=(33, 7))
+    opt = MAKERS[kind](params, master_weights=True, set_grad_none=False)
+    steps(opt, params, [1, 2])
+    twin = copier(opt)
+    assert (twin.set_grad_none, twin.master_weights, twin.capturable) == (False, True, False)
+    twin_params = twin.param_groups[0]["params"]
+    steps(opt, params, [3, 4, 5])
+    steps(twin, twin_params, [3, 4, 5])
+    assert_equal(params, twin_params)
+    for p, q in zip(params, twin_params):
+        assert torch.equal(opt.state[p]["master_param"], twin.state[q]["master_param"])
+    twin.zero_grad()  # set_grad_none=False: zeros, not None
+    assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in twin_params)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_skipped_first_step_leaves_no_trace(kind):
+    a = make_params(sizes=(33, 7))
+    b = clone_params(a)
+    oa, ob = MAKERS[kind](a), MAKERS[kind](b)
+    set_grads(b, 0)
+    ob.step(found_inf=torch.ones(1))
+    assert_equal(a, b)
+    for p in b:  # no step counted, no momentum buffer that would read as a step taken
+        assert ob.state[p].get("step", torch.zeros(())).item() == 0
+        assert "momentum_buffer" not in ob.state[p]
+    steps(oa, a, [1, 2, 3])
+    steps(ob, b, [1, 2, 3])
+    assert_equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["lamb", "novograd"])
+@pytest.mark.parametrize("route", ["scaler.step(opt)", "opt.step(grad_scaler=scaler)"])
+def test_torch_grad_scaler_backs_off_when_a_norm_overflows(kind, route):
+    # Finite grads (3e18, float32 max 3.4e38) whose squared norm overflows float32: the
+    # step is skipped, and the scaler must halve its scale as for an inf grad.
+    params = [torch.nn.Parameter(torch.ones(64))]
+    opt = MAKERS[kind](params)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16, growth_interval=1)
+    scaler.scale(torch.ones(()))
+    for _ in range(3):
+        params[0].grad = torch.full((64,), 3e18)
+        scaler.step(opt) if route == "scaler.step(opt)" else opt.step(grad_scaler=scaler)
+        scaler.update()
+    assert scaler.get_scale() == 2.0 ** 13
+    assert torch.equal(params[0].detach(), torch.ones(64))
+    assert opt.state[params[0]]["step"].item() == 0
+
+
+@pytest.mark.parametrize("kind", ["adam", "sgd", "novograd"])
+def test_a_rejected_state_dict_changes_nothing(kind):
+    a = make_params(sizes=(15, 7))
+    src = MAKERS[kind](a)
+    steps(src, a, [1, 2])
+    b = [torch.zeros(20, requires_grad=True), torch.zeros(7, requires_grad=True)]  # another model
+    dst = MAKERS[kind](b)
+    dst.param_groups[0]["lr"] = 5e-4
+    steps(dst, b, [3])
+    before = copy.deepcopy(dst.state_dict())
+    with pytest.raises(ValueError, match="another model|not from FusedNovoGrad"):
+        dst.load_state_dict(src.state_dict())
+    after = dst.state_dict()
+    assert after["param_groups"] == before["param_groups"] and after["param_groups"][0]["lr"] == 5e-4
+    for k, st in before["state"].items():
+        assert all(torch.equal(v, after["state"][k][key]) for key, v in st.items())
+
+
+def test_a_novograd_state_dict_with_per_element_exp_avg_sq_is_rejected_before_loading():
+    a = make_params(sizes=(15,))
+    src = FusedAdam(a, lr=1.0)  # exp_avg_sq per element, NovoGrad's is one value per tensor
+    steps(src, a, [1])
+    b = clone_params(a)
+    dst = FusedNovoGrad(b, lr=5e-4)
+    with pytest.raises(ValueError, match="not from FusedNovoGrad"):
+        dst.load_state_dict(src.state_dict())
+    assert dst.param_groups[0]["lr"] == 5e-4 and not dst.state
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_input_in_a_later_group_is_found_before_any_update(kind):
+    w = torch.nn.Parameter(torch.ones(3))
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    opt = MAKERS[kind]([{"params": [w]}, {"params": list(emb.parameters())}])
+    w.grad = torch.ones(3)
+    emb(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(RuntimeError, match="sparse"):
+        opt.step()
+    assert torch.equal(w.detach(), torch.ones(3))
+    assert opt.state[w].get("step", torch.zeros(())).item() == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_param_whose_data_became_strided_is_found_before_any_update(kind):
+    w, v = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(4, 3))
+    opt = MAKERS[kind]([{"params": [w]}, {"params": [v]}])
+    v.data = torch.ones(4, 6)[:, ::2]
+    w.grad, v.grad = torch.ones(3), torch.ones(4, 3)
+    with pytest.raises(ValueError, match="dense"):
+        opt.step()
+    assert torch.equal(w.detach(), torch.ones(3))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_strided_params_are_rejected_when_added(kind):
+    strided = torch.zeros(4, 6)[:, ::2].requires_grad_()
+    with pytest.raises(ValueError, match=r"param group 0: params\[1\] must be dense.*strides \[6, 2\]"):
+        MAKERS[kind]([torch.zeros(3, requires_grad=True), strided])
+    opt = MAKERS[kind]([torch.zeros(3, requires_grad=True)])
+    with pytest.raises(ValueError, match=r"param group 1: params\[0\] must be dense"):
+        opt.add_param_group({"params": [strided]})
+    assert len(opt.param_groups) == 1
+    MAKERS[kind]([torch.zeros(3, 4).t().requires_grad_()])  # a permutation is dense: accepted
+
+
+BAD_GROUPS = [({"lr": -1.0}, "lr must be >= 0"), ({"lr": float("nan")}, "lr must be >= 0"),
+              ({"lr": torch.tensor(-1.0)}, "lr must be >= 0"), ({"eps": -1e-8}, "eps must be >= 0"),
+              ({"eps": float("nan")}, "eps must be >= 0"), ({"weight_decay": -0.1}, "weight_decay"),
+              ({"weight_decy": 0.1}, r"unknown option\(s\) \['weight_decy'\]")]
+ADAM_LIKE_BAD = [({"betas": (1.5, 0.9)}, r"betas must be in \[0, 1\)"),
+                 ({"betas": (0.9, float("nan"))}, r"betas must be in \[0, 1\)"),
+                 ({"betas": (0.9, 0.99, 0.9)}, "betas must be a pair")]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bad,match", BAD_GROUPS + ADAM_LIKE_BAD,
+                         ids=lambda x: str(x) if isinstance(x, dict) else "")
+def test_group_hyperparameters_are_checked(kind, bad, match):
+    p, q = torch.zeros(3, requires_grad=True), torch.zeros(2, requires_grad=True)
+    if not set(bad) <= set(MAKERS[kind]([p]).defaults):
+        match = r"unknown option\(s\)"  # SGD takes no eps or betas, Adagrad no betas
+    with pytest.raises(ValueError, match="param group 1: " + match):
+        MAKERS[kind]([{"params": [p]}, {"params": [q], **bad}])
+    opt = MAKERS[kind]([p])
+    with pytest.raises(ValueError, match="param group 1: " + match):
+        opt.add_param_group({"params": [q], **bad})
+    assert len(opt.param_groups) == 1 and q not in opt.state
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_scheduler_keys_and_tensor_lr_are_accepted(kind):
+    opt = MAKERS[kind]([torch.zeros(3, requires_grad=True)])
+    opt.add_param_group({"params": [torch.zeros(2, requires_grad=True)], "lr": torch.tensor(0.01),
+                         "initial_lr": 0.01})
+    assert opt.param_groups[1]["initial_lr"] == 0.01
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_grad_scale_and_found_inf_must_be_tensors(kind):
+    p = torch.zeros(3, requires_grad=True)
+    opt = MAKERS[kind]([p])
+    p.grad = torch.ones(3)
+    with pytest.raises(TypeError, match="grad_scale must be a one-element tensor.*got float 2.0"):
+        opt.step(grad_scale=2.0)
+    with pytest.raises(TypeError, match="found_inf must be a one-element tensor.*got bool True"):
+        opt.step(found_inf=True)
+    assert torch.equal(p.detach(), torch.zeros(3))
+
+
+@pytest.mark.parametrize("kind", ["adam", "lamb"])
+def test_apex_checkpoint_with_per_group_step_resumes_its_count(kind):
+    # Apex's FusedAdam / FusedLAMB keep the step count in param_groups[i]['step'] and no
+    # per-param 'step'; bias correction must continue from it, not restart.
+    n = 30
+    a = make_params(sizes=(15, 7))
+    ref = MAKERS[kind](a)
+    steps(ref, a, range(n))
+    sd = ref.state_dict()
+    apex_sd = {"state": {k: {key: v.clone() for key, v in st.items() if key != "step"}
+                         for k, st in sd["state"].items()},
+               "param_groups": [{**g, "step": n} for g in sd["param_groups"]]}
+    b = clone_params(a)
+    resumed = MAKERS[kind](b)
+    resumed.load_state_dict(apex_sd)
+    steps(ref, a, range(n, n + 3))
+    steps(resumed, b, range(n, n + 3))
+    assert resumed.state[b[0]]["step"].item() == n + 3
+    assert_equal(a, b)
