@@ -135,3 +135,51 @@ def test_bad_input():
         FusedLAMB([p], betas=(0.9, 1.0))
     with pytest.raises(ValueError, match="reduced_precision_dtype"):
         FusedMixedPrecisionLamb([p], reduced_precision_dtype=torch.int8)
+
+
+def test_clipping_uses_the_constructor_max_grad_norm_as_apex():
+    # Apex reads self.defaults['max_grad_norm'] (one global norm, one limit): a group's
+    # own value, here group 0's 0.0, neither turns clipping off nor changes the limit.
+    a, b = make_params(sizes=(4, 9)), None
+    b = clone_params(a)
+    opt = FusedLAMB([{"params": a[:1], "max_grad_norm": 0.0}, {"params": a[1:]}], lr=1.0, weight_decay=0.0)
+    ref = FusedLAMB([{"params": b[:1]}, {"params": b[1:]}], lr=1.0, weight_decay=0.0)
+    for x, y in zip(a, b):
+        x.grad = torch.full(x.shape, 10.0)
+        y.grad = x.grad.clone()
+    opt.step()
+    ref.step()
+    assert opt.last_grad_norm is not None and opt.last_grad_norm.item() == pytest.approx(10 * 13 ** 0.5)
+    for x, y in zip(a, b):
+        assert torch.equal(x.detach(), y.detach())
+
+
+def test_mixed_precision_lamb_starts_from_the_given_step():
+    # Apex's FusedMixedPrecisionLamb(step=N): bias correction continues from step N.
+    ours = make_params(torch.bfloat16, sizes=(30, 7))
+    theirs = clone_params(ours)
+    opt = FusedMixedPrecisionLamb(ours, lr=1e-2, step=100, reduced_precision_dtype=torch.bfloat16)
+    ref = FusedMixedPrecisionLamb(theirs, lr=1e-2, reduced_precision_dtype=torch.bfloat16)
+    for p in theirs:  # the same start, by hand: a skipped step makes the state, then step 100
+        p.grad = torch.zeros_like(p)
+    ref.step(found_inf=torch.ones(1))
+    for p in theirs:
+        ref.state[p]["step"].fill_(100)
+    run(opt, ours, steps=3)
+    run(ref, theirs, steps=3)
+    for p, q in zip(ours, theirs):
+        assert opt.state[p]["step"].item() == 103
+        assert torch.equal(opt.state[p]["master_param"], ref.state[q]["master_param"])
+    with pytest.raises(ValueError, match="step must be >= 0"):
+        FusedMixedPrecisionLamb(ours, step=-1)
+
+
+def test_mixed_precision_lamb_checks_the_dtype_of_added_groups():
+    opt = FusedMixedPrecisionLamb(make_params(torch.bfloat16, sizes=(3,)), reduced_precision_dtype=torch.bfloat16)
+    for dtype in (torch.float16, torch.float64):
+        with pytest.raises(ValueError, match=r"param group 1: params\[0\] has dtype .*reduced_precision_dtype"):
+            opt.add_param_group({"params": make_params(dtype, sizes=(2,))})
+        assert len(opt.param_groups) == 1
+    opt.add_param_group({"params": make_params(torch.float32, sizes=(2,))})
+    opt.add_param_group({"params": make_params(torch.bfloat16, sizes=(2,))})
+    assert len(opt.param_groups) == 3
