@@ -32,26 +32,33 @@ def _group(pairs):
     return groups.values()
 
 
+def _unscale_sparse(grad, inv):
+    """A sparse grad (``nn.Embedding(sparse=True)``) divided by the scale, in float32,
+    and its overflow flag. The multi-tensor ops take dense tensors only; sparse grads
+    are rare and small, so plain ops do. fp16 grads are coalesced first (sums of
+    duplicate indices could overflow), as torch's GradScaler does."""
+    if grad.dtype is torch.float16:
+        grad = grad.coalesce()
+    values = grad._values().float() * inv.to(grad.device)
+    flag = (~torch.isfinite(values).all()).float().reshape(1)
+    out = torch.sparse_coo_tensor(grad._indices(), values, grad.shape, check_invariants=False,
+                                  is_coalesced=grad.is_coalesced())
+    return out, flag
+
+
 class AmpOptimizer:
     """The amp state of one optimizer (``optimizer._core_ops_amp``)."""
 
-    def __init__(self, optimizer, masters):
+    def __init__(self, optimizer, masters, state):
         self.optimizer = optimizer
         # LARC wraps an optimizer and is not one itself: hooks go on the inner one.
         self.inner = optimizer.optim if isinstance(optimizer, LARC) else optimizer
+        self.masters = masters  # a MasterWeights (O2), or None: no masters
+        self.state = state  # the AmpState of this optimizer's initialize (its scalers)
         self.pairs = []  # (half model param, fp32 master)
+        self.fp32_params = []
         for group in self.inner.param_groups:
-            for i, p in enumerate(group["params"]):
-                master = masters.get(p)
-                if master is None:
-                    continue
-                group["params"][i] = master
-                if p in self.inner.state:  # stepped before initialize: the state follows
-                    self.inner.state[master] = self.inner.state.pop(p)
-                self.pairs.append((p, master))
-        mastered = {id(m) for _, m in self.pairs}
-        self.fp32_params = [p for g in self.inner.param_groups for p in g["params"]
-                            if id(p) not in mastered]
+            self._adopt(group)
         self.found_inf = None  # overflow flag of the backward passes since the last step
         self.params_have_scaled_gradients = False
         self._stash = {}
@@ -60,6 +67,41 @@ class AmpOptimizer:
         self.inner.register_step_pre_hook(self._pre_step)
         self.inner.register_step_post_hook(self._post_step)
         self._patch_zero_grad()
+        self._patch_add_param_group()
+
+    def _adopt(self, group):
+        """Puts the masters of ``group``'s half params in their place (Note [O2 master
+        weights]) and records what to unscale after each backward."""
+        mastered = {id(m) for _, m in self.pairs}
+        found = [(p, None if self.masters is None else self.masters.get_or_make(p))
+                 for p in group["params"]]
+        for p, master in found:  # checked before anything changes
+            if master is not None and id(master) in mastered:
+                raise ValueError(f"a param of shape {tuple(p.shape)} is already in another param "
+                                 "group (through its fp32 master); add each param once")
+        for i, (p, master) in enumerate(found):
+            if master is None:
+                self.fp32_params.append(p)
+                continue
+            group["params"][i] = master
+            if p in self.inner.state:  # stepped before initialize: the state follows
+                self.inner.state[master] = self.inner.state.pop(p)
+            self.pairs.append((p, master))
+
+    def _patch_add_param_group(self):
+        # Groups added after initialize (progressive unfreezing) are unscaled and, at
+        # O2, get masters, as Apex's patched add_param_group did.
+        add_param_group = self.inner.add_param_group
+
+        def add_param_group_with_amp(param_group):
+            add_param_group(param_group)
+            try:
+                self._adopt(self.inner.param_groups[-1])
+            except ValueError:
+                self.inner.param_groups.pop()
+                raise
+
+        self.inner.add_param_group = add_param_group_with_amp
 
     def _patch_zero_grad(self):
         zero_grad = self.optimizer.zero_grad
@@ -96,7 +138,7 @@ class AmpOptimizer:
             return torch.maximum(found, flag.to(found.device))
 
         with torch.no_grad():
-            halves = [(p, m) for p, m in self.pairs if p.grad is not None]
+            halves = [(p, m) for p, m in self.pairs if p.grad is not None and not p.grad.is_sparse]
             for group in _group((p.grad, m) for p, m in halves):
                 fresh = [(g, m) for g, m in group if m.grad is None]
                 added = [(g, m) for g, m in group if m.grad is not None]
@@ -108,12 +150,20 @@ class AmpOptimizer:
                     tmp = [torch.empty_like(m) for _, m in added]
                     found = unscale([g for g, _ in added], tmp)
                     torch._foreach_add_([m.grad for _, m in added], tmp)
-            for p, _ in halves:
+            for p, m in self.pairs:
+                if p.grad is not None and p.grad.is_sparse:
+                    g, flag = _unscale_sparse(p.grad, inv)
+                    m.grad = g if m.grad is None else m.grad + g
+                    found = torch.maximum(found, flag.to(found.device))
                 p.grad = None
             fulls = [p for p in self.fp32_params if p.grad is not None]
-            for group in _group((p.grad, p.grad) for p in fulls):
+            for group in _group((p.grad, p.grad) for p in fulls if not p.grad.is_sparse):
                 grads = [g for g, _ in group]
                 found = unscale(grads, grads)
+            for p in fulls:
+                if p.grad.is_sparse:
+                    p.grad, flag = _unscale_sparse(p.grad, inv)
+                    found = torch.maximum(found, flag.to(found.device))
             for p, g in self._stash.items():
                 if p.grad is None:
                     p.grad = g

@@ -12,19 +12,23 @@ from ..optimizers.larc import LARC
 from . import _state, opt_levels
 from .amp_optimizer import AmpOptimizer
 from .loss_scaler import LossScaler
+from .masters import MasterWeights
 from .model_casting import (cast_module_tensors, keep_state_dict_fp32, module_device_type,
                             patch_forward)
 
 _WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
 
 
-def _as_list(value, kind, name):
+def _as_list(value, kind, name, allow_empty=False):
+    # As Apex: one object or a list; a tuple raised there too (the result could not
+    # be returned in the shape given).
     if isinstance(value, kind):
         return [value], True
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, kind) for v in value):
+    if isinstance(value, list) and (value or allow_empty) and all(isinstance(v, kind) for v in value):
         return list(value), False
     what = kind.__name__ if isinstance(kind, type) else kind[0].__name__
-    raise TypeError(f"{name} must be a {what} or a non-empty list of them, got {type(value).__name__}")
+    raise TypeError(f"{name} must be a {what} or a {'' if allow_empty else 'non-empty '}list of "
+                    f"them, got {type(value).__name__}")
 
 
 def _check_models(models):
@@ -89,33 +93,41 @@ def _check_half_supported(device_type, props):
 
 def _make_masters(models, props):
     """fp32 masters of the params the cast will turn half, from their float32 values."""
-    masters = {}
+    registry = MasterWeights()
     for model in models:
         for module in model.modules():
             if props.keep_batchnorm_fp32 and isinstance(module, _BatchNorm):
                 continue
             for p in module.parameters(recurse=False):
-                if p.is_floating_point() and p not in masters:
-                    masters[p] = torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
-    return masters
+                if p.is_floating_point() and registry.get(p) is None:
+                    registry.add(p, torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))
+    return registry
 
 
-def _patch_model_zero_grad(model, masters):
-    """``model.zero_grad()`` clears its masters' grads too, or they would accumulate."""
-    zero_grad = model.zero_grad
-    own = {id(p) for p in model.parameters()}
-    mine = [m for p, m in masters.items() if id(p) in own]
+def _prepare_model(model, props, registry):
+    half = props.cast_model_type in (torch.float16, torch.bfloat16)
+    if props.cast_model_type is not None:
+        cast_module_tensors(model, props.cast_model_type, half and props.keep_batchnorm_fp32)
+    # O1 keeps autocast whatever cast_model_type says (Apex still patched torch's
+    # functions with cast_model_type=torch.float32).
+    autocast = props.half_dtype if props.patch_torch_functions else None
+    if props.cast_model_type is not None or autocast is not None:
+        patch_forward(model, props.cast_model_type, props.cast_model_outputs or torch.float32, autocast)
+    elif props.cast_model_outputs is not None:
+        patch_forward(model, None, props.cast_model_outputs, None)
+    if half:
+        keep_state_dict_fp32(model, registry)
+    model._core_ops_amp = props
 
-    def zero_grad_with_masters(set_to_none=True):
-        zero_grad(set_to_none=set_to_none)
-        for m in mine:
-            if m.grad is not None:
-                if set_to_none:
-                    m.grad = None
-                else:
-                    m.grad.zero_()
 
-    model.zero_grad = zero_grad_with_masters
+def _publish(state):
+    """Makes ``state`` the one ``amp.state_dict`` and ``amp._amp_state`` report. A call
+    with no optimizers (a frozen teacher) does not displace a training call's state;
+    ``scale_loss`` reads each optimizer's own call's state anyway."""
+    previous = _state._current
+    if not state.optimizers and previous is not None and previous.optimizers:
+        return
+    _state.set_current(state)
 
 
 def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model_type=None,
@@ -131,7 +143,16 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     O1 runs each model's forward under ``torch.autocast(half_dtype)`` (no patching of
     torch functions) and returns float32 outputs unless ``cast_model_outputs`` says
     otherwise, so the loss is computed in float32 as under Apex's patched functions.
+    ``enabled=False`` returns the arguments untouched and checks nothing (as Apex, so
+    ``enabled=args.amp`` works with any other arguments).
+
+    Several calls may coexist (a student at O2, a teacher at O3): each optimizer keeps
+    the properties and loss scalers of its own call.
     """
+    if not enabled:
+        _state.set_current(_state.AmpState(opt_levels.Properties(str(opt_level), enabled=False),
+                                           [], [], []))
+        return models if optimizers is None else (models, optimizers)
     props = opt_levels.resolve(opt_level, half_dtype, enabled, cast_model_type=cast_model_type,
                                patch_torch_functions=patch_torch_functions,
                                keep_batchnorm_fp32=keep_batchnorm_fp32,
@@ -141,53 +162,35 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     if optimizers is None:
         opt_list, single_opt = [], True
     else:
-        opt_list, single_opt = _as_list(optimizers, (torch.optim.Optimizer, LARC), "optimizers")
+        opt_list, single_opt = _as_list(optimizers, (torch.optim.Optimizer, LARC), "optimizers",
+                                        allow_empty=True)
     if int(num_losses) < 1:
         raise ValueError(f"num_losses must be >= 1, got {num_losses}")
-
-    def result():
-        ms = model_list[0] if single_model else model_list
-        if optimizers is None:
-            return ms
-        return ms, (opt_list[0] if single_opt else opt_list)
-
-    if not enabled:
-        _state.set_current(_state.AmpState(props, [], model_list, opt_list))
-        return result()
 
     device_type = _check_models(model_list)
     _check_optimizers(opt_list, model_list)
     _check_half_supported(device_type, props)
 
     half = props.cast_model_type in (torch.float16, torch.bfloat16)
-    masters = _make_masters(model_list, props) if half and props.master_weights else {}
+    registry = _make_masters(model_list, props) if half and props.master_weights else MasterWeights()
     for model in model_list:
-        if props.cast_model_type is not None:
-            cast_module_tensors(model, props.cast_model_type, half and props.keep_batchnorm_fp32)
-        if props.cast_model_type is not None:
-            patch_forward(model, props.cast_model_type, props.cast_model_outputs or torch.float32, None)
-        elif props.patch_torch_functions:
-            patch_forward(model, None, props.cast_model_outputs or torch.float32, props.half_dtype)
-        elif props.cast_model_outputs is not None:
-            patch_forward(model, None, props.cast_model_outputs, None)
-        if half:
-            keep_state_dict_fp32(model, masters)
-        if masters:
-            _patch_model_zero_grad(model, masters)
-        model._core_ops_amp = props
-    for opt in opt_list:
-        opt._core_ops_amp = AmpOptimizer(opt, masters)
-
+        _prepare_model(model, props, registry)
     if props.dynamic:
         scalers = [LossScaler(init_scale=2.0**16, dynamic=True, min_scale=min_loss_scale or 0.0,
                               max_scale=max_loss_scale) for _ in range(int(num_losses))]
     else:
         scalers = [LossScaler(init_scale=props.loss_scale, dynamic=False)
                    for _ in range(int(num_losses))]
-    _state.set_current(_state.AmpState(props, scalers, model_list, opt_list))
+    state = _state.AmpState(props, scalers, model_list, opt_list)
+    for opt in opt_list:
+        opt._core_ops_amp = AmpOptimizer(opt, registry if props.master_weights else None, state)
+    _publish(state)
     if verbosity:
         print(f"core_ops.amp: {props.opt_level} with {props.half_dtype}: "
               f"cast_model_type={props.cast_model_type}, autocast={props.patch_torch_functions}, "
               f"keep_batchnorm_fp32={props.keep_batchnorm_fp32}, "
               f"master_weights={props.master_weights}, loss_scale={props.loss_scale}")
-    return result()
+    ms = model_list[0] if single_model else model_list
+    if optimizers is None:
+        return ms
+    return ms, (opt_list[0] if single_opt else opt_list)

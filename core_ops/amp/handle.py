@@ -4,20 +4,33 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import OrderedDict
 
 import torch
 
 from ..optimizers.larc import LARC
 from . import _state
+from ._state import master_params  # noqa: F401  (Apex kept it in _amp_state)
 
 
-def _amp_of(optimizer, i):
-    amp = getattr(optimizer, "_core_ops_amp", None)
-    if amp is None:
-        raise RuntimeError(f"optimizers[{i}] was not passed to amp.initialize; pass every optimizer "
-                           "that scale_loss should unscale for")
-    return amp
+def _amps_and_state(optimizers):
+    """The AmpOptimizers of ``optimizers`` and the state of the one ``initialize`` call
+    they came from (its properties and loss scalers); ``(None, None)`` when amp was
+    initialized with ``enabled=False``."""
+    if isinstance(optimizers, (torch.optim.Optimizer, LARC)):
+        optimizers = [optimizers]
+    amps = [getattr(opt, "_core_ops_amp", None) for opt in optimizers]
+    if not all(amps):
+        if not _state.current().properties.enabled:
+            return None, None
+        raise RuntimeError(f"optimizers[{amps.index(None)}] was not passed to amp.initialize; pass "
+                           "every optimizer that scale_loss should unscale for")
+    states = {id(a.state): a.state for a in amps}
+    if len(states) > 1:
+        raise ValueError("scale_loss got optimizers from different amp.initialize calls, whose "
+                         "loss scalers differ; call scale_loss once per call's optimizers")
+    return amps, (amps[0].state if amps else _state.current())
 
 
 @contextlib.contextmanager
@@ -26,25 +39,23 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
     """Yields ``loss`` in float32 times loss scaler ``loss_id``'s scale; call
     ``.backward()`` on it inside the block. On leaving, the grads of ``optimizers``'
     params are unscaled (into the fp32 masters at O2) and checked for inf/nan, the
-    scale is updated, and an overflow makes the optimizers' next ``step()`` change
-    nothing, all without a host sync for fused optimizers (Note [Host syncs of loss
-    scaling]). ``delay_unscale=True`` leaves the grads scaled, to accumulate several
-    backward passes before the last, unscaling one. ``model`` is accepted for Apex's
-    signature; ``delay_overflow_check`` too (the check never syncs anyway).
+    scale is updated, and an overflow makes the next ``step()`` of every one of
+    ``optimizers`` change nothing (as in Apex), all without a host sync for fused
+    optimizers (Note [Host syncs of loss scaling]). ``delay_unscale=True`` leaves the
+    grads scaled, to accumulate several backward passes before the last, unscaling
+    one. ``model`` is accepted for Apex's signature; ``delay_overflow_check`` too (the
+    check never syncs anyway). The scalers and properties are those of the
+    ``initialize`` call the optimizers came from.
     """
-    state = _state.current()
-    props = state.properties
-    if not props.enabled:
+    amps, state = _amps_and_state(optimizers)
+    if state is None or not state.properties.enabled:
         yield loss
         return
     if not 0 <= loss_id < len(state.loss_scalers):
         raise ValueError(f"loss_id={loss_id} but amp.initialize was called with "
                          f"num_losses={len(state.loss_scalers)}; pass num_losses > {loss_id}")
-    if isinstance(optimizers, (torch.optim.Optimizer, LARC)):
-        optimizers = [optimizers]
-    amps = [_amp_of(opt, i) for i, opt in enumerate(optimizers)]
     scaler = state.loss_scalers[loss_id]
-    if not props.master_weights and scaler.fixed_scale == 1.0:
+    if not state.properties.master_weights and scaler.fixed_scale == 1.0:
         # Nothing to unscale and, as in Apex, no overflow check (O0, O3).
         yield loss.float()
         return
@@ -61,13 +72,27 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
     for amp in amps:
         found = torch.maximum(found, amp.post_backward(scale))
         amp.params_have_scaled_gradients = False
+    for amp in amps:  # one overflow skips every optimizer of this loss, as in Apex
+        amp.found_inf = torch.maximum(amp.found_inf, found.to(amp.found_inf.device))
     scaler.update_from(found)
 
 
-def master_params(optimizer):
-    """The params ``optimizer`` updates: the fp32 masters at O2, else the model's."""
-    for group in optimizer.param_groups:
-        yield from group["params"]
+def _scaler(loss_id):
+    scalers = _state.current().loss_scalers
+    if not 0 <= loss_id < len(scalers):
+        raise ValueError(f"loss_id must be in [0, {len(scalers)}) (num_losses of amp.initialize), "
+                         f"got {loss_id}")
+    return scalers[loss_id]
+
+
+def loss_scale(loss_id=0):
+    """The current scale of loss scaler ``loss_id`` as a float (a host sync, for logging)."""
+    return _scaler(loss_id).get_scale()
+
+
+def skipped_steps(loss_id=0):
+    """How many iterations loss scaler ``loss_id`` skipped for overflow (a host sync)."""
+    return _scaler(loss_id).skipped_steps
 
 
 def state_dict(destination=None):
@@ -84,14 +109,22 @@ def state_dict(destination=None):
 
 
 def load_state_dict(state_dict):
-    """Restores the loss scalers from ``state_dict()`` (Apex's or this format)."""
+    """Restores the loss scalers from ``state_dict()`` (Apex's or this format). A
+    different number of scalers than ``num_losses`` warns and loads those that match,
+    as Apex did; a key that is no loss scaler's raises."""
     scalers = _state.current().loss_scalers
-    saved = sorted(k for k in state_dict if k.startswith("loss_scaler"))
+    unexpected = [k for k in state_dict if not k.startswith("loss_scaler")]
+    if unexpected:
+        raise RuntimeError(f"unexpected keys in the amp state dict: {unexpected}; expected "
+                           "'loss_scaler0', 'loss_scaler1', ...")
+    saved = [k for k in state_dict if k.startswith("loss_scaler")]
     if len(saved) != len(scalers):
-        raise ValueError(f"the amp state dict has {len(saved)} loss scalers but amp.initialize "
-                         f"made {len(scalers)} (num_losses)")
+        warnings.warn(f"the amp state dict has {len(saved)} loss scalers but amp.initialize made "
+                      f"{len(scalers)} (num_losses); loading the first {min(len(saved), len(scalers))}",
+                      stacklevel=2)
     for i, scaler in enumerate(scalers):
-        scaler.load_state_dict(dict(state_dict[f"loss_scaler{i}"]))
+        if f"loss_scaler{i}" in state_dict:
+            scaler.load_state_dict(dict(state_dict[f"loss_scaler{i}"]))
 
 
 @contextlib.contextmanager

@@ -9,8 +9,13 @@ calls the class's forward, so ``copy.deepcopy`` of an initialized model works.
 
 from __future__ import annotations
 
+import copy
+import types
+
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from . import masters
 
 
 def cast_tree(value, dtype):
@@ -21,7 +26,12 @@ def cast_tree(value, dtype):
         cast = [cast_tree(v, dtype) for v in value]
         return type(value)(*cast) if hasattr(value, "_fields") else type(value)(cast)
     if isinstance(value, dict):
-        return type(value)((k, cast_tree(v, dtype)) for k, v in value.items())
+        # A shallow copy keeps the mapping's type and its extras (a defaultdict's
+        # factory, which ``type(value)(pairs)`` would have taken the pairs for).
+        out = copy.copy(value)
+        for k, v in value.items():
+            out[k] = cast_tree(v, dtype)
+        return out
     return value
 
 
@@ -70,30 +80,50 @@ def patch_forward(model, input_dtype, output_dtype, autocast_dtype):
     model.forward = forward.__get__(model)
 
 
-def keep_state_dict_fp32(model, masters):
+def _save_fp32(module, state_dict, prefix, local_metadata):
+    # Every name of a param (tied ones included) gets its master (Note [Master registry]).
+    registry = masters.of(module)
+    for key, value in state_dict.items():
+        if key.startswith(prefix) and isinstance(value, torch.Tensor) and value.dtype in masters.HALF:
+            state_dict[key] = value.float()
+    for name, p in module.named_parameters(remove_duplicate=False):
+        master = registry.get(p)
+        if master is not None and prefix + name in state_dict:
+            state_dict[prefix + name] = master.detach()
+    return state_dict
+
+
+def _load_fp32(module, state_dict, prefix, *args):
+    registry = masters.of(module)
+    for name, p in module.named_parameters(remove_duplicate=False):
+        master, value = registry.get(p), state_dict.get(prefix + name)
+        if master is not None and isinstance(value, torch.Tensor) and value.shape == master.shape:
+            with torch.no_grad():
+                master.copy_(value)
+
+
+def _zero_grad_with_masters(self, set_to_none=True):
+    type(self).zero_grad(self, set_to_none=set_to_none)
+    registry = masters.of(self)
+    for p in self.parameters():
+        m = registry.get(p)
+        if m is not None and m.grad is not None:
+            if set_to_none:
+                m.grad = None
+            else:
+                m.grad.zero_()
+
+
+def keep_state_dict_fp32(model, registry):
     """``model.state_dict()`` holds float32 values: the master of a param that has
     one, else the half tensor upcast. Loading copies float32 values into the masters
-    as well, exactly (the half params receive their rounding, as ever)."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    by_name = {names[id(p)]: m for p, m in masters.items() if id(p) in names}
+    as well, exactly (the half params receive their rounding, as ever); and
+    ``model.zero_grad()`` clears the masters' grads too, or they would accumulate.
 
-    def save_hook(module, state_dict, prefix, local_metadata):
-        for key, value in list(state_dict.items()):
-            if not key.startswith(prefix):
-                continue
-            master = by_name.get(key[len(prefix):])
-            if master is not None:
-                state_dict[key] = master.detach()
-            elif isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
-                state_dict[key] = value.float()
-        return state_dict
-
-    def load_hook(module, state_dict, prefix, *args):
-        for name, master in by_name.items():
-            value = state_dict.get(prefix + name)
-            if isinstance(value, torch.Tensor) and value.shape == master.shape:
-                with torch.no_grad():
-                    master.copy_(value)
-
-    model._register_state_dict_hook(save_hook)
-    model._register_load_state_dict_pre_hook(load_hook, with_module=True)
+    The hooks are module-level functions that find the masters through the module
+    they are called on, so a deepcopy's hooks serve the copy (Note [Master registry])."""
+    model._core_ops_amp_masters = registry
+    model._register_state_dict_hook(_save_fp32)
+    model._register_load_state_dict_pre_hook(_load_fp32, with_module=True)
+    if len(registry):
+        model.zero_grad = types.MethodType(_zero_grad_with_masters, model)

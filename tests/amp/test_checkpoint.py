@@ -58,7 +58,18 @@ def test_resume_is_bit_identical(level, half, opt_name):
 
 
 def test_amp_state_dict_mismatch():
-    model, opt = fresh("O1", torch.float16, "FusedAdam")
-    with pytest.raises(ValueError, match="has 2 loss scalers but amp.initialize made 1"):
-        amp.load_state_dict({"loss_scaler0": {"loss_scale": 1.0, "unskipped": 0},
+    # As Apex: a different number of scalers warns and loads those that match.
+    fresh("O1", torch.float16, "FusedAdam")
+    with pytest.warns(UserWarning, match="has 2 loss scalers but amp.initialize made 1"):
+        amp.load_state_dict({"loss_scaler0": {"loss_scale": 256.0, "unskipped": 7},
                              "loss_scaler1": {"loss_scale": 1.0, "unskipped": 0}})
+    assert amp.state_dict() == {"loss_scaler0": {"loss_scale": 256.0, "unskipped": 7}}
+    model = conv_net()
+    amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O1",
+                   num_losses=2, verbosity=0)
+    with pytest.warns(UserWarning, match="has 1 loss scalers but amp.initialize made 2"):
+        amp.load_state_dict({"loss_scaler0": {"loss_scale": 8.0, "unskipped": 3}})
+    assert amp.state_dict() == {"loss_scaler0": {"loss_scale": 8.0, "unskipped": 3},
+                                "loss_scaler1": {"loss_scale": 2.0**16, "unskipped": 0}}
+    with pytest.raises(RuntimeError, match=r"unexpected keys in the amp state dict: \['scale'\]"):
+        amp.load_state_dict({"scale": 1.0})

@@ -1,7 +1,9 @@
 """amp.initialize end to end: every level trains the conv net to O0's loss; what O2
 does to the model and optimizer; the errors of bad calls."""
 
+import collections
 import copy
+import math
 
 import pytest
 import torch
@@ -127,6 +129,43 @@ def test_o1_runs_under_autocast_and_keeps_fp32_weights():
         assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32
 
 
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_sparse_grads(level):
+    # nn.Embedding(sparse=True): the multi-tensor ops take dense tensors only, so
+    # sparse grads are unscaled on their own (scale_loss raised TypeError before).
+    torch.manual_seed(0)
+    emb = nn.Embedding(10, 3, sparse=True)
+    start = emb.weight.detach().clone()
+    opt = torch.optim.SGD(emb.parameters(), lr=1.0)
+    emb, opt = amp.initialize(emb, opt, opt_level=level, verbosity=0)
+    with amp.scale_loss(emb(torch.tensor([1, 1, 2])).float().sum() * 2.0**-4, opt) as scaled:
+        scaled.backward()
+    (master,) = amp.master_params(opt)
+    grad = torch.zeros(10, 3)
+    grad[1], grad[2] = 2.0**-3, 2.0**-4  # row 1 is looked up twice
+    assert master.grad.is_sparse and torch.equal(master.grad.to_dense(), grad)
+    opt.step()
+    assert torch.equal(master.detach(), start - grad)
+    assert amp.state_dict()["loss_scaler0"] == {"loss_scale": 2.0**16, "unskipped": 1}
+    # An overflow in a sparse grad skips the step.
+    with amp.scale_loss(emb(torch.tensor([3])).float().sum() * math.inf, opt) as scaled:
+        scaled.backward()
+    opt.step()
+    assert torch.equal(master.detach(), start - grad)
+    assert amp.state_dict()["loss_scaler0"]["loss_scale"] == 2.0**15
+
+
+def test_o1_with_fp32_cast_keeps_autocast():
+    # Apex still patched torch's functions with cast_model_type=torch.float32; here
+    # that override once skipped autocast and ran the whole model in float32.
+    model = conv_net()
+    model = amp.initialize(model, opt_level="O1", cast_model_type=torch.float32, verbosity=0)
+    seen = []
+    model[0].register_forward_hook(lambda m, args, out: seen.append(out.dtype))
+    assert model(DATA[0][0].double()).dtype == torch.float32  # inputs cast to float32 first
+    assert seen == [torch.float16]
+
+
 def test_cast_model_outputs_and_keep_bn_override():
     model = conv_net()
     model = amp.initialize(model, opt_level="O3", keep_batchnorm_fp32=True,
@@ -142,6 +181,33 @@ def test_returns_the_shapes_it_was_given():
     assert isinstance(models, list) and len(models) == 2 and isinstance(opts, list)
     model = amp.initialize(conv_net(), opt_level="O1", verbosity=0)
     assert isinstance(model, nn.Module)
+    # An empty list of optimizers is accepted, as in Apex (a model in eval only).
+    model, opts = amp.initialize(conv_net(), [], opt_level="O2", verbosity=0)
+    assert opts == [] and model[0].weight.dtype == torch.float16
+    # Tuples raised in Apex, and a list back would not be the shape given.
+    with pytest.raises(TypeError, match="models must be a Module or a non-empty list of them, got "
+                                        "tuple"):
+        amp.initialize((conv_net(),), opt_level="O1")
+    m = conv_net()
+    with pytest.raises(TypeError, match="optimizers must be a Optimizer or a list of them, got tuple"):
+        amp.initialize(m, (torch.optim.SGD(m.parameters(), lr=0.1),), opt_level="O1")
+
+
+def test_mapping_inputs_keep_their_type():
+    class DictNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, batch):
+            assert type(batch) is collections.defaultdict and batch["missing"] == []
+            return self.lin(batch["x"])
+
+    model = amp.initialize(DictNet(), opt_level="O2", verbosity=0)
+    batch = collections.defaultdict(list, x=torch.ones(1, 2))
+    out = model(batch)  # TypeError (the pairs taken for the factory) before
+    expected = torch.ones(1, 2).half() @ model.lin.weight.t() + model.lin.bias
+    assert out.dtype == torch.float32 and torch.equal(out, expected.float())
 
 
 def test_disabled_changes_nothing():
@@ -152,6 +218,12 @@ def test_disabled_changes_nothing():
     loss = model(DATA[0][0]).sum()
     with amp.scale_loss(loss, opt) as scaled:
         assert scaled is loss
+    # Nothing is validated when disabled, as in Apex (enabled=args.amp with O1
+    # settings that O1 would reject).
+    model = conv_net()
+    assert amp.initialize(model, opt_level="O1", keep_batchnorm_fp32=True, enabled=False) is model
+    models = (model,)
+    assert amp.initialize(models, [opt], opt_level="O5", enabled=False) == (models, [opt])
 
 
 def test_bad_calls():

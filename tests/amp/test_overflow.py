@@ -89,3 +89,32 @@ def test_overflow_in_one_of_two_losses_skips_the_step():
     sd = amp.state_dict()
     assert sd["loss_scaler0"] == {"loss_scale": 2.0**16, "unskipped": 1}
     assert sd["loss_scaler1"] == {"loss_scale": 2.0**15, "unskipped": 0}
+    # The public readers, and Apex's logging idiom.
+    assert (amp.loss_scale(), amp.skipped_steps()) == (2.0**16, 0)
+    assert (amp.loss_scale(loss_id=1), amp.skipped_steps(loss_id=1)) == (2.0**15, 1)
+    assert amp._amp_state.loss_scalers[1].loss_scale() == 2.0**15
+    assert amp._amp_state.opt_properties.opt_level == "O2"
+    with pytest.raises(ValueError, match=r"loss_id must be in \[0, 2\)"):
+        amp.loss_scale(loss_id=2)
+
+
+@pytest.mark.parametrize("opt_name", ["torch_SGD", "FusedSGD"])
+def test_overflow_in_one_optimizer_skips_all_of_that_loss(opt_name):
+    # Apex skipped every optimizer passed to scale_loss, not only the one whose grads
+    # overflowed: the iteration is lost as a whole (the scale halves for both).
+    a, b = conv_net(), conv_net(seed=1)
+    opts = [OPTIMIZERS[opt_name](a.parameters()), OPTIMIZERS[opt_name](b.parameters())]
+    [a, b], opts = amp.initialize([a, b], opts, opt_level="O1", verbosity=0)
+    wa, wb = a[0].weight.detach().clone(), b[0].weight.detach().clone()
+    x, y = DATA[0]
+    with amp.scale_loss(F.cross_entropy(a(x), y) + F.cross_entropy(b(x), y), opts) as scaled:
+        scaled.backward()
+        inject(b, math.inf)
+    for opt in opts:
+        opt.step()
+    assert torch.equal(wa, a[0].weight) and torch.equal(wb, b[0].weight)
+    assert amp.state_dict()["loss_scaler0"] == {"loss_scale": 2.0**15, "unskipped": 0}
+    # The flag is spent by the skipped step: the next iteration trains both.
+    train(a, opts[0], DATA[1:2])
+    train(b, opts[1], DATA[1:2])
+    assert not torch.equal(wa, a[0].weight) and not torch.equal(wb, b[0].weight)

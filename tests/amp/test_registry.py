@@ -59,3 +59,37 @@ def test_registering_twice_keeps_one_wrapper_and_bad_names_raise():
     assert seen[-1][:2] == (torch.float32, torch.float32)
     with pytest.raises(ValueError, match="has no function named 'nope'"):
         amp.register_float_function(F, "nope")
+
+
+@pytest.mark.parametrize("decorator, expected", [
+    (amp.half_function, (torch.float16, torch.float16)),
+    (amp.float_function, (torch.float32, torch.float32)),
+    (amp.promote_function, (torch.float32, torch.float32)),
+])
+def test_decorators_under_o1(decorator, expected):
+    seen = []
+
+    @decorator
+    def mix(a, b):
+        seen.append((a.dtype, b.dtype, torch.is_autocast_enabled("cpu")))
+        return a * b
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return mix(self.lin(x), x)  # fp16 (autocast) and float32 arguments
+
+    model = amp.initialize(Net(), opt_level="O1", verbosity=0)
+    x = torch.randn(3, 4)
+    out = model(x)
+    assert seen[-1] == (*expected, False)
+    with torch.no_grad():
+        h = F.linear(x.half(), model.lin.weight.half(), model.lin.bias.half())
+        want = h.to(expected[0]) * x.to(expected[0])
+    assert torch.equal(out, want.float())
+    mix(torch.ones(2).half(), torch.ones(2))  # no autocast: untouched
+    assert seen[-1] == (torch.float16, torch.float32, False)
+    assert mix.__name__ == "mix"

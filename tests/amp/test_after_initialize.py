@@ -1,0 +1,159 @@
+"""What users do to a model and optimizer after ``amp.initialize``: add a param group
+(progressive unfreezing), deepcopy the model (EMA, best-model snapshot), tie weights,
+initialize other models (a teacher). The fp32 masters and the loss scalers must
+follow (Note [Master registry])."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from amp_cases import HALVES
+from conftest import dtype_id
+from core_ops import amp
+
+SCALE = 2.0**16  # the dynamic scaler's first scale
+
+
+def two_layers(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+
+
+def backward(model, opt, x, factor=1e-3):
+    with amp.scale_loss(model(x).mean() * factor, opt) as scaled:
+        scaled.backward()
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+@pytest.mark.parametrize("half", HALVES, ids=dtype_id)
+def test_param_group_added_after_initialize(level, half):
+    model = two_layers()
+    late_fp32 = model[1].bias.detach().clone()
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=half, verbosity=0)
+    opt.add_param_group({"params": list(model[1].parameters()), "lr": 0.1})
+    x = torch.randn(1, 4)
+    backward(model, opt, x)
+    bias = opt.param_groups[1]["params"][1]
+    # d(mean(out) * 1e-3)/d(bias) = 1e-3, unscaled (it was 65.5 = 1e-3 * 2^16 before).
+    assert bias.dtype == torch.float32 and bias.grad.dtype == torch.float32
+    torch.testing.assert_close(bias.grad, torch.tensor([1e-3]), rtol=1e-3, atol=0)
+    opt.step()
+    torch.testing.assert_close(bias.detach(), late_fp32 - 1e-4, rtol=0, atol=1e-7)
+    if level == "O2":  # a master, which the model's state_dict reports and zero_grad clears
+        assert bias is not model[1].bias and model[1].bias.dtype == half
+        assert torch.equal(model.state_dict()["1.bias"], bias)
+        backward(model, opt, x)
+        model.zero_grad()
+        assert bias.grad is None
+    # torch's own check at O1; at O2 the group holds the master, so amp checks.
+    with pytest.raises(ValueError, match="more than one parameter group|already in another param"):
+        opt.add_param_group({"params": [model[1].bias]})
+    assert len(opt.param_groups) == 2
+
+
+def test_late_group_of_a_new_half_param_gets_a_master():
+    model = two_layers()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    extra = nn.Parameter(torch.tensor([0.1, 0.2], dtype=torch.float16))
+    opt.add_param_group({"params": [extra]})
+    master = opt.param_groups[1]["params"][0]
+    assert master.dtype == torch.float32 and torch.equal(master, extra.float())
+    grad = torch.tensor([2.0**-10, -(2.0**-9)])  # exact in fp16 times the scale, and back
+    with amp.scale_loss((extra.float() * grad).sum(), opt) as scaled:
+        scaled.backward()
+    assert extra.grad is None and torch.equal(master.grad, grad)
+    opt.step()
+    expected = torch.tensor([0.1, 0.2], dtype=torch.float16).float() - 0.5 * grad
+    assert torch.equal(master.detach(), expected)
+    assert torch.equal(extra, expected.half())
+
+
+def test_deepcopy_of_an_o2_model_is_independent():
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    master = next(iter(amp.master_params(opt)))
+    snap = copy.deepcopy(model)
+    snap_weight = snap.weight.detach().clone()
+    backward(model, opt, torch.randn(4, 2), factor=1e-2)
+    opt.step()
+    # The snapshot's state_dict is its own (half) weights, not the trained masters.
+    assert torch.equal(snap.state_dict()["weight"], snap_weight.float())
+    assert not torch.equal(snap.state_dict()["weight"], model.state_dict()["weight"])
+    # Loading into the snapshot changes the snapshot only.
+    before = master.detach().clone()
+    snap.load_state_dict({"weight": torch.full((2, 2), 0.5), "bias": torch.zeros(2)})
+    assert torch.equal(master, before) and torch.equal(snap.weight, torch.full((2, 2), 0.5).half())
+    # Its zero_grad leaves the original's master grads alone.
+    backward(model, opt, torch.randn(4, 2))
+    grad = master.grad.clone()
+    snap.zero_grad()
+    assert torch.equal(master.grad, grad)
+    model.zero_grad()
+    assert master.grad is None
+
+
+def test_o2_state_dict_of_tied_weights():
+    class TiedLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(5, 3)
+            self.out = nn.Linear(3, 5, bias=False)
+            self.out.weight = self.emb.weight
+
+        def forward(self, i):
+            return self.out(self.emb(i))
+
+    torch.manual_seed(0)
+    model = TiedLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    (master,) = amp.master_params(opt)
+    sd = model.state_dict()
+    # Both names hold the master (before, the alias held the fp16 rounding: 9e-4 off).
+    assert torch.equal(sd["emb.weight"], master) and torch.equal(sd["out.weight"], master)
+    plain = TiedLM()
+    plain.load_state_dict(sd)
+    assert torch.equal(plain.emb.weight, master)
+    # Loading either key fills the one master.
+    model.load_state_dict({"emb.weight": torch.ones(5, 3), "out.weight": torch.ones(5, 3)})
+    assert torch.equal(master, torch.ones(5, 3))
+
+
+def test_second_initialize_keeps_the_first_calls_state():
+    student = nn.Linear(3, 3)
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    student, opt = amp.initialize(student, opt, opt_level="O2", num_losses=2, verbosity=0)
+    teacher = amp.initialize(nn.Linear(3, 3), opt_level="O3", verbosity=0)
+    assert teacher.weight.dtype == torch.float16
+    x = torch.randn(4, 3)
+    (master, _) = amp.master_params(opt)
+    before = master.detach().clone()
+    with amp.scale_loss((student(x) - teacher(x)).pow(2).mean(), opt) as scaled:
+        scaled.backward()
+    assert master.grad is not None and master.grad.abs().sum() > 0
+    opt.step()
+    torch.testing.assert_close(master.detach(), before - 0.1 * master.grad, rtol=0, atol=1e-7)
+    # The student's second loss scaler survived; the models-only call left
+    # amp.state_dict() describing the training call.
+    with amp.scale_loss(student(x).sum() * 1e-3, opt, loss_id=1) as scaled:
+        scaled.backward()
+    assert list(amp.state_dict()) == ["loss_scaler0", "loss_scaler1"]
+    # A second training call (a GAN's other half) keeps its own scalers too.
+    disc = nn.Linear(3, 1)
+    disc_opt = torch.optim.SGD(disc.parameters(), lr=0.1)
+    disc, disc_opt = amp.initialize(disc, disc_opt, opt_level="O1", loss_scale=128.0, verbosity=0)
+    loss = student(x).sum().detach().requires_grad_()
+    with amp.scale_loss(loss, opt, loss_id=1) as scaled:
+        assert float(scaled.detach() / loss.detach()) == SCALE
+    loss = disc(x).sum().detach().requires_grad_()
+    with amp.scale_loss(loss, disc_opt) as scaled:
+        assert float(scaled.detach() / loss.detach()) == 128.0
+    with pytest.raises(ValueError, match="optimizers from different amp.initialize calls"):
+        with amp.scale_loss(disc(x).sum(), [opt, disc_opt]):
+            pass
