@@ -25,6 +25,8 @@ def convert_syncbn_model(module, process_group=None, channel_last=False):
                 converted.running_var = module.running_var
                 converted.num_batches_tracked = module.num_batches_tracked
         converted.train(module.training)
+        if hasattr(module, "qconfig"):  # quantization-aware training config, as torch keeps it
+            converted.qconfig = module.qconfig
         if module.affine:
             converted.to(module.weight.device)
         return converted

@@ -23,7 +23,10 @@ class SyncBatchNorm(_BatchNorm):
     (mean, var, count) in one all-gather and merge them weighted by count, so unequal
     or empty per-rank batches give exactly the statistics of the concatenated batch.
     Running stats take the unbiased variance; ``momentum=None`` keeps a cumulative
-    average. In eval mode the running stats are used and nothing is communicated.
+    average. In eval mode nothing is communicated: the running stats are used, or
+    without them (``track_running_stats=False``) each rank's own batch statistics, as
+    in torch.nn.SyncBatchNorm. An empty global batch leaves the running stats as they
+    are. Differentiable once (a double backward raises, as torch's does).
 
     A subclass of torch's ``_BatchNorm``: its state dict is a BatchNorm's, both ways.
     """
@@ -69,11 +72,14 @@ class SyncBatchNorm(_BatchNorm):
                 raise ValueError("SyncBatchNorm: expected more than 1 value per channel when "
                                  f"training, got input of shape {tuple(input.shape)}")
             factor = self._average_factor()
+            # Batch statistics in eval mode (track_running_stats=False) are this rank's
+            # own: as in torch.nn.SyncBatchNorm, only training syncs, so a rank may
+            # evaluate alone without waiting for the others.
             out = SyncBatchNormFunction.apply(
                 x, self.weight, self.bias,
                 self.running_mean if self.training else None,
                 self.running_var if self.training else None,
-                self.eps, factor, group)
+                self.eps, factor, group, self.training)
         return out.movedim(1, -1) if self.channel_last else out
 
     def extra_repr(self):

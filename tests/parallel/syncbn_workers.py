@@ -125,8 +125,59 @@ def _with_ddp(rank, world):
     return dict(converted=converted, grads=max(diffs), running=running)
 
 
+def _all_empty(rank, world):
+    """No rank has a sample: the running stats keep their values (torch's BatchNorm)."""
+    ours = SyncBatchNorm(3).double()
+    with torch.no_grad():
+        ours.running_mean.fill_(5.0)
+        ours.running_var.fill_(7.0)
+    out = ours(torch.empty(0, 3, 4, dtype=torch.float64))
+    return dict(shape=tuple(out.shape), mean=ours.running_mean.tolist(), var=ours.running_var.tolist())
+
+
+def _eval_alone(rank, world):
+    """Eval without running stats on rank 0 only: its own batch statistics, no
+    collective (rank 1 goes straight to the barrier; a collective would time out)."""
+    result = None
+    if rank == 0:
+        x = torch.randn(5, 3, 4, dtype=torch.float64)
+        ours = SyncBatchNorm(3, track_running_stats=False).double().eval()
+        ref = nn.BatchNorm1d(3, track_running_stats=False).double().eval()
+        result = _max(ours(x), ref(x))
+    dist.barrier()
+    return dict(out=result)
+
+
+def _partial_input_grad(rank, world):
+    """Only rank 0's input needs a grad: rank 1 still joins the backward all-reduce,
+    and rank 0's input grad is that of BatchNorm on the global batch."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2 * world, 3, 5, generator=g, dtype=torch.float64)
+    ours, ref = SyncBatchNorm(3).double(), nn.BatchNorm1d(3).double()
+    mine = x[2 * rank:2 * rank + 2].clone().requires_grad_(rank == 0)
+    ours(mine).square().sum().backward()
+    xr = x.clone().requires_grad_()
+    ref(xr).square().sum().backward()
+    grad_in = _max(mine.grad, xr.grad[:2]) if rank == 0 else None
+    return dict(grad_in=grad_in, weight_grad=ours.weight.grad is not None)
+
+
+def _double_backward_across(rank, world):
+    x = torch.randn(3, 2, 4, dtype=torch.float64, requires_grad=True)
+    out = SyncBatchNorm(2).double()(x)
+    try:
+        torch.autograd.grad(out.pow(3).sum(), x, create_graph=True)
+    except RuntimeError as e:
+        return dict(error=str(e))
+    return dict(error=None)
+
+
 def suite(rank, world):
     out = {name: _case(rank, world, *spec) for name, spec in CASES.items()}
     out["subgroups"] = _subgroups(rank, world)
     out["ddp"] = _with_ddp(rank, world)
+    out["all_empty"] = _all_empty(rank, world)
+    out["eval_alone"] = _eval_alone(rank, world)
+    out["partial_input_grad"] = _partial_input_grad(rank, world)
+    out["double_backward"] = _double_backward_across(rank, world)
     return out

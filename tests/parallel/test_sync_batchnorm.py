@@ -41,3 +41,23 @@ def test_with_ddp_and_convert(ranks):
         res = r["ddp"]
         assert res["converted"] == "SyncBatchNorm"
         assert res["grads"] <= TOL and res["running"] <= TOL
+
+
+def test_empty_global_batch_keeps_running_stats(ranks):
+    for r in ranks:
+        assert r["all_empty"] == dict(shape=(0, 3, 4), mean=[5.0] * 3, var=[7.0] * 3)
+
+
+def test_eval_without_running_stats_needs_no_other_rank(ranks):
+    assert ranks[0]["eval_alone"]["out"] <= TOL  # rank 1 never ran it: no collective
+
+
+def test_rank_whose_input_needs_no_grad_still_joins_backward(ranks):
+    assert ranks[0]["partial_input_grad"]["grad_in"] <= TOL
+    assert all(r["partial_input_grad"]["weight_grad"] for r in ranks)
+
+
+def test_double_backward_across_processes_is_a_clear_error(ranks):
+    for r in ranks:
+        assert "create_graph=True" in r["double_backward"]["error"]
+        assert "not supported across processes" in r["double_backward"]["error"]

@@ -121,6 +121,40 @@ def test_convert_syncbn_model_keeps_weights_buffers_and_mode():
     bn = nn.BatchNorm2d(4)
     bn.load_state_dict(converted[1].state_dict())  # and back into torch's BatchNorm
     assert torch.equal(bn.weight, converted[1].weight)
+    qat = nn.BatchNorm1d(2)
+    qat.qconfig = "a quantization config"  # kept for quantization-aware training, as torch does
+    assert convert_syncbn_model(qat).qconfig == "a quantization config"
+
+
+def test_double_backward_matches_batchnorm():
+    """A gradient penalty through SyncBatchNorm in one process (Note [SyncBN double
+    backward]): the second-order grads of torch's BatchNorm, float64."""
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(4, 3, 5, generator=g, dtype=torch.float64)
+    results = []
+    for module in (nn.BatchNorm1d(3), SyncBatchNorm(3)):
+        module = module.double()
+        with torch.no_grad():
+            module.weight.copy_(torch.tensor([0.5, 1.0, 1.5]))
+        x = x0.clone().requires_grad_()
+        gx, = torch.autograd.grad(module(x).pow(3).sum(), x, create_graph=True)
+        penalty = gx.pow(2).sum()
+        penalty.backward()
+        results.append((gx.detach(), x.grad, module.weight.grad, module.bias.grad))
+    assert results[0][1].abs().sum() > 1  # a second-order grad that is not zero
+    for ref, ours in zip(*results):
+        torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_empty_batch_keeps_running_stats():
+    ref, ours = nn.BatchNorm2d(3), SyncBatchNorm(3)
+    for m in (ref, ours):
+        with torch.no_grad():
+            m.running_mean.fill_(2.0)
+            m.running_var.fill_(3.0)
+        assert m(torch.empty(0, 3, 4, 4)).shape == (0, 3, 4, 4)
+    assert ours.running_mean.tolist() == ref.running_mean.tolist() == [2.0] * 3
+    assert ours.running_var.tolist() == ref.running_var.tolist() == [3.0] * 3
 
 
 @pytest.mark.parametrize("shape", [(4,), (2, 3, 4, 5, 6, 7)])
