@@ -1,6 +1,7 @@
 """Apex's import paths resolve to core_ops, and an unmodified Apex script trains when
 run with ``python -m core_ops.compat.apex``."""
 
+import math
 import os
 import re
 import subprocess
@@ -49,10 +50,20 @@ def test_module_form_and_usage(tmp_path):
     assert proc.returncode == 2 and "no such script: missing.py" in proc.stderr
 
 
+def test_spawned_children_import_apex(tmp_path):
+    # Before, the children of `python -m core_ops.compat.apex` had no alias finder:
+    # ModuleNotFoundError: No module named 'apex', and spawn exited with code 1.
+    out = run_script(os.path.join(HERE, "apex_spawn_children.py"), str(tmp_path / "rank"))
+    assert "loader [[0.0, 1.0], [4.0, 9.0]]" in out
+    for rank in (0, 1):
+        assert (tmp_path / f"rank.{rank}").read_text() == (
+            "core_ops.amp core_ops.optimizers.larc core_ops.optimizers core_ops.multi_tensor_apply.amp_C")
+
+
 def test_import_aliases():
     import core_ops.amp
     import core_ops.compat.apex  # noqa: F401
-    import core_ops.multi_tensor_apply.amp_C as our_amp_c
+    import core_ops.compat.apex.amp_C as our_amp_c
     import core_ops.normalization
     import core_ops.optimizers
 
@@ -79,6 +90,98 @@ def test_import_aliases():
         import apex.contrib  # noqa: F401
     with pytest.raises(ModuleNotFoundError, match="No module named 'apex.amp.nothing'"):
         import apex.amp.nothing  # noqa: F401
+
+
+def test_apex_attributes_and_module_paths():
+    import core_ops.compat.apex  # noqa: F401
+    import core_ops.parallel
+    code = (  # a fresh interpreter: `import apex` alone, as Apex's ImageNet example does
+        "import core_ops.compat.apex, apex\n"
+        "print(apex.amp.__name__, apex.parallel.__name__, apex.optimizers.__name__, "
+        "apex.normalization.__name__, apex.multi_tensor_apply.__name__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["core_ops.amp", "core_ops.parallel", "core_ops.optimizers",
+                                   "core_ops.normalization", "core_ops.multi_tensor_apply"], proc.stderr
+    from apex.amp import _amp_state
+    from apex.amp._amp_state import _amp_state as state_object
+    from apex.amp.scaler import LossScaler
+    from apex.multi_tensor_apply.multi_tensor_apply import MultiTensorApply
+    from apex.normalization.fused_layer_norm import FusedLayerNorm, FusedRMSNorm
+    from apex.optimizers.fused_adagrad import FusedAdagrad
+    from apex.optimizers.fused_adam import FusedAdam
+    from apex.optimizers.fused_mixed_precision_lamb import FusedMixedPrecisionLamb
+    from apex.optimizers.fused_novograd import FusedNovoGrad
+    from apex.optimizers.fused_sgd import FusedSGD
+    from apex.parallel.LARC import LARC
+    from apex.parallel.optimized_sync_batchnorm import SyncBatchNorm
+    assert _amp_state is state_object is core_ops.amp._amp_state
+    assert LossScaler is core_ops.amp.LossScaler
+    assert MultiTensorApply is core_ops.multi_tensor_apply.MultiTensorApply
+    assert (FusedLayerNorm, FusedRMSNorm) == (core_ops.normalization.FusedLayerNorm,
+                                              core_ops.normalization.FusedRMSNorm)
+    assert (FusedAdagrad, FusedAdam, FusedMixedPrecisionLamb, FusedNovoGrad, FusedSGD) == (
+        core_ops.optimizers.FusedAdagrad, core_ops.optimizers.FusedAdam,
+        core_ops.optimizers.FusedMixedPrecisionLamb, core_ops.optimizers.FusedNovoGrad,
+        core_ops.optimizers.FusedSGD)
+    assert LARC is core_ops.optimizers.LARC and SyncBatchNorm is core_ops.parallel.SyncBatchNorm
+    # Importing apex.parallel.LARC (a module) leaves core_ops.parallel.LARC the class.
+    import apex.parallel
+    assert apex.parallel.LARC is core_ops.parallel.LARC is LARC
+    with pytest.raises(ImportError, match="cannot import name 'nothing' from 'apex.parallel.LARC'"):
+        from apex.parallel.LARC import nothing  # noqa: F401
+
+
+def test_amp_c_optimizer_kernels():
+    import core_ops.compat.apex  # noqa: F401
+    from apex.multi_tensor_apply import multi_tensor_applier
+
+    import amp_C
+    g = torch.tensor([0.5, -1.0, 2.0])
+    noop = torch.zeros(1, dtype=torch.int32)
+
+    # Adam, AdamW mode, step 2 with Apex's formula (float64 here).
+    p0, m0, v0 = torch.tensor([1.0, 2.0, -3.0]), torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.01, 0.02, 0.03])
+    p, m, v = p0.clone(), m0.clone(), v0.clone()
+    multi_tensor_applier(amp_C.multi_tensor_adam, noop, [[g], [p], [m], [v]],
+                         0.1, 0.9, 0.999, 1e-8, 2, 1, 1, 0.01)
+    gd, pd = g.double(), p0.double()
+    md, vd = 0.9 * m0.double() + 0.1 * gd, 0.999 * v0.double() + 0.001 * gd * gd
+    update = (md / (1 - 0.9**2)) / ((vd / (1 - 0.999**2)).sqrt() + 1e-8) + 0.01 * pd
+    torch.testing.assert_close(p, (pd - 0.1 * update).float(), rtol=2e-7, atol=1e-7)
+    torch.testing.assert_close(m, md.float(), rtol=2e-7, atol=0)
+    torch.testing.assert_close(v, vd.float(), rtol=2e-7, atol=0)
+    # ...with half lists (Apex kept the state in the param dtype).
+    ph, mh, vh = p0.half(), m0.half(), v0.half()
+    multi_tensor_applier(amp_C.multi_tensor_adam, noop, [[g.half()], [ph], [mh], [vh]],
+                         0.1, 0.9, 0.999, 1e-8, 2, 1, 1, 0.01)
+    assert mh.dtype == torch.float16
+    torch.testing.assert_close(ph, (pd - 0.1 * update).half(), rtol=1e-3, atol=1e-3)
+
+    # SGD with fp32 masters of half params, grads times 1/scale, momentum after a first run.
+    master, mom = torch.tensor([1.0, 2.0, -3.0]), torch.tensor([0.5, 0.5, 0.5])
+    model = master.half()
+    multi_tensor_applier(amp_C.multi_tensor_sgd, noop, [[(g * 4).half()], [master], [mom], [model]],
+                         0.0, 0.9, 0.0, 0.1, False, False, False, 0.25)
+    # float32 results within one rounding of the float64 formula
+    torch.testing.assert_close(mom, 0.9 * torch.tensor([0.5, 0.5, 0.5]) + g, rtol=1.2e-7, atol=0)
+    torch.testing.assert_close(master, torch.tensor([1.0, 2.0, -3.0]) - 0.1 * mom, rtol=1.2e-7, atol=0)
+    assert torch.equal(model, master.half())
+    stepped = master.clone()
+    noop.fill_(1)  # Apex's SGD kernel skips when the flag is set
+    multi_tensor_applier(amp_C.multi_tensor_sgd, noop, [[g], [master], [mom]],
+                         0.0, 0.9, 0.0, 0.1, False, False, False, 1.0)
+    assert torch.equal(master, stepped)
+
+    # Adagrad, L2 mode: h += g^2; p -= lr * g / (sqrt(h) + eps), with g += wd * p first.
+    p, h = torch.tensor([1.0, 2.0, -3.0]), torch.tensor([1.0, 1.0, 1.0])
+    multi_tensor_applier(amp_C.multi_tensor_adagrad, noop, [[g], [p], [h]], 0.1, 1e-10, 0, 0.5)
+    gd = g.double() + 0.5 * torch.tensor([1.0, 2.0, -3.0], dtype=torch.float64)
+    hd = 1.0 + gd * gd
+    torch.testing.assert_close(h, hd.float(), rtol=2e-7, atol=0)
+    torch.testing.assert_close(p, (torch.tensor([1.0, 2.0, -3.0]).double() - 0.1 * gd / (hd.sqrt() + 1e-10)).float(),
+                               rtol=2e-7, atol=1e-7)
+    norm, _ = multi_tensor_applier(amp_C.multi_tensor_l2norm_mp, noop, [[g.half()]], False)
+    assert norm.dtype == torch.float32 and float(norm) == pytest.approx(math.sqrt(5.25))
 
 
 def test_normalization_matches_torch():

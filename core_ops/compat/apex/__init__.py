@@ -4,8 +4,11 @@ Apex training script runs unmodified: ``import apex``, ``from apex import amp``,
 ``apex.multi_tensor_apply``, and the extension modules ``amp_C`` and ``apex_C``.
 ``python -m core_ops.compat.apex script.py [args]`` runs a script with them in place.
 
-``apex.<name>.<sub>`` maps to ``core_ops.<name>.<sub>``; what core_ops does not have
+``apex.<name>.<sub>`` maps to ``core_ops.<name>.<sub>``, and Apex's module paths that
+core_ops lays out differently map through ``SUBMODULES``; what core_ops does not have
 (``apex.contrib``, ``apex.fp16_utils``, ...) fails to import with a message that says so.
+As in Apex, ``import apex`` alone gives ``apex.amp``, ``apex.parallel`` and the rest
+(imported on first access).
 """
 
 from __future__ import annotations
@@ -13,13 +16,24 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
+import os
 import sys
 import types
 
 import torch
 
 PACKAGES = ("amp", "optimizers", "parallel", "normalization", "multi_tensor_apply")
-EXTENSIONS = {"amp_C": "core_ops.multi_tensor_apply.amp_C"}
+EXTENSIONS = {"amp_C": "core_ops.compat.apex.amp_C"}
+# Apex modules whose contents core_ops keeps elsewhere (or in its package itself).
+SUBMODULES = {
+    "apex.amp._amp_state": "core_ops.amp._state",
+    "apex.amp.scaler": "core_ops.amp.loss_scaler",
+    "apex.multi_tensor_apply.multi_tensor_apply": "core_ops.multi_tensor_apply.applier",
+    "apex.normalization.fused_layer_norm": "core_ops.normalization",
+    "apex.optimizers.fused_mixed_precision_lamb": "core_ops.optimizers.fused_lamb",
+    "apex.parallel.LARC": "core_ops.optimizers.larc",
+    "apex.parallel.optimized_sync_batchnorm": "core_ops.parallel.sync_batchnorm",
+}
 
 
 def _apex_c():
@@ -30,6 +44,44 @@ def _apex_c():
     return module
 
 
+class _Alias(types.ModuleType):
+    """``apex.<path>`` for one of ``SUBMODULES``: a module of its own whose attributes
+    are the target's, imported on first access. Registered in ``sys.modules`` before
+    any import, so the import system never sets it as an attribute of its parent:
+    ``import apex.parallel.LARC`` must not turn ``core_ops.parallel.LARC`` (the class)
+    into a module."""
+
+    def __init__(self, name, target):
+        super().__init__(name, f"Apex's {name}: core_ops' {target}")
+        self.__target = target
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        module = importlib.import_module(self.__target)
+        try:
+            return getattr(module, attr)
+        except AttributeError:
+            raise AttributeError(f"module {self.__name__!r} (core_ops' {self.__target}) has no "
+                                 f"attribute {attr!r}") from None
+
+    def __dir__(self):
+        return dir(importlib.import_module(self.__target))
+
+
+def _apex_package():
+    module = types.ModuleType("apex", "core_ops standing in for NVIDIA Apex")
+    module.__path__ = []  # a package, so that apex.<name> is looked up by the finder
+
+    def __getattr__(name):  # apex.amp etc. without importing them first, as in Apex
+        if name in PACKAGES:
+            return importlib.import_module(f"apex.{name}")
+        raise AttributeError(f"module 'apex' has no attribute {name!r}")
+
+    module.__getattr__ = __getattr__
+    return module
+
+
 def _target(fullname):
     """The core_ops module behind an Apex module name, or None if not ours to serve."""
     if fullname in EXTENSIONS:
@@ -37,9 +89,7 @@ def _target(fullname):
     if fullname == "apex_C":
         return _apex_c()
     if fullname == "apex":
-        module = types.ModuleType("apex", "core_ops standing in for NVIDIA Apex")
-        module.__path__ = []  # a package, so that apex.<name> is looked up by the finder
-        return module
+        return _apex_package()
     if not fullname.startswith("apex."):
         return None
     rest = fullname[len("apex."):]
@@ -90,12 +140,43 @@ class ApexAliasFinder(importlib.abc.MetaPathFinder):
 
 
 def install():
-    """Puts the finder first on ``sys.meta_path`` (idempotent); an installed real Apex
-    is shadowed from then on."""
+    """Puts the finder first on ``sys.meta_path`` and the ``SUBMODULES`` aliases in
+    ``sys.modules`` (idempotent); an installed real Apex is shadowed from then on."""
     if not any(isinstance(f, ApexAliasFinder) for f in sys.meta_path):
         for name in [n for n in sys.modules if n == "apex" or n.startswith("apex.")]:
             del sys.modules[name]  # a real Apex imported earlier would otherwise win
         sys.meta_path.insert(0, ApexAliasFinder())
+    for name, target in SUBMODULES.items():
+        if not isinstance(sys.modules.get(name), _Alias):
+            sys.modules[name] = _Alias(name, target)
+
+
+# Note [Children of the runner]: a process that torch.multiprocessing.spawn or a
+# spawn/forkserver DataLoader starts is a fresh interpreter that re-imports the
+# script's main module, so the parent's finder is not in it. SHIM_DIR holds real
+# top-level ``apex``, ``amp_C`` and ``apex_C`` modules that install the finder and
+# replace themselves by their alias; the runner puts SHIM_DIR on PYTHONPATH (for any
+# child interpreter) and on sys.path (which multiprocessing hands to its children).
+SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shim")
+_SHIMMED = ("apex", "amp_C", "apex_C")
+
+
+def serve_from_path(name):
+    """Called by a module of SHIM_DIR while it is being imported as ``name``."""
+    if name not in _SHIMMED:
+        return  # imported by its package path (a tool walking core_ops): nothing to serve
+    install()
+    sys.modules.pop(name, None)  # the shim itself, half imported
+    sys.modules[name] = importlib.import_module(name)  # now through the finder
+
+
+def export_to_children():
+    """Makes ``import apex`` work in child interpreters (Note [Children of the runner])."""
+    if SHIM_DIR not in sys.path:
+        sys.path.insert(0, SHIM_DIR)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if SHIM_DIR not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([SHIM_DIR] + [p for p in paths if p])
 
 
 install()

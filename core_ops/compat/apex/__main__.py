@@ -5,7 +5,7 @@ import os
 import runpy
 import sys
 
-from . import install
+from . import export_to_children, install
 
 USAGE = "usage: python -m core_ops.compat.apex script.py [args...]  |  -m module [args...]"
 
@@ -15,6 +15,7 @@ def main(argv):
         print(USAGE)
         return 0 if argv else 2
     install()
+    export_to_children()
     if argv[0] == "-m":
         if len(argv) < 2:
             print(USAGE, file=sys.stderr)
