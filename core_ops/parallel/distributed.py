@@ -41,11 +41,17 @@ def _check_args(module, message_size, num_allreduce_streams, gradient_predivide_
     if allreduce_always_fp32 and allreduce_dtype not in (None, torch.float32):
         raise ValueError(f"allreduce_always_fp32=True contradicts allreduce_dtype={allreduce_dtype}; "
                          "give one of them")
+    return _trainable(module)
+
+
+def _trainable(module, owner=None):
+    """The params of ``module`` that require grad, once each; they must not belong to
+    another DistributedDataParallel than ``owner``."""
     params = list(dict.fromkeys(p for p in module.parameters() if p.requires_grad))
     if not params:
         raise ValueError("module has no parameters that require grad: there is nothing for "
                          "DistributedDataParallel to reduce")
-    if any(p in _OWNED and _OWNED[p]() is not None for p in params):
+    if any(p in _OWNED and _OWNED[p]() not in (None, owner) for p in params):
         raise ValueError("module (or some of its parameters) is already wrapped in a "
                          "core_ops DistributedDataParallel; wrap it once")
     return params
@@ -64,10 +70,16 @@ def _group_timeout(group):
             return None
 
 
-def _signature(params):
-    """(count, elements, crc of shapes and dtypes): what must agree across ranks."""
-    text = ";".join(f"{tuple(p.shape)}:{p.dtype}" for p in params)
-    return [len(params), sum(p.numel() for p in params), zlib.crc32(text.encode())]
+def _layout_crc(tensors):
+    return zlib.crc32(";".join(f"{tuple(t.shape)}:{t.dtype}" for t in tensors).encode())
+
+
+def _signature(params, module):
+    """What must agree across ranks: (count, elements, layout crc) of the params that
+    are reduced, and a layout crc of everything broadcast from rank 0 (every param,
+    frozen ones included, and every buffer), which must match to the byte."""
+    state = list(module.parameters()) + list(module.buffers())
+    return [len(params), sum(p.numel() for p in params), _layout_crc(params), _layout_crc(state)]
 
 
 class DistributedDataParallel(nn.Module):
@@ -109,6 +121,15 @@ class DistributedDataParallel(nn.Module):
     ``num_allreduce_streams`` is accepted for Apex compatibility: the torch.distributed
     backend already runs collectives on its own streams / threads.
 
+    Params frozen or unfrozen after wrapping are noticed at the next training forward
+    (Apex's ``needs_refresh``, which may also be set by hand): the ranks check that
+    they agree on the new set (one all-gather; a rank that did not change fails it
+    after the group's timeout) and the buckets are planned anew. Apex's
+    ``disable_allreduce()`` / ``enable_allreduce()`` switch the reduction off and on
+    across backward passes (``no_sync()`` does it for a block). At construction the
+    frozen params and buffers, broadcast from rank 0, must have the same shapes and
+    dtypes on every rank too.
+
     State dicts carry no wrapper prefix: ``state_dict()`` has the keys of
     ``module.state_dict()`` (torch's DDP adds ``module.``), so a checkpoint loads into
     the bare model; ``load_state_dict`` accepts keys with or without ``module.``.
@@ -140,6 +161,7 @@ class DistributedDataParallel(nn.Module):
         self.broadcast_buffers = broadcast_buffers
         self._params = params
         self._join(process_group)
+        self.needs_refresh = False  # Apex's flag: True re-plans the buckets at the next forward
         self._trigger_ids = None
         if allreduce_trigger_params is not None:
             self._trigger_ids = {id(p) for p in allreduce_trigger_params}
@@ -147,17 +169,12 @@ class DistributedDataParallel(nn.Module):
                 raise ValueError("allreduce_trigger_params must be parameters of module that "
                                  "require grad")
         self._broadcast_state()
-        self._buckets = None
-        self._slot = {}
-        if delay_allreduce:  # no overlap to gain: a fixed layout, the same on every rank
-            self._build_buckets(list(reversed(range(len(params)))))
         self._sync = True
-        self._reset_iteration()
-        for i, p in enumerate(params):
-            _OWNED[p] = weakref.ref(self)
-            p.register_post_accumulate_grad_hook(self._make_hook(i))
+        self._hooked = WeakIdKeyDictionary()  # params with our hook: one hook each, ever
+        self._adopt(params)
         self._register_state_dict_hook(_strip_prefix)
-        self._register_load_state_dict_pre_hook(_add_prefix)
+        self._register_load_state_dict_pre_hook(_add_prefix, with_module=True)
+        self.register_load_state_dict_post_hook(_unprefixed_report)
 
     # --- construction ------------------------------------------------------------
 
@@ -165,27 +182,69 @@ class DistributedDataParallel(nn.Module):
         return comm_device(self.process_group, self._params[0].device)
 
     def _join(self, process_group):
-        """The first collectives: make the group, check that the models agree. A rank
-        that never arrives fails them after the group's timeout, with this message."""
+        """The first collectives: check that the models agree, make the group."""
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
+        self._agree("joined construction")
+        if process_group is None:  # every rank is here: creating the group cannot stall
+            self.process_group = dist.new_group(timeout=_group_timeout(None))
+
+    def _agree(self, doing, params=None):
+        """Checks that every rank's module and ``params`` (default: those reduced now)
+        match rank 0's (one all-gather). A rank that never arrives fails it after the
+        group's timeout, with this message."""
         try:
-            mine = torch.tensor(_signature(self._params), dtype=torch.int64,
+            mine = torch.tensor(_signature(params or self._params, self.module), dtype=torch.int64,
                                 device=self._comm_device())
-            every = all_gather_flat(mine, process_group).tolist()
+            every = all_gather_flat(mine, self.process_group).tolist()
         except (RuntimeError, TimeoutError) as e:  # gloo / NCCL timeouts, closed peers
             raise RuntimeError(
                 f"DistributedDataParallel: not every one of the {self.world_size} ranks of "
-                "the process group joined construction within the group's timeout (a rank "
-                "died, never started, or did not construct the same model): "
+                f"the process group {doing} within the group's timeout (a rank died, never "
+                "started, or does not have the same model and trainable params): "
                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
-        if any(sig != every[0] for sig in every):
+        if any(sig[:3] != every[0][:3] for sig in every):
             lines = "; ".join(f"rank {r}: {n} params, {e} elements, layout crc {c:#x}"
-                              for r, (n, e, c) in enumerate(every))
+                              for r, (n, e, c, _) in enumerate(every))
             raise RuntimeError("DistributedDataParallel: the module differs across ranks "
                                f"(params requiring grad, their shapes or dtypes): {lines}")
-        if process_group is None:  # every rank is here: creating the group cannot stall
-            self.process_group = dist.new_group(timeout=_group_timeout(None))
+        if any(sig[3] != every[0][3] for sig in every):
+            lines = "; ".join(f"rank {r}: crc {sig[3]:#x}" for r, sig in enumerate(every))
+            raise RuntimeError("DistributedDataParallel: the module's frozen params or buffers "
+                               "(shapes, dtypes) differ across ranks, so rank 0's cannot be "
+                               f"broadcast to the others: {lines}")
+
+    def _adopt(self, params):
+        """Makes ``params`` the ones reduced, with hooks on each (once) and buckets to be
+        planned by the next backward (Note [Bucket layout])."""
+        self._params = params
+        self._index = {id(p): i for i, p in enumerate(params)}
+        for p in params:
+            _OWNED[p] = weakref.ref(self)
+            if p not in self._hooked:
+                self._hooked[p] = True
+                p.register_post_accumulate_grad_hook(self._make_hook())
+        self._buckets = None
+        self._slot = {}
+        if self.delay_allreduce:  # no overlap to gain: a fixed layout, the same on every rank
+            self._build_buckets(list(reversed(range(len(params)))))
+        self._reset_iteration()
+
+    def _refresh_if_changed(self):
+        """Apex's refresh: when params were frozen or unfrozen since the buckets were
+        planned (or ``needs_refresh`` was set), every rank agrees on the new set and the
+        buckets are planned anew. A rank whose set did not change waits elsewhere, and
+        the others fail after the group's timeout, with a message saying so."""
+        current = [p for p in self.module.parameters() if p.requires_grad]
+        if (not self.needs_refresh and len(current) == len(self._params)
+                and all(a is b for a, b in zip(current, self._params))):
+            return
+        params = _trainable(self.module, owner=self)
+        if self._trigger_ids is not None and not self._trigger_ids <= {id(p) for p in params}:
+            raise ValueError("allreduce_trigger_params must stay parameters that require grad")
+        self._agree("re-planned its buckets (params frozen or unfrozen)", params)
+        self._adopt(params)
+        self.needs_refresh = False
 
     def _broadcast_state(self):
         with torch.no_grad():
@@ -249,17 +308,18 @@ class DistributedDataParallel(nn.Module):
         self._works = []
         self._used = []
 
-    def _make_hook(self, index):
+    def _make_hook(self):
         ref = weakref.ref(self)
 
         def hook(param):
             owner = ref()
             if owner is not None:
-                owner._grad_ready(index, param)
+                owner._grad_ready(param)
         return hook
 
-    def _grad_ready(self, index, param):
-        if not self._sync:
+    def _grad_ready(self, param):
+        index = self._index.get(id(param))
+        if not self._sync or index is None:  # None: frozen when the buckets were planned
             return
         if not self._callback_queued:
             self._callback_queued = True
@@ -313,8 +373,10 @@ class DistributedDataParallel(nn.Module):
             if self._buckets is not None:
                 for bucket in self._buckets:
                     bucket.reset()
-        if self.broadcast_buffers and self.module.training and torch.is_grad_enabled():
-            self._sync_buffers()
+        if self.module.training and torch.is_grad_enabled():
+            self._refresh_if_changed()
+            if self.broadcast_buffers:
+                self._sync_buffers()
         return self.module(*inputs, **kwargs)
 
     @contextlib.contextmanager
@@ -327,10 +389,30 @@ class DistributedDataParallel(nn.Module):
         finally:
             self._sync = previous
 
+    def disable_allreduce(self):
+        """Apex's: backward passes accumulate grads locally until enable_allreduce()
+        (no_sync() does the same for a block)."""
+        self._sync = False
+
+    def enable_allreduce(self):
+        self._sync = True
+
     @property
     def allreduce_buffers(self):
         """The flat buffers of the buckets (grads then used flags), in launch order."""
         return [b.buffer for b in self._buckets or [] if b.buffer is not None]
+
+
+def flat_dist_call(tensors, call, extra_args=None):
+    """Apex's helper: ``call(flat, *extra_args)`` on each (device, dtype) group of
+    ``tensors`` flattened into one buffer, the results copied back; after
+    ``dist.all_reduce`` the values are divided by the world size (an average), as in
+    Apex."""
+    def run(flat):
+        call(flat, *(extra_args or ()))
+        if call is dist.all_reduce:
+            flat /= dist.get_world_size()
+    _buckets.flat_call(tensors, run)
 
 
 def _dotted(meta_key):
@@ -354,13 +436,29 @@ def _strip_prefix(module, state_dict, prefix, local_metadata):
     return state_dict
 
 
-def _add_prefix(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+def _add_prefix(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                 error_msgs):
-    """load_state_dict pre-hook: keys without ``module.`` (ours, or a bare model's) get it."""
+    """load_state_dict pre-hook: a bare model's keys (ours) get the ``module.`` prefix,
+    a wrapped model's (torch's DDP) keep theirs. Which one a state dict is, is decided
+    by which reading names more of the wrapped module's keys, not by the prefix alone:
+    the wrapped model may have a child called ``module`` of its own."""
     inner = prefix + "module."
-    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+    keys = [k for k in state_dict if k.startswith(prefix)]
+    expected = set(module.module.state_dict().keys())
+    bare_hits = sum(k[len(prefix):] in expected for k in keys)
+    wrapped_hits = sum(k.startswith(inner) and k[len(inner):] in expected for k in keys)
+    if wrapped_hits > bare_hits:
+        return
+    for key in keys:
         state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
     metadata = getattr(state_dict, "_metadata", None)
-    if metadata is not None and _undotted(inner) not in metadata:
-        for key in [k for k in metadata if _dotted(k).startswith(prefix)]:
-            metadata[_undotted(inner + _dotted(key)[len(prefix):])] = metadata[key]
+    if metadata is not None:  # read all before writing: "module" may be a child's name
+        metadata.update({_undotted(inner + _dotted(key)[len(prefix):]): metadata[key]
+                         for key in metadata if _dotted(key).startswith(prefix)})
+
+
+def _unprefixed_report(module, incompatible_keys):
+    """load_state_dict post-hook: missing and unexpected keys are reported as the user's
+    state dict spells them, without the wrapper's ``module.``."""
+    for keys in (incompatible_keys.missing_keys, incompatible_keys.unexpected_keys):
+        keys[:] = [k[len("module."):] if k.startswith("module.") else k for k in keys]

@@ -15,7 +15,8 @@ class Reducer:
     Given a module, its params (and buffers) are broadcast from the group's rank 0 at
     construction, as in Apex, and ``reduce()`` averages the grads of its params that
     require grad; a param with no grad on a rank counts as zeros there, so every rank
-    issues the same collectives and ends with the same grads. Given a list of tensors,
+    issues the same collectives and ends with the same grads, and a param no rank used
+    keeps ``grad=None``. Given a list of tensors,
     ``reduce()`` averages those tensors."""
 
     def __init__(self, module_or_grads_list, process_group=None):
@@ -40,7 +41,18 @@ class Reducer:
             flat_all_reduce(self.grads, self.process_group, scale)
             return
         params = [p for p in self.module.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
+        if not params:
+            return
+        missing = [p.grad is None for p in params]
+        for p, absent in zip(params, missing):
+            if absent:
                 p.grad = torch.zeros_like(p)
-        flat_all_reduce([p.grad for p in params], self.process_group, scale)
+        # One "used" flag per param rides along (in the first grad's flat buffer when
+        # the dtypes match): a param no rank used keeps grad None, as in
+        # DistributedDataParallel, so optimizers skip it instead of decaying it.
+        used = torch.tensor([0.0 if absent else 1.0 for absent in missing], device=params[0].device)
+        flat_all_reduce([p.grad for p in params] + [used], self.process_group, scale)
+        if any(missing):  # one host read, only on a rank that lacked some grads
+            for p, absent, anyone in zip(params, missing, used.tolist()):
+                if absent and anyone == 0:
+                    p.grad = None

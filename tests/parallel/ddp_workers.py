@@ -369,12 +369,100 @@ def _reducer(rank, world):
     for p in model.parameters():
         p.grad = torch.full_like(p, float(rank + 1))
     model[0].bias.grad = None if rank == 0 else model[0].bias.grad  # a missing grad is zeros
+    model[-1].bias.grad = None  # no rank has one: it stays None
     red.reduce()
     tensors = [torch.full((3,), float(rank)), torch.full((2, 2), float(rank), dtype=torch.float64)]
     Reducer(tensors).reduce()
     return dict(params=same, weight_grad=model[0].weight.grad.unique().tolist(),
                 bias_grad=model[0].bias.grad.unique().tolist(),
+                unused_grad_is_none=model[-1].bias.grad is None,
                 list_values=[t.unique().tolist() for t in tensors])
+
+
+def _full_batch_step(ours, ref, step, rank, world):
+    """One backward of the wrapped model on this rank's slice and of the reference on
+    the whole batch; the max difference of their grads (params without grads skipped)."""
+    x, y = data(step)
+    zero(ours, True)
+    zero(ref, True)
+    loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()
+    loss_fn(ref(x), y).backward()
+    pairs = [(a.grad, b.grad) for a, b in zip(ours.parameters(), ref.parameters()) if b.grad is not None]
+    return max_diff(*zip(*pairs)), [a.grad is None for a, b in zip(ours.parameters(), ref.parameters())
+                                    if b.grad is None]
+
+
+def _refrozen(rank, world):
+    """Params frozen at construction and unfrozen later (then frozen again) are
+    reduced from the next forward on: Apex's needs_refresh, done automatically."""
+    ours, ref = DistributedDataParallel(mlp(0), message_size=40), mlp(0)
+    diffs, stale = [], []
+    for step, trainable in enumerate([False, True, True, False]):
+        for model in (ours.module, ref):
+            model[0].weight.requires_grad_(trainable)
+        diff, none_grads = _full_batch_step(ours, ref, step, rank, world)
+        diffs.append(diff)
+        stale.append(all(none_grads))
+    ours.needs_refresh = True  # forced, as Apex allows: re-plans with the same params
+    diffs.append(_full_batch_step(ours, ref, 4, rank, world)[0])
+    return dict(diffs=diffs, frozen_grads_none=all(stale), refreshed=not ours.needs_refresh)
+
+
+def _disable_allreduce(rank, world):
+    """Apex's disable_allreduce / enable_allreduce: the grads of the first backward
+    stay local, the second backward reduces the sum of both."""
+    ours, ref = DistributedDataParallel(mlp(0)), mlp(0)
+    zero(ours, True)
+    zero(ref, True)
+    ours.disable_allreduce()
+    for step in range(2):
+        x, y = data(step)
+        if step == 1:
+            local_grads = rank_grads(ours.module, world)
+            ours.enable_allreduce()
+        loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()
+        loss_fn(ref(x), y).backward()
+    return dict(local_differ=max_diff([local_grads[0]], [local_grads[1]]) > 1e-3,
+                summed=max_diff(grads(ours), grads(ref)))
+
+
+class ChildNamedModule(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.module = nn.Linear(2, 2)
+        self.head = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.head(self.module(x))
+
+
+def _child_named_module(rank, world):
+    """A wrapped model with a child called ``module``: its state dict round-trips
+    through the wrapper, in our (bare) keys and in torch DDP's prefixed ones."""
+    ours = DistributedDataParallel(ChildNamedModule())
+    bare = ChildNamedModule()
+    with torch.no_grad():
+        for p in bare.parameters():
+            p.fill_(2.0)
+    report = ours.load_state_dict(bare.state_dict())
+    bare_ok = all((p == 2.0).all().item() for p in ours.parameters())
+    ours.load_state_dict({"module." + k: v * 0 + 3 for k, v in bare.state_dict().items()})
+    prefixed_ok = all((p == 3.0).all().item() for p in ours.parameters())
+    ours.load_state_dict(ours.state_dict())
+    loose = ours.load_state_dict({"head.weight": bare.head.weight, "extra": torch.zeros(1)}, strict=False)
+    return dict(keys=sorted(ours.state_dict()), clean=not report.missing_keys and not report.unexpected_keys,
+                bare_ok=bare_ok, prefixed_ok=prefixed_ok, missing=sorted(loose.missing_keys),
+                unexpected=loose.unexpected_keys)
+
+
+def _flat_dist_call(rank, world):
+    from core_ops.parallel.distributed import flat_dist_call
+    ts = [torch.full((3,), float(rank + 1)), torch.full((2,), float(rank + 1), dtype=torch.float64)]
+    flat_dist_call(ts, dist.all_reduce)  # averaged, as in Apex
+    averaged = [t.tolist() for t in ts]
+    bs = [torch.full((2,), float(rank + 5))]
+    flat_dist_call(bs, dist.broadcast, (0,))
+    return dict(averaged=averaged, broadcast=bs[0].tolist())
 
 
 def suite(rank, world):
@@ -396,4 +484,8 @@ def suite(rank, world):
         scaling=_scaling(rank, world),
         state=_state_and_buffers(rank, world),
         reducer=_reducer(rank, world),
+        refrozen=_refrozen(rank, world),
+        disable_allreduce=_disable_allreduce(rank, world),
+        child_named_module=_child_named_module(rank, world),
+        flat_dist_call=_flat_dist_call(rank, world),
     )

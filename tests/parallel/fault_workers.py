@@ -33,3 +33,11 @@ def dies(rank, world):
 
 def mismatched(rank, world):
     return _construct(mlp(0, width=12 + rank))
+
+
+def buffers_differ(rank, world):
+    """Same trainable params, but a BatchNorm whose buffers have another size on rank 1
+    (frozen params and buffers are broadcast from rank 0, so they must match too)."""
+    from torch import nn
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4 + 2 * rank, affine=False))
+    return _construct(model)

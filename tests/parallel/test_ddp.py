@@ -144,4 +144,33 @@ def test_reducer(ranks):
         res = r["reducer"]
         assert res["weight_grad"] == [1.5]
         assert res["bias_grad"] == [1.0]  # (0 + 2) / 2: rank 0 had no grad
+        assert res["unused_grad_is_none"]  # no rank had one: None, not zeros
         assert res["list_values"] == [[0.5], [0.5]]
+
+
+def test_params_unfrozen_after_wrapping_are_reduced(ranks):
+    for r in ranks:
+        res = r["refrozen"]
+        assert max(res["diffs"]) <= FP32_TOL, res["diffs"]
+        assert res["frozen_grads_none"] and res["refreshed"]
+
+
+def test_disable_then_enable_allreduce(ranks):
+    for r in ranks:
+        res = r["disable_allreduce"]
+        assert res["local_differ"]  # the first backward was not reduced
+        assert res["summed"] <= 2 * FP32_TOL  # the second reduced the sum of both
+
+
+def test_state_dict_of_a_model_with_a_child_named_module(ranks):
+    for r in ranks:
+        res = r["child_named_module"]
+        assert res["keys"] == ["head.bias", "head.weight", "module.bias", "module.weight"]
+        assert res["clean"] and res["bare_ok"] and res["prefixed_ok"]
+        assert res["missing"] == ["head.bias", "module.bias", "module.weight"]  # as the user spells them
+        assert res["unexpected"] == ["extra"]
+
+
+def test_flat_dist_call_as_apex(ranks):
+    for r in ranks:
+        assert r["flat_dist_call"] == dict(averaged=[[1.5] * 3, [1.5] * 2], broadcast=[5.0, 5.0])

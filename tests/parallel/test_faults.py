@@ -22,3 +22,9 @@ def test_mismatched_models_name_the_difference():
         msg = rank["error"]
         assert msg is not None and "differs across ranks" in msg
         assert "rank 0: 6 params, 279 elements" in msg and "rank 1: 6 params, 315 elements" in msg
+
+
+def test_buffers_that_differ_are_named():
+    for rank in run_ranks("fault_workers:buffers_differ", timeout=60):
+        msg = rank["error"]
+        assert msg is not None and "frozen params or buffers" in msg and "rank 1: crc" in msg
