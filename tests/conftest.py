@@ -36,6 +36,15 @@ def device(request):
     return request.param
 
 
+@pytest.fixture
+def both_native():
+    """GPU tests that compare the native CPU and CUDA kernels: both must have built."""
+    from core_ops import _build
+    for kind in ("cpu", "cuda"):
+        backend = _build.ensure(kind)
+        assert backend.native, backend.reason
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -92,7 +92,11 @@ class FusedOptimizer(Optimizer):
                                  f"shape {tuple(p.shape)}")
             buckets[(p.device, p.dtype)].append(p)
         for (device, _), ps in buckets.items():
-            check_dense(ps, f"{type(self).__name__}.step(): ")  # a param's .data replaced since
+            # A param's .data may have been replaced since it was added. Only the
+            # non-contiguous ones need the (Python) density check: this runs every
+            # step, and is_contiguous() costs ~0.25 us a param, _dense ~6 us.
+            if not all(p.is_contiguous() for p in ps):
+                check_dense(ps, f"{type(self).__name__}.step(): ")
             _build.ensure_for(device)
         return buckets
 

@@ -6,16 +6,8 @@ from cases import EDGE_SIZES, make_list
 from conftest import ELEMENTWISE_TOL, FLOATS, NORM_TOL, dtype_id
 
 import core_ops
-from core_ops import _build
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _both_native():
-    for kind in ("cpu", "cuda"):
-        backend = _build.ensure(kind)
-        assert backend.native, backend.reason
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("both_native")]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=dtype_id)

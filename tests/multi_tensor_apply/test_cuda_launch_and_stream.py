@@ -13,17 +13,9 @@ import pytest
 import torch
 
 import core_ops
-from core_ops import _build
 from core_ops._library import op
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _both_native():
-    for kind in ("cpu", "cuda"):
-        backend = _build.ensure(kind)
-        assert backend.native, backend.reason
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("both_native")]
 
 
 def adam_lists(device, sizes, step_counts):

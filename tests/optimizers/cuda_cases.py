@@ -7,7 +7,6 @@ import copy
 import pytest
 import torch
 
-from core_ops import _build
 
 STEPS = 20
 # 2 * 65536 + 5: one tensor over three chunks (three blocks read one step count).
@@ -15,10 +14,8 @@ SIZES = (1, 16, 17, 16383, 16385, 2 * 65536 + 5, 40000)
 
 
 @pytest.fixture(autouse=True)
-def _both_native():
-    for kind in ("cpu", "cuda"):
-        backend = _build.ensure(kind)
-        assert backend.native, backend.reason
+def _both_native(both_native):
+    """Autouse in each test file that imports it: tests/conftest.py's both_native."""
 
 
 def ulps_close(actual, expected, n):
