@@ -169,7 +169,8 @@ class DistributedDataParallel(nn.Module):
                 raise ValueError("allreduce_trigger_params must be parameters of module that "
                                  "require grad")
         self._broadcast_state()
-        self._sync = True
+        self._sync = True  # off inside no_sync() / after disable_allreduce()
+        self._backward_syncs = True  # what the last forward decided for its backward
         self._hooked = WeakIdKeyDictionary()  # params with our hook: one hook each, ever
         self._adopt(params)
         self._register_state_dict_hook(_strip_prefix)
@@ -319,7 +320,7 @@ class DistributedDataParallel(nn.Module):
 
     def _grad_ready(self, param):
         index = self._index.get(id(param))
-        if not self._sync or index is None:  # None: frozen when the buckets were planned
+        if not self._backward_syncs or index is None:  # None: frozen when the buckets were planned
             return
         if not self._callback_queued:
             self._callback_queued = True
@@ -373,6 +374,9 @@ class DistributedDataParallel(nn.Module):
             if self._buckets is not None:
                 for bucket in self._buckets:
                     bucket.reset()
+        # As in torch's DDP, the forward decides whether its backward reduces: a forward
+        # inside no_sync() accumulates, even if its backward runs after the block.
+        self._backward_syncs = self._sync
         if self.module.training and torch.is_grad_enabled():
             self._refresh_if_changed()
             if self.broadcast_buffers:
@@ -381,8 +385,10 @@ class DistributedDataParallel(nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Backward passes inside accumulate grads locally with no communication; the
-        first backward outside reduces the accumulated sum (gradient accumulation)."""
+        """Forward passes inside (and so their backward passes, wherever they run)
+        accumulate grads locally with no communication; the backward of the first
+        forward outside reduces the accumulated sum (gradient accumulation). As in
+        torch's DDP, it is the forward that must be inside."""
         previous, self._sync = self._sync, False
         try:
             yield
@@ -390,8 +396,8 @@ class DistributedDataParallel(nn.Module):
             self._sync = previous
 
     def disable_allreduce(self):
-        """Apex's: backward passes accumulate grads locally until enable_allreduce()
-        (no_sync() does the same for a block)."""
+        """Apex's: the backward passes of the forwards that follow accumulate grads
+        locally until enable_allreduce() (no_sync() does the same for a block)."""
         self._sync = False
 
     def enable_allreduce(self):

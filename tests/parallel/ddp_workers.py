@@ -244,6 +244,33 @@ def _no_sync(rank, world):
     return dict(vs_full=diffs, allreduces_inside_no_sync=inside)
 
 
+def _no_sync_forward_decides(rank, world):
+    """torch's rule, on both wrappers side by side: a forward inside no_sync() is not
+    reduced even when its backward runs after the block; a forward outside is, even
+    when its backward runs inside."""
+    x, y = data(0)
+    xl, yl = local(x, rank, world), local(y, rank, world)
+    ours = DistributedDataParallel(mlp(100), message_size=40)
+    theirs = nn.parallel.DistributedDataParallel(mlp(100))
+    after = {}
+    for name, model in (("ours", ours), ("theirs", theirs)):
+        zero(model, True)
+        with model.no_sync():
+            out = model(xl[:2])
+        loss_fn(out, yl[:2]).backward()
+        first = grads(model)
+        out = model(xl[2:])
+        with model.no_sync():
+            loss_fn(out, yl[2:]).backward()
+        after[name] = (first, grads(model))
+    mine = torch.cat([g.flatten() for g in after["ours"][0]])
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    return dict(first_local=max_diff([every[0]], [every[1]]) > 1e-3,
+                first=max_diff(after["ours"][0], after["theirs"][0]),
+                second=max_diff(after["ours"][1], after["theirs"][1]))
+
+
 class Branchy(nn.Module):
     def __init__(self):
         super().__init__()
@@ -479,6 +506,7 @@ def suite(rank, world):
         no_sync_then_unused=_no_sync_then_unused(rank, world),
         failed_finish=_failed_finish_then_step(rank, world),
         no_sync=_no_sync(rank, world),
+        no_sync_forward_decides=_no_sync_forward_decides(rank, world),
         unused=_unused(rank, world),
         overlap=_overlap(rank, world),
         scaling=_scaling(rank, world),

@@ -174,3 +174,10 @@ def test_state_dict_of_a_model_with_a_child_named_module(ranks):
 def test_flat_dist_call_as_apex(ranks):
     for r in ranks:
         assert r["flat_dist_call"] == dict(averaged=[[1.5] * 3, [1.5] * 2], broadcast=[5.0, 5.0])
+
+
+def test_no_sync_is_decided_by_the_forward_as_in_torch(ranks):
+    for r in ranks:
+        res = r["no_sync_forward_decides"]
+        assert res["first_local"]  # forward inside, backward outside: not reduced
+        assert res["first"] <= FP32_TOL and res["second"] <= FP32_TOL  # both as torch's DDP
