@@ -56,6 +56,10 @@ class FusedOptimizer(Optimizer):
         """torch's, after the checks of ``_check_group`` (the constructor's groups come
         here too), so a rejected group leaves the optimizer as it was."""
         params = param_group["params"]
+        if isinstance(params, set):  # its order changes between runs: state dicts would mispair
+            raise TypeError("optimizer parameters need to be organized in ordered collections, but "
+                            "the ordering of tensors in sets will change between runs. Please use a "
+                            "list instead.")
         # A generator (module.parameters()) can be read only once: hand torch the list.
         params = [params] if isinstance(params, torch.Tensor) else list(params)
         param_group["params"] = params
@@ -70,7 +74,9 @@ class FusedOptimizer(Optimizer):
         """Rejects a group (its options merged over the defaults) before it is added;
         subclasses add their own rules."""
         check_group_keys(group, self.defaults, where, type(self).__name__)
-        check_hyperparameters(group, where)
+        # Only what this optimizer reads: an SGD group copied from an Adam one may carry
+        # an eps that nothing uses. "step" is Apex's per-group count, read by all.
+        check_hyperparameters({k: v for k, v in group.items() if k in self.defaults or k == "step"}, where)
         check_dense(group["params"], where)
 
     # ---- grads --------------------------------------------------------------------

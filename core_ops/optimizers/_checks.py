@@ -7,7 +7,9 @@ half-loaded state dict behind. Values are checked once, when they arrive (a tens
 is read on the host there); the step itself never syncs to check them.
 """
 
+import difflib
 import numbers
+import warnings
 
 import torch
 
@@ -32,12 +34,17 @@ def check_hyperparameters(values, where=""):
 
 
 def check_group_keys(group, allowed, where, owner):
-    """A key that no optimizer of this kind reads is most likely a typo ('weight_decy'):
-    stored silently, it would leave the intended setting at its default."""
-    unknown = sorted(set(group) - set(allowed) - set(TORCH_GROUP_KEYS))
-    if unknown:
-        raise ValueError(f"{where}unknown option(s) {unknown}; {owner} takes "
-                         f"{sorted(set(allowed))}")
+    """Param groups may carry keys of their own, as in torch.optim: a name for logging
+    (Lightning's LearningRateMonitor), a layer-wise lr scale (timm), keys an LR
+    scheduler or a torch optimizer put there. A key that is one typo away from an
+    option of this optimizer ('weight_decy') is most likely meant as that option,
+    which would otherwise stay at its default: that one is warned about."""
+    known = set(allowed) | set(TORCH_GROUP_KEYS)
+    for key in sorted(set(group) - known):
+        close = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.85)
+        if close:
+            warnings.warn(f"{where}option '{key}' is not one of {owner}'s; did you mean '{close[0]}'? "
+                          f"It is kept in the group but not used", stacklevel=4)
 
 
 def check_dense(params, where):

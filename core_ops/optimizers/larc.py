@@ -63,11 +63,23 @@ class LARC(Optimizer):
     def defaults(self):
         return self.optim.defaults
 
+    # The wrapped optimizer's state dict, with the state-dict hooks registered on LARC
+    # itself run around it, as torch.optim.Optimizer runs them. (Global step hooks see
+    # two steps per LARC step, LARC's and the wrapped optimizer's: both are optimizers.)
     def state_dict(self):
-        return self.optim.state_dict()
+        for hook in self._optimizer_state_dict_pre_hooks.values():
+            hook(self)
+        state_dict = self.optim.state_dict()
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            state_dict = hook(self, state_dict) or state_dict
+        return state_dict
 
     def load_state_dict(self, state_dict):
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            state_dict = hook(self, state_dict) or state_dict
         self.optim.load_state_dict(state_dict)
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
 
     def zero_grad(self, set_to_none=None):
         """The wrapped optimizer's zero_grad, with its own default (e.g. FusedSGD's

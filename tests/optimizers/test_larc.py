@@ -167,3 +167,16 @@ def test_scale_arguments_must_be_tensors():
         opt.step(grad_scale=2.0)
     with pytest.raises(TypeError, match="found_inf must be a one-element tensor"):
         opt.step(found_inf=True)
+
+
+def test_state_dict_hooks_registered_on_larc_run():
+    opt = larc_sgd(make_params(sizes=(4,)))
+    seen = []
+    opt.register_state_dict_pre_hook(lambda o: seen.append(("pre", o is opt)))
+    opt.register_state_dict_post_hook(lambda o, sd: {**sd, "tag": 1})
+    opt.register_load_state_dict_pre_hook(lambda o, sd: seen.append(("load-pre", sd.get("tag"))))
+    opt.register_load_state_dict_post_hook(lambda o: seen.append(("loaded", o is opt)))
+    sd = opt.state_dict()
+    assert sd["tag"] == 1 and seen == [("pre", True)]
+    opt.load_state_dict(sd)
+    assert seen == [("pre", True), ("load-pre", 1), ("loaded", True)]
