@@ -121,10 +121,12 @@ class DistributedDataParallel(nn.Module):
     ``num_allreduce_streams`` is accepted for Apex compatibility: the torch.distributed
     backend already runs collectives on its own streams / threads.
 
-    Params frozen or unfrozen after wrapping are noticed at the next training forward
-    (Apex's ``needs_refresh``, which may also be set by hand): the ranks check that
-    they agree on the new set (one all-gather; a rank that did not change fails it
-    after the group's timeout) and the buckets are planned anew. Apex's
+    Params unfrozen after wrapping are noticed at the next forward that records a
+    graph (Apex's ``needs_refresh``, which may also be set by hand): the ranks check
+    that they agree on the new set (one all-gather; a rank that did not change fails
+    it after the group's timeout) and the buckets are planned anew. Params frozen
+    later stay planned and cost nothing (no grad, no used flag), so freezing a model
+    for a step, as GAN loops do with the discriminator, re-plans nothing. Apex's
     ``disable_allreduce()`` / ``enable_allreduce()`` switch the reduction off and on
     across backward passes (``no_sync()`` does it for a block). At construction the
     frozen params and buffers, broadcast from rank 0, must have the same shapes and
@@ -232,18 +234,22 @@ class DistributedDataParallel(nn.Module):
         self._reset_iteration()
 
     def _refresh_if_changed(self):
-        """Apex's refresh: when params were frozen or unfrozen since the buckets were
-        planned (or ``needs_refresh`` was set), every rank agrees on the new set and the
-        buckets are planned anew. A rank whose set did not change waits elsewhere, and
-        the others fail after the group's timeout, with a message saying so."""
-        current = [p for p in self.module.parameters() if p.requires_grad]
-        if (not self.needs_refresh and len(current) == len(self._params)
-                and all(a is b for a, b in zip(current, self._params))):
+        """Apex's refresh: params that became trainable after the buckets were planned
+        (or ``needs_refresh`` set by hand) make every rank agree on the new set (one
+        all-gather; a rank whose set did not change waits elsewhere, and the others
+        fail after the group's timeout, with a message saying so) and plan the buckets
+        anew. Params frozen since stay in the plan: they produce no grad, so they cost
+        nothing and a model whose params are frozen and unfrozen in turn (a GAN's
+        discriminator) is planned once."""
+        new = [p for p in self.module.parameters() if p.requires_grad and id(p) not in self._index]
+        if not new and not self.needs_refresh:
             return
-        params = _trainable(self.module, owner=self)
-        if self._trigger_ids is not None and not self._trigger_ids <= {id(p) for p in params}:
-            raise ValueError("allreduce_trigger_params must stay parameters that require grad")
-        self._agree("re-planned its buckets (params frozen or unfrozen)", params)
+        new = list(dict.fromkeys(new))
+        if any(p in _OWNED and _OWNED[p]() not in (None, self) for p in new):
+            raise ValueError("some parameters of the module are already wrapped in another core_ops "
+                             "DistributedDataParallel; wrap them once")
+        params = self._params + new
+        self._agree("re-planned its buckets (params unfrozen)", params)
         self._adopt(params)
         self.needs_refresh = False
 
@@ -374,13 +380,14 @@ class DistributedDataParallel(nn.Module):
             if self._buckets is not None:
                 for bucket in self._buckets:
                     bucket.reset()
-        # As in torch's DDP, the forward decides whether its backward reduces: a forward
-        # inside no_sync() accumulates, even if its backward runs after the block.
-        self._backward_syncs = self._sync
-        if self.module.training and torch.is_grad_enabled():
+        if torch.is_grad_enabled():
+            # As in torch's DDP, a forward that records a graph decides whether its
+            # backward reduces: one inside no_sync() accumulates, even if its backward
+            # runs after the block (a no_grad forward has no backward: it decides nothing).
+            self._backward_syncs = self._sync
             self._refresh_if_changed()
-            if self.broadcast_buffers:
-                self._sync_buffers()
+        if self.broadcast_buffers and self.module.training and torch.is_grad_enabled():
+            self._sync_buffers()
         return self.module(*inputs, **kwargs)
 
     @contextlib.contextmanager

@@ -47,10 +47,12 @@ class Reducer:
         for p, absent in zip(params, missing):
             if absent:
                 p.grad = torch.zeros_like(p)
-        # One "used" flag per param rides along (in the first grad's flat buffer when
-        # the dtypes match): a param no rank used keeps grad None, as in
+        # One "used" flag per param rides along in the first grad's flat buffer (its
+        # dtype: counts up to the world size are exact even in bf16 / fp16, so no
+        # second collective): a param no rank used keeps grad None, as in
         # DistributedDataParallel, so optimizers skip it instead of decaying it.
-        used = torch.tensor([0.0 if absent else 1.0 for absent in missing], device=params[0].device)
+        used = torch.tensor([0.0 if absent else 1.0 for absent in missing],
+                            dtype=params[0].grad.dtype, device=params[0].grad.device)
         flat_all_reduce([p.grad for p in params] + [used], self.process_group, scale)
         if any(missing):  # one host read, only on a rank that lacked some grads
             for p, absent, anyone in zip(params, missing, used.tolist()):

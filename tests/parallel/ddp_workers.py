@@ -400,10 +400,21 @@ def _reducer(rank, world):
     red.reduce()
     tensors = [torch.full((3,), float(rank)), torch.full((2, 2), float(rank), dtype=torch.float64)]
     Reducer(tensors).reduce()
+    half = mlp(0, dtype=torch.bfloat16)
+    for p in half.parameters():
+        p.grad = torch.full_like(p, float(rank + 1))
+    calls = []
+    real = dist.all_reduce
+    dist.all_reduce = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+    try:
+        Reducer(half).reduce()
+    finally:
+        dist.all_reduce = real
     return dict(params=same, weight_grad=model[0].weight.grad.unique().tolist(),
                 bias_grad=model[0].bias.grad.unique().tolist(),
                 unused_grad_is_none=model[-1].bias.grad is None,
-                list_values=[t.unique().tolist() for t in tensors])
+                list_values=[t.unique().tolist() for t in tensors],
+                bf16_collectives=len(calls), bf16_grad=half[0].weight.grad.unique().tolist())
 
 
 def _full_batch_step(ours, ref, step, rank, world):
@@ -433,6 +444,40 @@ def _refrozen(rank, world):
     ours.needs_refresh = True  # forced, as Apex allows: re-plans with the same params
     diffs.append(_full_batch_step(ours, ref, 4, rank, world)[0])
     return dict(diffs=diffs, frozen_grads_none=all(stale), refreshed=not ours.needs_refresh)
+
+
+def _gan_discriminator(rank, world):
+    """A GAN step: the discriminator, frozen whole, runs a forward for the generator's
+    loss, then is unfrozen for its own step; once planned, nothing is re-planned."""
+    disc = DistributedDataParallel(mlp(0), message_size=40)
+    ref = mlp(0)
+    plans = []
+    diffs = []
+    for step in range(3):
+        x, y = data(step)
+        for model in (disc.module, ref):
+            model.requires_grad_(False)
+        fake = local(x, rank, world).clone().requires_grad_()
+        loss_fn(disc(fake), local(y, rank, world)).backward()  # the generator's loss: no D grads
+        for model in (disc.module, ref):
+            model.requires_grad_(True)
+        diffs.append(_full_batch_step(disc, ref, step, rank, world)[0])
+        plans.append(id(disc._buckets))
+    return dict(diffs=diffs, replans=len(set(plans)) - 1)
+
+
+def _no_grad_forward_inside_no_sync(rank, world):
+    """A no_grad forward (logging, an EMA teacher) inside no_sync() between a synced
+    forward and its backward decides nothing: the backward still reduces."""
+    ours, ref = DistributedDataParallel(mlp(0)), mlp(0)
+    x, y = data(0)
+    zero(ours, True)
+    out = ours(local(x, rank, world))
+    with ours.no_sync(), torch.no_grad():
+        ours(local(x, rank, world))
+    loss_fn(out, local(y, rank, world)).backward()
+    loss_fn(ref(x), y).backward()
+    return dict(diff=max_diff(grads(ours), grads(ref)))
 
 
 def _disable_allreduce(rank, world):
@@ -513,6 +558,8 @@ def suite(rank, world):
         state=_state_and_buffers(rank, world),
         reducer=_reducer(rank, world),
         refrozen=_refrozen(rank, world),
+        gan=_gan_discriminator(rank, world),
+        no_grad_forward=_no_grad_forward_inside_no_sync(rank, world),
         disable_allreduce=_disable_allreduce(rank, world),
         child_named_module=_child_named_module(rank, world),
         flat_dist_call=_flat_dist_call(rank, world),

@@ -145,6 +145,8 @@ def test_reducer(ranks):
         assert res["weight_grad"] == [1.5]
         assert res["bias_grad"] == [1.0]  # (0 + 2) / 2: rank 0 had no grad
         assert res["unused_grad_is_none"]  # no rank had one: None, not zeros
+        assert res["bf16_collectives"] == 1  # the used flags ride in the bf16 grads' buffer
+        assert res["bf16_grad"] == [1.5]
         assert res["list_values"] == [[0.5], [0.5]]
 
 
@@ -181,3 +183,15 @@ def test_no_sync_is_decided_by_the_forward_as_in_torch(ranks):
         res = r["no_sync_forward_decides"]
         assert res["first_local"]  # forward inside, backward outside: not reduced
         assert res["first"] <= FP32_TOL and res["second"] <= FP32_TOL  # both as torch's DDP
+
+
+def test_a_frozen_discriminator_forward_then_its_own_step(ranks):
+    for r in ranks:
+        res = r["gan"]
+        assert max(res["diffs"]) <= FP32_TOL, res["diffs"]
+        assert res["replans"] == 0
+
+
+def test_a_no_grad_forward_inside_no_sync_decides_nothing(ranks):
+    for r in ranks:
+        assert r["no_grad_forward"]["diff"] <= FP32_TOL

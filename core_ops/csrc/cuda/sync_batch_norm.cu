@@ -6,7 +6,8 @@
 // reduces a slice into a partial result (Welford's (mean, m2, count), or the two sums)
 // in a scratch buffer, and a second kernel merges each channel's S partials in slice
 // order, in double. The result is deterministic, and no float accumulator runs over
-// more than about per_channel / (S * 256) values. Planes (contiguous input) give a
+// more than about per_channel / (S * 256) values for planes, per_channel / (S * 8) for
+// rows (a thread there owns one channel of a row group). Planes (contiguous input) give a
 // block one channel, its threads walking the slice in memory order; rows
 // (channels-last, 2-D) give a block 32 adjacent channels (coalesced reads) and 8 row
 // groups. Threads load kIlp values before using them, so that enough loads are in
