@@ -127,6 +127,13 @@ def _publish(state):
     previous = _state._current
     if not state.optimizers and previous is not None and previous.optimizers:
         return
+    if state.optimizers and previous is not None and previous.optimizers:
+        warnings.warn(
+            "amp.initialize was called again with optimizers. Each optimizer keeps the loss "
+            "scalers of its own call, but amp.state_dict(), amp.load_state_dict() and "
+            "amp.loss_scale() now cover this call's only: to checkpoint every loss scaler, pass "
+            "all models and optimizers to one amp.initialize call, as Apex documents. (A resume "
+            "that initializes fresh models and optimizers may ignore this.)", stacklevel=3)
     _state.set_current(state)
 
 

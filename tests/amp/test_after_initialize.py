@@ -147,7 +147,8 @@ def test_second_initialize_keeps_the_first_calls_state():
     # A second training call (a GAN's other half) keeps its own scalers too.
     disc = nn.Linear(3, 1)
     disc_opt = torch.optim.SGD(disc.parameters(), lr=0.1)
-    disc, disc_opt = amp.initialize(disc, disc_opt, opt_level="O1", loss_scale=128.0, verbosity=0)
+    with pytest.warns(UserWarning, match="amp.state_dict.*cover this call's only"):
+        disc, disc_opt = amp.initialize(disc, disc_opt, opt_level="O1", loss_scale=128.0, verbosity=0)
     loss = student(x).sum().detach().requires_grad_()
     with amp.scale_loss(loss, opt, loss_id=1) as scaled:
         assert float(scaled.detach() / loss.detach()) == SCALE
