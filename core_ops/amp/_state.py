@@ -13,8 +13,8 @@ import dataclasses
 class AmpState:
     properties: object
     loss_scalers: list
-    models: list
-    optimizers: list
+    models: list  # weak references (see frontend.initialize)
+    optimizers: list  # weak references
 
 
 _current: AmpState | None = None

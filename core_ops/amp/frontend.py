@@ -4,6 +4,7 @@ ops instead of monkeypatching and amp_C."""
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -127,13 +128,6 @@ def _publish(state):
     previous = _state._current
     if not state.optimizers and previous is not None and previous.optimizers:
         return
-    if state.optimizers and previous is not None and previous.optimizers:
-        warnings.warn(
-            "amp.initialize was called again with optimizers. Each optimizer keeps the loss "
-            "scalers of its own call, but amp.state_dict(), amp.load_state_dict() and "
-            "amp.loss_scale() now cover this call's only: to checkpoint every loss scaler, pass "
-            "all models and optimizers to one amp.initialize call, as Apex documents. (A resume "
-            "that initializes fresh models and optimizers may ignore this.)", stacklevel=3)
     _state.set_current(state)
 
 
@@ -188,7 +182,10 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     else:
         scalers = [LossScaler(init_scale=props.loss_scale, dynamic=False)
                    for _ in range(int(num_losses))]
-    state = _state.AmpState(props, scalers, model_list, opt_list)
+    # Weak references: the state must not keep a finished run's models and optimizers
+    # alive (a sweep initializes fresh ones again and again).
+    state = _state.AmpState(props, scalers, [weakref.ref(m) for m in model_list],
+                            [weakref.ref(o) for o in opt_list])
     for opt in opt_list:
         opt._core_ops_amp = AmpOptimizer(opt, registry if props.master_weights else None, state)
     _publish(state)

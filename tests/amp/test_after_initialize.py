@@ -4,6 +4,8 @@ initialize other models (a teacher). The fp32 masters and the loss scalers must
 follow (Note [Master registry])."""
 
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -147,8 +149,7 @@ def test_second_initialize_keeps_the_first_calls_state():
     # A second training call (a GAN's other half) keeps its own scalers too.
     disc = nn.Linear(3, 1)
     disc_opt = torch.optim.SGD(disc.parameters(), lr=0.1)
-    with pytest.warns(UserWarning, match="amp.state_dict.*cover this call's only"):
-        disc, disc_opt = amp.initialize(disc, disc_opt, opt_level="O1", loss_scale=128.0, verbosity=0)
+    disc, disc_opt = amp.initialize(disc, disc_opt, opt_level="O1", loss_scale=128.0, verbosity=0)
     loss = student(x).sum().detach().requires_grad_()
     with amp.scale_loss(loss, opt, loss_id=1) as scaled:
         assert float(scaled.detach() / loss.detach()) == SCALE
@@ -158,3 +159,16 @@ def test_second_initialize_keeps_the_first_calls_state():
     with pytest.raises(ValueError, match="optimizers from different amp.initialize calls"):
         with amp.scale_loss(disc(x).sum(), [opt, disc_opt]):
             pass
+
+
+def test_amp_state_does_not_keep_a_finished_run_alive():
+    """A sweep initializes fresh models again and again: the amp state the last call
+    left (for amp.state_dict) holds no model or optimizer of its own."""
+    model = nn.Linear(3, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    refs = [weakref.ref(model), weakref.ref(opt)]
+    del model, opt
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    assert list(amp.state_dict()) == ["loss_scaler0"]  # the scalers themselves stay
