@@ -63,7 +63,7 @@ def test_spawned_children_import_apex(tmp_path):
 def test_import_aliases():
     import core_ops.amp
     import core_ops.compat.apex  # noqa: F401
-    import core_ops.compat.apex.amp_C as our_amp_c
+    import core_ops.multi_tensor_apply.amp_C as our_amp_c
     import core_ops.normalization
     import core_ops.optimizers
 

@@ -23,7 +23,7 @@ import types
 import torch
 
 PACKAGES = ("amp", "optimizers", "parallel", "normalization", "multi_tensor_apply")
-EXTENSIONS = {"amp_C": "core_ops.compat.apex.amp_C"}
+EXTENSIONS = {"amp_C": "core_ops.multi_tensor_apply.amp_C"}
 # Apex modules whose contents core_ops keeps elsewhere (or in its package itself).
 SUBMODULES = {
     "apex.amp._amp_state": "core_ops.amp._state",
