@@ -44,17 +44,22 @@ def _check_args(module, message_size, num_allreduce_streams, gradient_predivide_
     return _trainable(module)
 
 
-def _trainable(module, owner=None):
-    """The params of ``module`` that require grad, once each; they must not belong to
-    another DistributedDataParallel than ``owner``."""
+def _trainable(module):
+    """The params of ``module`` that require grad, once each, owned by no wrapper yet."""
     params = list(dict.fromkeys(p for p in module.parameters() if p.requires_grad))
     if not params:
         raise ValueError("module has no parameters that require grad: there is nothing for "
                          "DistributedDataParallel to reduce")
+    _check_unowned(params)
+    return params
+
+
+def _check_unowned(params, owner=None):
+    """``params`` must not belong to a live DistributedDataParallel other than ``owner``:
+    wrapped twice, their grads would be reduced twice per backward."""
     if any(p in _OWNED and _OWNED[p]() not in (None, owner) for p in params):
         raise ValueError("module (or some of its parameters) is already wrapped in a "
                          "core_ops DistributedDataParallel; wrap it once")
-    return params
 
 
 def _group_timeout(group):
@@ -245,9 +250,7 @@ class DistributedDataParallel(nn.Module):
         if not new and not self.needs_refresh:
             return
         new = list(dict.fromkeys(new))
-        if any(p in _OWNED and _OWNED[p]() not in (None, self) for p in new):
-            raise ValueError("some parameters of the module are already wrapped in another core_ops "
-                             "DistributedDataParallel; wrap them once")
+        _check_unowned(new, owner=self)
         params = self._params + new
         self._agree("re-planned its buckets (params unfrozen)", params)
         self._adopt(params)

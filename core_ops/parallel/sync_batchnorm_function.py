@@ -55,16 +55,16 @@ def update_running_stats(running_mean, running_var, mean, var, count, factor):
     The running variance is the unbiased estimate over the global batch (torch's
     BatchNorm); a count on the device stays there, so the host never waits for it. An
     empty global batch has no statistics and leaves them as they are (torch's BatchNorm)."""
-    targets = [running_mean, running_var]
     if isinstance(count, torch.Tensor):
         unbiased = var * (count / (count - 1).clamp(min=1))
         weight = (count > 0).to(running_mean.dtype) * factor  # 0 for an empty batch
-        torch._foreach_lerp_(targets, [mean.to(running_mean.dtype), unbiased.to(running_var.dtype)],
-                             [weight, weight])
+        weight = [weight, weight]
     elif count > 0:
-        unbiased = var * (count / max(count - 1, 1))
-        torch._foreach_lerp_(targets, [mean.to(running_mean.dtype), unbiased.to(running_var.dtype)],
-                             factor)
+        unbiased, weight = var * (count / max(count - 1, 1)), factor
+    else:
+        return
+    torch._foreach_lerp_([running_mean, running_var],
+                         [mean.to(running_mean.dtype), unbiased.to(running_var.dtype)], weight)
 
 
 class SyncBatchNormFunction(torch.autograd.Function):
