@@ -5,20 +5,28 @@ Each takes ``(chunk_size, noop_flag, tensor_lists, *args)``; ``noop_flag`` is Ap
 one-element int32 overflow flag, set to 1 on inf or nan. As in Apex, norms come back
 as one-element tensors.
 
-The optimizer kernels are in ``amp_C_optimizers.py`` and exported here.
-
-Not here, because no core_ops op computes the same thing: ``multi_tensor_lamb`` and
-``multi_tensor_lamb_mp`` (Apex's one-call LAMB clips by a global norm and applies the
-trust ratio inside one kernel; use ``core_ops.optimizers.FusedLAMB``),
-``multi_tensor_novograd`` (its ``grad_norms`` argument is the blended second moment
-Apex's Python computed beforehand), ``multi_tensor_l2norm_scale``, and the two LAMB
-stage kernels.
+The optimizer kernels (Adam and its capturable variants, SGD, Adagrad, LAMB in one
+call or two stages, the mixed-precision LAMB, NovoGrad) are in
+``amp_C_optimizers.py`` and exported here.
 """
 
 import math
 
+import torch
+
 from . import ops
-from .amp_C_optimizers import multi_tensor_adagrad, multi_tensor_adam, multi_tensor_sgd  # noqa: F401
+from .amp_C_optimizers import (  # noqa: F401  (amp_C's names)
+    multi_tensor_adagrad,
+    multi_tensor_adam,
+    multi_tensor_adam_capturable,
+    multi_tensor_adam_capturable_master,
+    multi_tensor_lamb,
+    multi_tensor_lamb_mp,
+    multi_tensor_lamb_stage1_cuda,
+    multi_tensor_lamb_stage2_cuda,
+    multi_tensor_novograd,
+    multi_tensor_sgd,
+)
 from .applier import tensor_lists_of
 
 
@@ -32,9 +40,27 @@ def multi_tensor_axpby(chunk_size, noop_flag, tensor_lists, a, b, arg_to_check):
     ops.multi_tensor_axpby(x, y, out, a, b, found_inf=noop_flag, arg_to_check=arg_to_check)
 
 
+def _flag_nonfinite(noop_flag, norm):
+    # Apex's norm kernels set the flag when a norm is not finite (on the device).
+    if isinstance(noop_flag, torch.Tensor):
+        noop_flag.masked_fill_(~torch.isfinite(norm.to(noop_flag.device)).reshape(()), 1)
+
+
 def multi_tensor_l2norm(chunk_size, noop_flag, tensor_lists, per_tensor=False):
     (tensors,) = tensor_lists_of(tensor_lists, 1, "multi_tensor_l2norm")
     total, per = ops.multi_tensor_l2norm(tensors, per_tensor)
+    _flag_nonfinite(noop_flag, total)
+    return total.reshape(1), per
+
+
+def multi_tensor_l2norm_scale(chunk_size, noop_flag, tensor_lists, scale, per_tensor=False):
+    """Apex's: ``out = in * scale`` for ``[in, out]``, and the L2 norms of ``in`` as it
+    was before scaling (``in`` and ``out`` may be the same tensors)."""
+    src, dst = tensor_lists_of(tensor_lists, 2, "multi_tensor_l2norm_scale")
+    total, per = ops.multi_tensor_l2norm(src, per_tensor)
+    if src:
+        ops.multi_tensor_scale(src, dst, scale)
+    _flag_nonfinite(noop_flag, total)
     return total.reshape(1), per
 
 
@@ -44,6 +70,7 @@ def multi_tensor_unscale_l2norm(chunk_size, noop_flag, tensor_lists, inv_scale, 
     total, per = ops.multi_tensor_l2norm(tensors, per_tensor)
     if tensors:
         total, per = total * inv_scale, per * inv_scale
+    _flag_nonfinite(noop_flag, total)
     return total.reshape(1), per
 
 

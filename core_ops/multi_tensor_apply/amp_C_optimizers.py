@@ -11,6 +11,7 @@ propagate inf/nan).
 import torch
 
 from .._library import op
+from . import ops
 from .applier import tensor_lists_of
 
 
@@ -27,26 +28,81 @@ def _float_state(states, run):
 
 
 def _steps(params, step):
-    # The ops advance their per-tensor counters by one before using them.
+    """One step counter per param, one below ``step`` (the ops advance their counters
+    before using them). ``step`` may be a device tensor (Apex's capturable and
+    mixed-precision kernels): it is then read on the device, with no host sync."""
+    if isinstance(step, torch.Tensor):
+        below = step.detach().reshape(()).to(device=params[0].device, dtype=torch.float32) - 1.0
+        return [below.clone() for _ in params]
     return [torch.full((), float(step) - 1.0, device=p.device) for p in params]
+
+
+def _lr(lr, device):
+    """``(lr, lr_tensor)`` as the ops take them: a float, or a device tensor."""
+    if isinstance(lr, torch.Tensor):
+        return 0.0, lr.detach().reshape(()).to(device=device, dtype=torch.float32)
+    return float(lr), None
+
+
+def _divisor(inv_scale, device):
+    """The ops divide grads by a scale; Apex's kernels multiply them by ``inv_scale``."""
+    if inv_scale is None:
+        return None
+    inv = torch.as_tensor(inv_scale, device=device).reshape(()).double()
+    return torch.reciprocal(inv).float()
+
+
+def _state_dtype(t):
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def _value(x):
     return x.item() if isinstance(x, torch.Tensor) else x
 
 
+def _adam(g, p, m, v, masters, lr, beta1, beta2, epsilon, step, mode, bias_correction,
+          weight_decay, grad_scale=None, found_inf=None):
+    lr, lr_tensor = _lr(lr, p[0].device)
+    _float_state([m, v], lambda s: op("fused_adam_")(
+        p, g, s[0], s[1], [], masters, _steps(p, step), lr, beta1, beta2, epsilon, weight_decay,
+        bool(mode), bool(bias_correction), False, False, lr_tensor, grad_scale, found_inf))
+
+
 def multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, epsilon, step, mode,
-                      bias_correction, weight_decay):
+                      bias_correction, weight_decay, inv_scale=None):
     """Apex's Adam on ``[grads, params, exp_avgs, exp_avg_sqs]``; ``mode`` 0 is L2
     (decay added to the grad), 1 AdamW (decoupled decay); ``step`` already counts this
-    step. ``noop_flag`` is ignored, as in Apex."""
+    step. ``noop_flag`` is ignored, as in Apex. Some Apex versions pass ``lr`` and
+    ``step`` as tensors and a trailing ``inv_scale`` (grads are multiplied by it)."""
     g, p, m, v = tensor_lists_of(tensor_lists, (4,), "multi_tensor_adam")
     if not p:
         return
-    step = int(_value(step))
-    _float_state([m, v], lambda s: op("fused_adam_")(
-        p, g, s[0], s[1], [], [], _steps(p, step), float(_value(lr)), beta1, beta2, epsilon,
-        weight_decay, bool(mode), bool(bias_correction), False, False, None, None, None))
+    _adam(g, p, m, v, [], lr, beta1, beta2, epsilon, step, mode, bias_correction, weight_decay,
+          _divisor(inv_scale, p[0].device))
+
+
+def multi_tensor_adam_capturable(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, epsilon,
+                                 step, mode, bias_correction, weight_decay, inv_scale):
+    """Apex's Adam for ``FusedAdam(capturable=True)``: as ``multi_tensor_adam`` with
+    ``lr`` and ``step`` device tensors, the grads multiplied by ``inv_scale``, and the
+    step skipped (on the device) when ``noop_flag`` is set."""
+    g, p, m, v = tensor_lists_of(tensor_lists, (4,), "multi_tensor_adam_capturable")
+    if not p:
+        return
+    _adam(g, p, m, v, [], lr, beta1, beta2, epsilon, step, mode, bias_correction, weight_decay,
+          _divisor(inv_scale, p[0].device), noop_flag)
+
+
+def multi_tensor_adam_capturable_master(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2,
+                                        epsilon, step, mode, bias_correction, weight_decay,
+                                        inv_scale):
+    """As ``multi_tensor_adam_capturable`` on ``[grads, params, exp_avgs, exp_avg_sqs,
+    fp32 master params]``: the masters are updated and copied into the params."""
+    g, p, m, v, w = tensor_lists_of(tensor_lists, (5,), "multi_tensor_adam_capturable_master")
+    if not p:
+        return
+    _adam(g, p, m, v, w, lr, beta1, beta2, epsilon, step, mode, bias_correction, weight_decay,
+          _divisor(inv_scale, p[0].device), noop_flag)
 
 
 def multi_tensor_sgd(chunk_size, noop_flag, tensor_lists, wd, momentum, dampening, lr, nesterov,
@@ -80,3 +136,165 @@ def multi_tensor_adagrad(chunk_size, noop_flag, tensor_lists, lr, epsilon, mode,
     _float_state([h], lambda s: op("fused_adagrad_")(
         p, g, s[0], [], _steps(p, 1), float(_value(lr)), 0.0, epsilon, weight_decay, bool(mode),
         False, None, None, None))
+
+
+# ---- LAMB ---------------------------------------------------------------------------
+
+
+def _clip_divisor(global_grad_norm, max_grad_norm, device):
+    """Apex's clipping: grads are divided by norm / max_grad_norm where the global norm
+    exceeds max_grad_norm, else by 1 (computed on the device)."""
+    norm = torch.as_tensor(global_grad_norm, device=device).detach().reshape(()).float()
+    limit = torch.as_tensor(max_grad_norm, device=device).detach().reshape(()).float()
+    return torch.where(norm > limit, norm / limit, torch.ones((), device=device))
+
+
+def _lamb_stage1(g, p, m, v, masters, updates, step, beta1, beta2, epsilon, weight_decay,
+                 adam_w_mode, bias_correction, grad_averaging, grad_divisor, found_inf):
+    grads = [x if x.dtype == p[0].dtype else x.to(p[0].dtype) for x in g]
+    _float_state([m, v], lambda s: op("fused_lamb_stage1_")(
+        p, grads, s[0], s[1], masters, _steps(p, step), updates, beta1, beta2, epsilon,
+        weight_decay, bool(adam_w_mode), bool(bias_correction), bool(grad_averaging), False,
+        grad_divisor, found_inf))
+
+
+def _lamb_stage2(p, masters, updates, lr, weight_decay, use_nvlamb, found_inf, param_norms=None,
+                 update_norms=None):
+    dtype = updates[0].dtype
+    if param_norms is None:
+        param_norms = ops.multi_tensor_l2norm(masters or p, per_tensor=True)[1]
+    if update_norms is None:
+        update_norms = ops.multi_tensor_l2norm(updates, per_tensor=True)[1]
+    lr, lr_tensor = _lr(lr, p[0].device)
+    op("fused_lamb_stage2_")(p, masters, updates, param_norms.to(p[0].device, dtype),
+                             update_norms.to(p[0].device, dtype), lr, weight_decay,
+                             bool(use_nvlamb), lr_tensor, found_inf)
+
+
+def _lamb(g, p, m, v, masters, lr, beta1, beta2, epsilon, step, bias_correction, weight_decay,
+          grad_averaging, mode, use_nvlamb, grad_divisor, found_inf=None):
+    # The update is computed in float32 (Apex wrote it into the grads, in their dtype;
+    # the grads are left alone here).
+    weights = masters or p
+    updates = [torch.empty_like(w, dtype=_state_dtype(w)) for w in weights]
+    _lamb_stage1(g, p, m, v, masters, updates, step, beta1, beta2, epsilon, weight_decay, mode,
+                 bias_correction, grad_averaging, grad_divisor, found_inf)
+    _lamb_stage2(p, masters, updates, lr, weight_decay, use_nvlamb, found_inf)
+
+
+def multi_tensor_lamb(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, epsilon, step,
+                      bias_correction, weight_decay, grad_averaging, mode, global_grad_norm,
+                      max_grad_norm, use_nvlamb_python=None):
+    """Apex's one-call LAMB on ``[grads, params, exp_avgs, exp_avg_sqs]``: grads divided
+    by ``global_grad_norm / max_grad_norm`` where the norm exceeds the limit, Adam-style
+    moments (``mode`` 0: L2 decay, 1: decoupled), then the trust ratio ||p|| / ||update||
+    (for tensors with weight decay, or all with ``use_nvlamb``). ``noop_flag`` is
+    ignored, as in Apex."""
+    g, p, m, v = tensor_lists_of(tensor_lists, (4,), "multi_tensor_lamb")
+    if not p:
+        return
+    _lamb(g, p, m, v, [], lr, beta1, beta2, epsilon, step, bias_correction, weight_decay,
+          grad_averaging, mode, bool(use_nvlamb_python),
+          _clip_divisor(global_grad_norm, max_grad_norm, p[0].device))
+
+
+def multi_tensor_lamb_mp(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, epsilon, step,
+                         bias_correction, weight_decay, grad_averaging, mode, global_grad_norm,
+                         max_grad_norm, use_nvlamb_python, found_inf, inv_scale):
+    """Apex's LAMB of ``FusedMixedPrecisionLamb`` on ``[grads, params, exp_avgs,
+    exp_avg_sqs]`` or ``[half grads, fp32 master params, fp32 exp_avgs, fp32
+    exp_avg_sqs, half params]``: as ``multi_tensor_lamb`` with ``lr``, ``step``,
+    ``global_grad_norm`` and ``max_grad_norm`` device tensors (the norm and its limit
+    both of the scaled grads), grads multiplied by ``inv_scale``, and the step skipped
+    on the device when ``noop_flag`` is set (Apex's Python copies ``found_inf`` into
+    it; the kernel reads only ``noop_flag``)."""
+    lists = tensor_lists_of(tensor_lists, (4, 5), "multi_tensor_lamb_mp")
+    g, p, m, v = lists[:4]
+    if not p:
+        return
+    params, masters = (lists[4], p) if len(lists) == 5 else (p, [])
+    device = p[0].device
+    divisor = _clip_divisor(global_grad_norm, max_grad_norm, device) * _divisor(inv_scale, device)
+    _lamb(g, params, m, v, masters, lr, beta1, beta2, epsilon, step, bias_correction,
+          weight_decay, grad_averaging, mode, bool(use_nvlamb_python), divisor, noop_flag)
+
+
+def multi_tensor_lamb_stage1_cuda(chunk_size, noop_flag, tensor_lists, per_tensor_decay, step,
+                                  beta1, beta2, epsilon, global_grad_norm, max_global_grad_norm):
+    """Apex's first LAMB stage on ``[grads, params, exp_avgs, exp_avg_sqs, updates]``:
+    the moments (grad averaging, bias correction for step ``step + 1``) and the
+    update with decoupled decay ``per_tensor_decay[i]``, written into ``updates``.
+    The clipping is as ``multi_tensor_lamb``'s. The decays are read on the host (one
+    fused call per distinct value). ``noop_flag`` is ignored, as in Apex."""
+    g, p, m, v, u = tensor_lists_of(tensor_lists, (5,), "multi_tensor_lamb_stage1_cuda")
+    if not p:
+        return
+    decays = torch.as_tensor(per_tensor_decay).reshape(-1).tolist()
+    if len(decays) != len(p):
+        raise ValueError(f"per_tensor_decay holds {len(decays)} values for {len(p)} params")
+    divisor = _clip_divisor(global_grad_norm, max_global_grad_norm, p[0].device)
+    step = step + 1
+    for decay in dict.fromkeys(decays):
+        at = [i for i, d in enumerate(decays) if d == decay]
+        pick = [[ts[i] for i in at] for ts in (g, p, m, v, u)]
+        ps, out = pick[1], pick[4]
+        direct = all(o.dtype == _state_dtype(q) and o.stride() == q.stride() for o, q in zip(out, ps))
+        updates = out if direct else [torch.empty_like(q, dtype=_state_dtype(q)) for q in ps]
+        _lamb_stage1(pick[0], ps, pick[2], pick[3], [], updates, step, beta1, beta2, epsilon,
+                     decay, True, True, True, divisor, None)
+        if not direct:
+            torch._foreach_copy_(out, updates)
+
+
+def multi_tensor_lamb_stage2_cuda(chunk_size, noop_flag, tensor_lists, per_tensor_param_norm,
+                                  per_tensor_update_norm, lr, weight_decay, use_nvlamb_python=None):
+    """Apex's second LAMB stage on ``[params, updates]``: ``p -= lr * ratio * update``
+    with the trust ratio from the given per-tensor norms (for all tensors when
+    ``weight_decay`` != 0 or ``use_nvlamb``). ``noop_flag`` is ignored, as in Apex."""
+    p, u = tensor_lists_of(tensor_lists, (2,), "multi_tensor_lamb_stage2_cuda")
+    if not p:
+        return
+    updates = [x if x.dtype == _state_dtype(q) and x.stride() == q.stride()
+               else torch.empty_like(q, dtype=_state_dtype(q)).copy_(x) for x, q in zip(u, p)]
+    _lamb_stage2(p, [], updates, lr, weight_decay, bool(use_nvlamb_python), None,
+                 per_tensor_param_norm, per_tensor_update_norm)
+
+
+# ---- NovoGrad -----------------------------------------------------------------------
+
+
+def multi_tensor_novograd(chunk_size, noop_flag, tensor_lists, grad_norms, lr, beta1, beta2,
+                          epsilon, step, bias_correction, weight_decay, grad_averaging, mode,
+                          norm_type):
+    """Apex's NovoGrad on ``[grads, params, exp_avgs]``. ``grad_norms`` holds one norm
+    per tensor, blended over the steps, and is updated in place as Apex's kernel does:
+    L2 (``norm_type`` 2) ``sqrt(beta2 * n_prev^2 + (1 - beta2) * n^2)``, infinity
+    norm (0) ``beta2 * n_prev + (1 - beta2) * n``, with n the norm of this step's grad
+    (Apex's FusedNovoGrad starts it at the first grad's norm, or 0 with init_zero).
+    ``mode`` 0 puts the normalised grad and the decay inside the moment (the paper),
+    1 decouples them. ``noop_flag`` is ignored, as in Apex."""
+    g, p, m = tensor_lists_of(tensor_lists, (3,), "multi_tensor_novograd")
+    if not p:
+        return
+    if norm_type not in (0, 2):
+        raise ValueError(f"norm_type must be 0 (infinity norm) or 2 (L2), got {norm_type}")
+    if grad_norms.numel() != len(p):
+        raise ValueError(f"grad_norms holds {grad_norms.numel()} norms for {len(p)} params")
+    device, dtype = p[0].device, _state_dtype(p[0])
+    if norm_type == 2:
+        norms = ops.multi_tensor_l2norm(g, per_tensor=True)[1]
+    else:
+        norms = torch.stack([x.float() for x in torch._foreach_norm(g, float("inf"))])
+    # core_ops keeps the blended square for L2 (the norm itself for the infinity norm)
+    # and blends from it every step (init_zero: no first-step special case; Apex's
+    # Python already started grad_norms where it wanted).
+    kept = grad_norms.detach().to(device, dtype).reshape(-1, 1).clone()
+    if norm_type == 2:
+        kept.square_()
+    lr, lr_tensor = _lr(lr, device)
+    _float_state([m], lambda s: op("fused_novograd_")(
+        p, g, s[0], list(kept.unbind(0)), [], _steps(p, step), norms.to(device, dtype), norm_type,
+        lr, beta1, beta2, epsilon, weight_decay, bool(bias_correction), mode == 0,
+        bool(grad_averaging), True, False, lr_tensor, None, None))
+    kept = kept.reshape(grad_norms.shape)
+    grad_norms.copy_(kept.sqrt() if norm_type == 2 else kept)
