@@ -50,6 +50,21 @@ class FusedOptimizer(Optimizer):
     def __getstate__(self):
         return {**super().__getstate__(), **{k: getattr(self, k) for k in self._pickled_attrs}}
 
+    def __setstate__(self, state):
+        # Runs on load_state_dict and unpickling. Options a loaded group does not hold
+        # come from the constructor, as for a group added later: Apex kept some options
+        # as attributes (FusedLAMB's adam_w_mode, FusedSGD's wd_after_momentum,
+        # FusedNovoGrad's moment mode), torch.optim has none of Apex's. Before that,
+        # _complete_group reads what the group says under another name.
+        super().__setstate__(state)
+        for group in self.param_groups:
+            self._complete_group(group)
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+
+    def _complete_group(self, group):
+        """Sets options of a loaded group that it records under other names."""
+
     # ---- construction -------------------------------------------------------------
 
     def add_param_group(self, param_group):

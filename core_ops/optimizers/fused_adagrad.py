@@ -21,14 +21,6 @@ class FusedAdagrad(FusedOptimizer):
                         maximize=maximize)
         super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
 
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        for group in self.param_groups:
-            group.setdefault("adagrad_w_mode", False)
-            group.setdefault("lr_decay", 0.0)
-            group.setdefault("initial_accumulator_value", 0.0)
-            group.setdefault("maximize", False)
-
     def _step_group(self, group, ps, device, grad_scale, found_inf):
         lr, lr_tensor = self._lr(group, device)
         init = group["initial_accumulator_value"]

@@ -27,14 +27,12 @@ class FusedAdam(FusedOptimizer):
         super().__init__(params, defaults, set_grad_none=set_grad_none,
                          master_weights=master_weights, capturable=capturable)
 
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        for group in self.param_groups:
-            # A torch.optim.Adam / AdamW state dict says which it was.
-            group.setdefault("adam_w_mode", group.get("decoupled_weight_decay", self.defaults["adam_w_mode"]))
-            group.setdefault("bias_correction", True)
-            group.setdefault("amsgrad", False)
-            group.setdefault("maximize", False)
+    def _complete_group(self, group):
+        # A torch.optim.Adam / AdamW state dict says which it was, and torch always
+        # corrects the bias.
+        if "decoupled_weight_decay" in group:
+            group.setdefault("adam_w_mode", group["decoupled_weight_decay"])
+        group.setdefault("bias_correction", True)
 
     def state_dict(self):
         sd = super().state_dict()

@@ -75,12 +75,49 @@ class FusedNovoGrad(FusedOptimizer):
 
     def load_state_dict(self, state_dict):
         """As ``FusedOptimizer.load_state_dict``, and ``exp_avg_sq`` restored exactly in
-        float32 (torch.optim's loader casts it to the param dtype)."""
+        float32 (torch.optim's loader casts it to the param dtype). Apex's FusedNovoGrad
+        checkpoints load too (``_from_apex``)."""
+        state_dict = self._from_apex(state_dict)
         super().load_state_dict(state_dict)
         for saved, p in self._saved_states(state_dict):
             value = saved.get("exp_avg_sq")
             if isinstance(value, torch.Tensor):
                 self.state[p]["exp_avg_sq"] = self._scalar_zeros(p).copy_(value.reshape(()))
+
+    def _from_apex(self, state_dict):
+        """Apex's FusedNovoGrad keeps the layer norms in each param group
+        (``group['exp_avg_sq'] = [fp16 norms, fp32 norms]``, one value per param of that
+        dtype, in the group's order, as norms where core_ops keeps the blended square
+        for ``norm_type=2``) and the step count in the group. Returns ``state_dict``
+        with them moved into each param's state (the group's step is read by
+        ``_step_tensor``); a state dict without them is returned as it is."""
+        groups = state_dict.get("param_groups", [])
+        if not any("exp_avg_sq" in g for g in groups):
+            return state_dict
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"the state dict has {len(groups)} param groups but the optimizer has "
+                             f"{len(self.param_groups)}")
+        state = {k: dict(v) for k, v in state_dict["state"].items()}
+        saved_groups = [dict(g) for g in groups]
+        for i, (saved, live) in enumerate(zip(saved_groups, self.param_groups)):
+            norms = saved.pop("exp_avg_sq", None)
+            if norms is None:
+                continue
+            if len(saved["params"]) != len(live["params"]):
+                raise ValueError(f"param group {i} of the state dict has {len(saved['params'])} params "
+                                 f"but the optimizer's has {len(live['params'])}")
+            for dtype, values in zip((torch.float16, torch.float32), norms):
+                ids = [pid for pid, p in zip(saved["params"], live["params"]) if p.dtype == dtype]
+                count = 0 if values is None else values.numel()
+                if count != len(ids):
+                    raise ValueError(
+                        f"param group {i} of the Apex FusedNovoGrad state dict holds {count} "
+                        f"{dtype} layer norms for {len(ids)} {dtype} params: some params had no "
+                        "grad on Apex's first step, so which norm is whose is unknown")
+                for pid, norm in zip(ids, [] if values is None else values.reshape(-1).float()):
+                    v = norm.square() if saved.get("norm_type", live["norm_type"]) == 2 else norm
+                    state[pid] = dict(state.get(pid, {}), exp_avg_sq=v.cpu())
+        return dict(state_dict, state=state, param_groups=saved_groups)
 
     def _check_loadable(self, state_dict):
         super()._check_loadable(state_dict)

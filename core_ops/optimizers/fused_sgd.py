@@ -28,13 +28,6 @@ class FusedSGD(FusedOptimizer):
             raise ValueError(f"{where}nesterov needs momentum > 0 and dampening = 0, got momentum="
                              f"{group['momentum']}, dampening={group['dampening']}")
 
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        for group in self.param_groups:
-            group.setdefault("wd_after_momentum", False)
-            group.setdefault("nesterov", False)
-            group.setdefault("maximize", False)
-
     def _step_group(self, group, ps, device, grad_scale, found_inf):
         momentum = group["momentum"]
         lr, lr_tensor = self._lr(group, device)

@@ -266,3 +266,49 @@ def test_lamb_and_novograd_reject_bad_lists():
         amp_C.multi_tensor_lamb_stage1_cuda(0, None, [tensors(0), tensors(1), tensors(2), tensors(3),
                                                       tensors(4)], torch.zeros(2), 1, 0.9, 0.999, 1e-6,
                                             torch.ones(1), 1.0)
+
+
+@pytest.mark.parametrize("norm_type", [2, 0])
+def test_apex_fused_novograd_checkpoint_resumes_exactly(norm_type):
+    """An Apex FusedNovoGrad checkpoint (layer norms and step in the param group, fp16
+    norms first, then fp32) loads into core_ops' FusedNovoGrad, which then continues
+    as Apex would have."""
+    start = tensors(30)
+    grads_per_step = [tensors(40 + s) for s in range(6)]
+    hyper = dict(lr=0.01, beta1=0.95, beta2=0.98, eps=1e-8, wd=0.001, norm_type=norm_type, mode=1)
+    apex_params = [t.clone() for t in start]
+    m, grad_norms = apex_novograd_loop(apex_params, grads_per_step[:3], **hyper)
+    apex_sd = {
+        "state": {i: {"exp_avg": m[i].clone()} for i in range(3)},
+        "param_groups": [{"lr": 0.01, "bias_correction": True, "betas": (0.95, 0.98), "eps": 1e-8,
+                          "weight_decay": 0.001, "grad_averaging": True, "amsgrad": False,
+                          "norm_type": norm_type, "init_zero": False, "step": 3, "params": [0, 1, 2],
+                          "exp_avg_sq": [torch.zeros(0), grad_norms.clone()]}],
+    }
+    ours = [torch.nn.Parameter(t.clone()) for t in apex_params]
+    opt = FusedNovoGrad(ours, lr=0.5, betas=(0.9, 0.9), norm_type=norm_type)
+    opt.load_state_dict(apex_sd)
+    assert "exp_avg_sq" not in opt.param_groups[0]
+
+    # Apex continues its own loop from step 4 with the same state.
+    noop = torch.zeros(1, dtype=torch.int32)
+    for step, grads in enumerate(grads_per_step[3:], start=4):
+        multi_tensor_applier(amp_C.multi_tensor_novograd, noop, [grads, apex_params, m], grad_norms,
+                             0.01, 0.95, 0.98, 1e-8, step, 1, 0.001, 1, 1, norm_type)
+        for q, g in zip(ours, grads):
+            q.grad = g.clone()
+        opt.step()
+    for a, b in zip(apex_params, ours):
+        assert_close(a, b.data, rtol=1e-5, atol=1e-7)
+    assert all(float(opt.state[q]["step"]) == 6 for q in ours)
+
+
+def test_apex_fused_novograd_checkpoint_with_unknown_norm_owners_is_rejected():
+    ours = [torch.nn.Parameter(t) for t in tensors(31)]
+    opt = FusedNovoGrad(ours)
+    apex_sd = {"state": {0: {"exp_avg": torch.zeros(5, 3)}},
+               "param_groups": [{**opt.param_groups[0], "params": [0, 1, 2], "step": 1,
+                                 "exp_avg_sq": [torch.zeros(0), torch.ones(2)]}]}
+    with pytest.raises(ValueError, match="holds 2 torch.float32 layer norms for 3 torch.float32 params"):
+        opt.load_state_dict(apex_sd)
+    assert not opt.state  # nothing half-loaded

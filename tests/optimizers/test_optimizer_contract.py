@@ -264,6 +264,39 @@ def test_grad_scale_and_found_inf_must_be_tensors(kind):
     assert torch.equal(p.detach(), torch.zeros(3))
 
 
+# Options Apex kept as attributes, so its checkpoints' groups lack them.
+APEX_ATTRIBUTE_OPTIONS = {
+    "lamb": (lambda ps: FusedLAMB(ps, lr=1e-2, adam_w_mode=False, use_nvlamb=True), ("adam_w_mode", "use_nvlamb")),
+    "sgd": (lambda ps: FusedSGD(ps, lr=0.1, momentum=0.9, weight_decay=0.1, wd_after_momentum=True),
+            ("wd_after_momentum",)),
+    "adagrad": (lambda ps: FusedAdagrad(ps, lr=0.1, weight_decay=0.1, adagrad_w_mode=True), ("adagrad_w_mode",)),
+    "novograd": (lambda ps: FusedNovoGrad(ps, lr=1e-2, weight_decay=0.1, reg_inside_moment=True),
+                 ("reg_inside_moment",)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(APEX_ATTRIBUTE_OPTIONS))
+def test_checkpoint_groups_without_an_option_take_the_constructors(kind):
+    # Apex's FusedLAMB / FusedSGD / FusedAdagrad / FusedNovoGrad kept these options as
+    # attributes: its checkpoints' groups lack them. They must come from the
+    # constructor (as Apex's did), not from a fixed default, nor raise KeyError.
+    make, keys = APEX_ATTRIBUTE_OPTIONS[kind]
+    a = make_params(sizes=(15, 7))
+    ref = make(a)
+    steps(ref, a, range(3))
+    sd = copy.deepcopy(ref.state_dict())
+    for group in sd["param_groups"]:
+        for key in (*keys, "maximize"):
+            del group[key]
+    b = clone_params(a)
+    resumed = make(b)
+    resumed.load_state_dict(sd)
+    assert all(resumed.param_groups[0][k] == ref.param_groups[0][k] for k in keys)
+    steps(ref, a, range(3, 6))
+    steps(resumed, b, range(3, 6))
+    assert_equal(a, b)
+
+
 @pytest.mark.parametrize("kind", ["adam", "lamb"])
 def test_apex_checkpoint_with_per_group_step_resumes_its_count(kind):
     # Apex's FusedAdam / FusedLAMB keep the step count in param_groups[i]['step'] and no
