@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -239,6 +240,42 @@ def _compile(kind: str, name: str, build_dir: Path, arch: str | None) -> None:
     )
 
 
+def _cause(error: Exception) -> str:
+    """The line of a build error that says what went wrong: the compiler's or linker's
+    first error line, not ninja's first line (the whole compiler command)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if _DIAGNOSTIC.search(line) and not line.lower().startswith("error building extension"):
+            return line[:300]
+    return lines[-1][:300] if lines else type(error).__name__
+
+
+# gcc / clang "file:1:2: error: ...", nvcc "file.cu(3): error: ...", "error #20: ...",
+# ld's "undefined reference"; a bare "error" may be in a path.
+_DIAGNOSTIC = re.compile(r"\berror\s*(#\d+)?\s*:|fatal error|undefined reference", re.IGNORECASE)
+
+
+def _complete(library: Path) -> bool:
+    """Whether ``library`` is a whole ELF shared object: a file cut short (a build
+    killed while linking, a full disk) would crash the process with SIGBUS when
+    loaded. The section headers end the file, so a cut file lacks some of them."""
+    try:
+        with open(library, "rb") as fh:
+            head = fh.read(64)
+            size = os.fstat(fh.fileno()).st_size
+    except OSError:
+        return False
+    if len(head) < 64 or head[:4] != b"\x7fELF":
+        return sys.platform != "linux" and len(head) > 0  # other formats: not checked
+    if head[4] != 2:  # 32-bit ELF: torch has no such builds
+        return False
+    order = "little" if head[5] == 1 else "big"
+    shoff = int.from_bytes(head[0x28:0x30], order)
+    shentsize = int.from_bytes(head[0x3A:0x3C], order)
+    shnum = int.from_bytes(head[0x3C:0x3E], order)
+    return shoff + shentsize * shnum <= size
+
+
 def _unavailable(kind: str, reason: str, warn: bool) -> Backend:
     backend = Backend(False, reason)
     _backends[kind] = backend
@@ -257,12 +294,27 @@ def _precondition(kind: str) -> str | None:
             return "this PyTorch build has no CUDA"
         if cuda_home() is None:
             return "no CUDA toolkit found (no nvcc on PATH and CUDA_HOME unset)"
-    if shutil.which("ninja") is None:
-        try:
-            import ninja  # noqa: F401  (the pip package puts ninja on PATH via its bin dir)
-        except ImportError:
-            return "ninja not found (pip install ninja)"
+    if not _ninja_on_path():
+        return "ninja not found (pip install ninja)"
     return None
+
+
+def _ninja_on_path() -> bool:
+    """torch's cpp_extension runs the ``ninja`` on PATH. The pip package (a dependency)
+    installs one into the environment's bin folder, which is not on PATH when the
+    environment's python is run without activating it (``.venv/bin/python``), so
+    that folder is put on PATH for the build."""
+    if shutil.which("ninja"):
+        return True
+    try:
+        import ninja
+    except ImportError:
+        return False
+    folder = getattr(ninja, "BIN_DIR", None)
+    if not folder or not shutil.which("ninja", path=folder):
+        return False
+    os.environ["PATH"] = folder + os.pathsep + os.environ.get("PATH", "")
+    return True
 
 
 def ensure(kind: str, *, build: bool = True, force: bool = False, arch: str | None = None,
@@ -286,33 +338,58 @@ def ensure(kind: str, *, build: bool = True, force: bool = False, arch: str | No
     name = _library_name(kind, key)
     build_dir = root / name
     library = build_dir / f"{name}.so"
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(_file_lock(root / f"{name}.lock"))
+        except OSError as e:
+            # A cache that cannot be written (a read-only image prebuilt with
+            # `python -m core_ops build`): load what is there, or use the reference.
+            if _complete(library) and not force:
+                return _load(kind, library, warn)
+            return _unavailable(kind, f"the build cache {root} is not writable ({e}); set "
+                                "CORE_OPS_CACHE_DIR to a writable folder", warn)
+        return _ensure_locked(kind, name, build_dir, library, build=build, force=force, arch=arch,
+                              warn=warn, retry_failed=retry_failed)
+
+
+def _load(kind: str, library: Path, warn: bool) -> Backend:
+    try:
+        torch.ops.load_library(str(library))
+    except Exception as e:  # noqa: BLE001
+        return _unavailable(kind, f"cached library failed to load: {e}; `python -m core_ops build "
+                            "--force` rebuilds it", warn)
+    _backends[kind] = Backend(True, f"native, {library}", str(library))
+    return _backends[kind]
+
+
+def _ensure_locked(kind: str, name: str, build_dir: Path, library: Path, *, build: bool,
+                   force: bool, arch: str | None, warn: bool, retry_failed: bool) -> Backend:
     failed = build_dir / "FAILED"
-    with _file_lock(root / f"{name}.lock"):
-        if failed.exists() and not (force or retry_failed):
-            return _unavailable(kind, f"an earlier build failed, log in {failed}; "
-                                "`python -m core_ops build` retries", warn)
-        if not library.exists() or force:
-            if not build:
-                return _unavailable(kind, "not built yet: it builds on first use, or "
-                                    "run `python -m core_ops build`", warn=False)
-            build_dir.mkdir(parents=True, exist_ok=True)
-            failed.unlink(missing_ok=True)
-            print(f"core_ops: building native {kind.upper()} kernels once "
-                  f"(cached in {build_dir}) ...", file=sys.stderr, flush=True)
-            start = time.perf_counter()
-            try:
-                _compile(kind, name, build_dir, arch)
-            except Exception as e:  # noqa: BLE001  (any failure means: use the reference)
-                failed.write_text(str(e))
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                return _unavailable(kind, f"build failed: {first} (log in {failed})", warn)
-            print(f"core_ops: built native {kind.upper()} kernels in "
-                  f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-        else:
-            try:
-                torch.ops.load_library(str(library))
-            except Exception as e:  # noqa: BLE001
-                return _unavailable(kind, f"cached library failed to load: {e}", warn)
+    if failed.exists() and not (force or retry_failed):
+        return _unavailable(kind, f"an earlier build failed, log in {failed}; "
+                            "`python -m core_ops build` retries", warn)
+    if _complete(library) and not force:
+        return _load(kind, library, warn)
+    if not build:
+        return _unavailable(kind, "not built yet: it builds on first use, or "
+                            "run `python -m core_ops build`", warn=False)
+    # Linked in a staging folder and moved into place whole, so no process ever
+    # finds a half-written library under the final name.
+    staging = build_dir / "staging"
+    print(f"core_ops: building native {kind.upper()} kernels once "
+          f"(cached in {build_dir}) ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+        failed.unlink(missing_ok=True)
+        _compile(kind, name, staging, arch)
+        os.replace(staging / f"{name}.so", library)
+    except Exception as e:  # noqa: BLE001  (any failure means: use the reference)
+        with contextlib.suppress(OSError):
+            failed.write_text(str(e))
+        return _unavailable(kind, f"build failed: {_cause(e)} (log in {failed})", warn)
+    print(f"core_ops: built native {kind.upper()} kernels in "
+          f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     _backends[kind] = Backend(True, f"native, {library}", str(library))
     return _backends[kind]
 

@@ -73,6 +73,61 @@ def test_compile_error_falls_back_and_is_not_retried(tmp_path):
     assert "building" not in err and "an earlier build failed" in out
 
 
+def test_compile_error_warning_names_the_compilers_error(tmp_path):
+    broken = tmp_path / "csrc"
+    shutil.copytree(_build.CSRC, broken)
+    (broken / "cpu" / "broken.cpp").write_text("this is not C++;\n")
+    code = f"import core_ops._build as b; b.CSRC = __import__('pathlib').Path({str(broken)!r})\n" + CALL
+    out, _ = finish(run(code, tmp_path / "cache"))
+    warning = next(line for line in out.splitlines() if "build failed" in line)
+    assert "error" in warning and "broken.cpp" in warning and "-MMD" not in warning, warning
+
+
+def cached_library_in(cache):
+    """A copy of this process's built CPU library in ``cache``, under its key."""
+    built = Path(_build.ensure("cpu").path)
+    shutil.copytree(built.parent, cache / built.parent.name, ignore=shutil.ignore_patterns("staging"))
+    return cache / built.parent.name / built.name
+
+
+def test_uncreatable_cache_falls_back_with_one_warning(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    out, _ = finish(run(CALL, tmp_path / "a_file" / "cache"))
+    assert "RESULT 5.0" in out and "NATIVE False" in out
+    assert "WARNINGS 1" in out and "is not writable" in out and "CORE_OPS_CACHE_DIR" in out
+
+
+def test_prebuilt_cache_loads_where_it_cannot_be_locked(tmp_path):
+    # A read-only cache (a container image prebuilt with `python -m core_ops build`):
+    # the lock file cannot be opened, as here where a folder stands in its place.
+    library = cached_library_in(tmp_path)
+    (tmp_path / f"{library.parent.name}.lock").mkdir()
+    out, err = finish(run(CALL, tmp_path))
+    assert "RESULT 5.0" in out and "NATIVE True" in out and "WARNINGS 0" in out
+    assert "building" not in err
+
+
+def test_truncated_cached_library_is_not_loaded(tmp_path):
+    # Loading a library cut short (a build killed while linking) crashed with SIGBUS.
+    library = cached_library_in(tmp_path)
+    assert _build._complete(library)
+    with open(library, "r+b") as fh:
+        fh.truncate(library.stat().st_size // 2)
+    assert not _build._complete(library)
+    code = ("from core_ops import _build\n"
+            "print('BACKEND', _build.ensure('cpu', build=False, warn=False).reason)")
+    out, _ = finish(run(code, tmp_path))
+    assert "BACKEND not built yet" in out
+
+
+def test_pip_ninja_is_used_when_its_folder_is_not_on_path(monkeypatch, tmp_path):
+    ninja = pytest.importorskip("ninja")
+    monkeypatch.setenv("PATH", str(tmp_path))  # an environment's python run unactivated
+    assert _build._ninja_on_path()
+    assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR
+    assert shutil.which("ninja") is not None
+
+
 def test_forced_reference_backend(tmp_path):
     proc = subprocess.run([PY, "-m", "core_ops", "info"], capture_output=True, text=True,
                           env=dict(os.environ, CORE_OPS_BACKEND="reference", CORE_OPS_CACHE_DIR=str(tmp_path)))
