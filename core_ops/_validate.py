@@ -78,8 +78,9 @@ def flag(found_inf, device, name="found_inf"):
     return found_inf
 
 
-def scalar_tensor(value, device, name):
-    """A float32 one-element tensor on ``device`` from a number or such a tensor."""
+def scalar_tensor(value, device, name, dtype=torch.float32):
+    """A one-element tensor on ``device`` from a number (in ``dtype``: float64 for ops
+    on float64 tensors, so a Python float is not rounded to float32) or such a tensor."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"{name} must be a number or a one-element tensor, got shape "
@@ -90,7 +91,7 @@ def scalar_tensor(value, device, name):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number or a one-element tensor, got "
                         f"{type(value).__name__}")
-    return torch.full((1,), float(value), dtype=torch.float32, device=device)
+    return torch.full((1,), float(value), dtype=dtype, device=device)
 
 
 def state_dtype(param_dtype):

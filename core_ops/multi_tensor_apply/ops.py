@@ -20,13 +20,18 @@ def _prepare(*named_lists):
     return lists, device
 
 
+def _scalar_dtype(tensors):
+    # The dtype the kernels compute in (Note [Multi-tensor conventions]).
+    return torch.float64 if tensors and tensors[0].dtype == torch.float64 else torch.float32
+
+
 def multi_tensor_scale(src, dst, scale, found_inf=None):
     """``dst[i] = src[i] * scale`` for every i; sets ``found_inf`` (returned) to 1 if any
     element of ``src`` is inf or nan. ``scale`` is a number or a one-element tensor on
     the tensors' device (no host sync). ``dst`` may be ``src`` (in place)."""
     (src, dst), device = _prepare(("src", src), ("dst", dst))
     found_inf = _validate.flag(found_inf, device)
-    scale = _validate.scalar_tensor(scale, device, "scale")
+    scale = _validate.scalar_tensor(scale, device, "scale", _scalar_dtype(src))
     if src:
         op("multi_tensor_scale_")(src, dst, scale, found_inf)
     return found_inf
@@ -69,7 +74,7 @@ def multi_tensor_unscale_l2norm(tensors, inv_scale, found_inf=None, per_tensor=F
     element was inf or nan. Returns ``(total_norm, per_tensor_norms, found_inf)``."""
     (tensors,), device = _prepare(("tensors", tensors))
     found_inf = _validate.flag(found_inf, device)
-    inv_scale = _validate.scalar_tensor(inv_scale, device, "inv_scale")
+    inv_scale = _validate.scalar_tensor(inv_scale, device, "inv_scale", _scalar_dtype(tensors))
     total, per = op("multi_tensor_unscale_l2norm_")(tensors, inv_scale, found_inf, bool(per_tensor))
     return total, per, found_inf
 

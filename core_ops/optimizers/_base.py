@@ -263,7 +263,10 @@ class FusedOptimizer(Optimizer):
         """(lr as float, lr as a device tensor or None) for the kernel."""
         lr = group["lr"]
         if isinstance(lr, torch.Tensor):
-            return 0.0, lr.to(device=device, dtype=torch.float32, non_blocking=True).reshape(1)
+            # float64 stays float64 (the kernels read either): rounding it to float32
+            # would move float64 params off torch.optim's results.
+            dtype = torch.float64 if lr.dtype == torch.float64 else torch.float32
+            return 0.0, lr.to(device=device, dtype=dtype, non_blocking=True).reshape(1)
         return float(lr), None
 
     # ---- state dicts --------------------------------------------------------------

@@ -192,3 +192,13 @@ def test_scale_in_place_with_device_scale_tensor(device):
     expect = [(t.float() * 0.125).half() for t in ts]
     core_ops.multi_tensor_scale(ts, ts, torch.tensor([0.125], device=device))
     assert all(torch.equal(t, e) for t, e in zip(ts, expect))
+
+
+def test_python_float_scales_of_float64_lists_are_not_rounded_to_float32(device):
+    # 0.1 as float32 is 0.10000000149...: float64 lists must see the float64 value.
+    ts = [torch.ones(5, dtype=torch.float64, device=device)]
+    out = [torch.empty_like(ts[0])]
+    core_ops.multi_tensor_scale(ts, out, 0.1)
+    assert torch.equal(out[0], torch.full_like(out[0], 0.1))
+    total, _, _ = core_ops.multi_tensor_unscale_l2norm([torch.ones(4, dtype=torch.float64, device=device)], 0.1)
+    assert float(total) == pytest.approx(0.2, rel=1e-15)
