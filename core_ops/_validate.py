@@ -29,6 +29,36 @@ def same_length(ref, ref_name, other, other_name):
         raise ValueError(f"{other_name} has {len(other)} tensors but {ref_name} has {len(ref)}")
 
 
+def dense(t):
+    """Whether ``t`` covers its storage range with no gaps or overlaps, in some order of
+    its dims (sizes of 1 and empty tensors may have any strides)."""
+    if t.numel() == 0:
+        return True
+    expected = 1
+    for stride, size in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def no_partial_overlap(in_name, ins, out_name, outs):
+    """Note [Partial overlap]: an output may be its input (in place) but not overlap it
+    partly, e.g. ``dst = src[1:]`` over ``src[:-1]``: the native kernels work in chunks,
+    in parallel, so the result would depend on the order. As ATen's overlap test,
+    only dense tensors are compared (csrc/include/core_ops/tensor_lists.h)."""
+    for i, (a, b) in enumerate(zip(ins, outs)):
+        if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() or not a.numel():
+            continue
+        if not (dense(a) and dense(b)):
+            continue
+        a0, b0 = a.data_ptr(), b.data_ptr()
+        a1, b1 = a0 + a.numel() * a.element_size(), b0 + b.numel() * b.element_size()
+        if a0 < b1 and b0 < a1 and (a0, a1) != (b0, b1):
+            raise ValueError(f"{out_name}[{i}] partly overlaps {in_name}[{i}] in memory; write in "
+                             "place (the same tensor) or into separate memory")
+
+
 def check_lists(*named_lists):
     """The per-tensor checks, for the reference and fake kernels; the C++ kernels make
     the same checks with the same wording (core_ops/tensor_lists.h), where a Python

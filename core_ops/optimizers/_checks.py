@@ -13,6 +13,8 @@ import warnings
 
 import torch
 
+from .._validate import dense
+
 # Hyperparameters that must be >= 0 wherever an optimizer takes them. "step" is
 # FusedMixedPrecisionLamb's starting step count (Apex's per-group count).
 NON_NEGATIVE = ("lr", "eps", "weight_decay", "momentum", "dampening", "lr_decay",
@@ -52,23 +54,10 @@ def check_dense(params, where):
     (contiguous, or a permutation of it, e.g. transposed); a strided view with gaps
     (``w[:, ::2]``) is rejected here rather than at the first step."""
     for i, p in enumerate(params):
-        if isinstance(p, torch.Tensor) and p.layout == torch.strided and not _dense(p):
+        if isinstance(p, torch.Tensor) and p.layout == torch.strided and not dense(p):
             raise ValueError(f"{where}params[{i}] must be dense (contiguous or a permutation of it), got "
                              f"shape {list(p.shape)} with strides {list(p.stride())}; pass a contiguous "
                              "tensor (e.g. a Parameter of its own)")
-
-
-def _dense(t):
-    """Whether ``t`` covers its storage range with no gaps or overlaps, in some order of
-    its dims (sizes of 1 and empty tensors may have any strides)."""
-    if t.numel() == 0:
-        return True
-    expected = 1
-    for stride, size in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def check_scale_args(grad_scale, found_inf):

@@ -57,6 +57,20 @@ def test_mixed_devices_are_rejected(backend):
         core_ops.multi_tensor_scale([f32(3)], [meta], 1.0)
 
 
+def test_outputs_partly_overlapping_their_inputs_are_rejected(backend):
+    # A shifted view: the native kernels' result depended on the thread order.
+    b = torch.arange(40000.0)
+    with pytest.raises(ValueError, match=r"dst\[0\] partly overlaps src\[0\] in memory"):
+        core_ops.multi_tensor_scale([b[:-1]], [b[1:]], 1.0)
+    with pytest.raises(ValueError, match=r"out\[0\] partly overlaps y\[0\] in memory"):
+        core_ops.multi_tensor_axpby([f32(8)], [b[:8]], [b[4:12]], 1.0, 1.0)
+    assert torch.equal(b, torch.arange(40000.0))
+    # In place, and disjoint views of one buffer, are fine.
+    core_ops.multi_tensor_scale([b], [b], 2.0)
+    core_ops.multi_tensor_scale([b[:20000]], [b[20000:]], 0.5)
+    assert torch.equal(b[20000:], torch.arange(20000.0)) and torch.equal(b[:20000], torch.arange(0.0, 40000.0, 2.0))
+
+
 def test_rejected_call_writes_nothing(backend):
     dst = [torch.full((3,), 7.0), torch.full((3,), 7.0)]
     with pytest.raises(TypeError):

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
@@ -90,6 +91,18 @@ inline bool all_or_no_double(std::initializer_list<at::TensorList> lists, const 
   return doubles > 0;
 }
 
+// An output may be its input (in place) but not overlap it partly (a shifted view):
+// the kernels read and write in chunks, in parallel, so the result would depend on
+// the order (Note [Partial overlap] in _validate.py words the same check).
+inline void check_no_partial_overlap(at::TensorList in, const char* in_name, at::TensorList out,
+                                     const char* out_name) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    TORCH_CHECK_VALUE(at::get_overlap_status(in[i], out[i]) != at::MemOverlapStatus::Partial,
+                      out_name, "[", i, "] partly overlaps ", in_name, "[", i,
+                      "] in memory; write in place (the same tensor) or into separate memory");
+  }
+}
+
 // Returns false when there is nothing to do (empty lists).
 inline bool check_scale_args(at::TensorList src, at::TensorList dst, const at::Tensor& found_inf) {
   check_same_length(src, "src", dst, "dst");
@@ -98,6 +111,7 @@ inline bool check_scale_args(at::TensorList src, at::TensorList dst, const at::T
   check_list(src, "src", device);
   check_list(dst, "dst", device);
   check_same_numel(src, "src", dst, "dst");
+  check_no_partial_overlap(src, "src", dst, "dst");
   check_flag(found_inf, device);
   return true;
 }
@@ -123,6 +137,8 @@ inline bool check_axpby_args(at::TensorList x, at::TensorList y, at::TensorList 
   check_list(out, "out", device);
   check_same_numel(x, "x", y, "y");
   check_same_numel(x, "x", out, "out");
+  check_no_partial_overlap(x, "x", out, "out");
+  check_no_partial_overlap(y, "y", out, "out");
   check_flag(found_inf, device);
   return true;
 }
