@@ -18,7 +18,7 @@ Conventions shared by all multi-tensor ops (Note [Multi-tensor conventions]):
 import torch
 
 from ._validate import (batch_norm_acc_dtype, check_batch_norm_args, check_lists,
-                        check_optimizer_lists, check_per_tensor_state, no_partial_overlap)
+                        check_optimizer_lists, check_per_tensor_state)
 
 LIB_NAME = "core_ops"
 _lib = torch.library.Library(LIB_NAME, "DEF")
@@ -153,7 +153,6 @@ def _norm_outputs(tensors, per_tensor):
 @torch.library.register_fake("core_ops::multi_tensor_scale_")
 def _(src, dst, scale, found_inf):
     check_lists(("src", src), ("dst", dst))
-    no_partial_overlap("src", src, "dst", dst)
 
 
 @torch.library.register_fake("core_ops::multi_tensor_check_finite_")
@@ -164,8 +163,6 @@ def _(tensors, found_inf):
 @torch.library.register_fake("core_ops::multi_tensor_axpby_")
 def _(x, y, out, a, b, found_inf, arg_to_check):
     check_lists(("x", x), ("y", y), ("out", out))
-    no_partial_overlap("x", x, "out", out)
-    no_partial_overlap("y", y, "out", out)
 
 
 @torch.library.register_fake("core_ops::multi_tensor_l2norm")

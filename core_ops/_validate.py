@@ -46,7 +46,8 @@ def no_partial_overlap(in_name, ins, out_name, outs):
     """Note [Partial overlap]: an output may be its input (in place) but not overlap it
     partly, e.g. ``dst = src[1:]`` over ``src[:-1]``: the native kernels work in chunks,
     in parallel, so the result would depend on the order. As ATen's overlap test,
-    only dense tensors are compared (csrc/include/core_ops/tensor_lists.h)."""
+    only dense tensors are compared (csrc/include/core_ops/tensor_lists.h). For the
+    reference kernels only: fake tensors (torch.compile) have no addresses."""
     for i, (a, b) in enumerate(zip(ins, outs)):
         if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() or not a.numel():
             continue
