@@ -5,9 +5,12 @@ device type builds that device's library from ``csrc/`` with ninja, through
 ``torch.utils.cpp_extension``, into a cache folder keyed by everything that changes
 the binary (torch and CUDA versions, compiler, flags, CUDA arch list, source hash).
 A file lock makes ranks that start together build once while the others wait; later
-processes only load the cached library. Any failure (no compiler, no nvcc, a compile
-error) leaves the package working on the pure-PyTorch reference kernels, with one
-warning that names the cause; ``python -m core_ops info`` shows it again.
+processes only load the cached library. A library is linked in a staging folder and
+moved into place whole, and one cut short is never loaded; a cache that cannot be
+written (a read-only image prebuilt with ``python -m core_ops build``) is still read.
+Any failure (no compiler, no nvcc, a compile error, no writable cache) leaves the
+package working on the pure-PyTorch reference kernels, with one warning that names
+the cause; ``python -m core_ops info`` shows it again.
 """
 
 from __future__ import annotations
