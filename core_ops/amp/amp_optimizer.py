@@ -117,19 +117,40 @@ class AmpOptimizer:
 
     # ---- around backward ----------------------------------------------------------
 
-    def prepare_backward(self):
-        """Sets existing grads aside, so the coming backward's grads can be unscaled
-        on their own (their loss may have its own scale) and added to them."""
-        for p in self.fp32_params:
-            if p.grad is not None:
-                self._stash[p] = p.grad
+    # Note [Accumulating under amp]: grads already present before a scale_loss backward
+    # (an earlier loss of the same step, micro-batches of gradient accumulation, grads
+    # zeroed in place) are unscaled; the coming backward adds grads scaled by this
+    # loss's scale. For the optimizer's own params (all at O1; BatchNorm's at O2)
+    # Apex set the old grads aside and added them back after unscaling the new ones.
+    # That breaks under data parallelism: DDP reduces only what the backward
+    # produced, so set-aside grads of a no_sync micro-batch were never reduced (the
+    # ranks diverged), and core_ops' DDP writes reduced grads into bucket views that
+    # the set-aside tensors still pointed at (grads doubled or lost). Instead the old
+    # grads are multiplied by this scale in place: the backward accumulates scaled
+    # onto scaled, DDP reduces the sum, post_backward unscales it. Loss scales are
+    # powers of two, so the round trip is exact. At O2 the half params' grads are
+    # unscaled into the masters' float32 grads after each backward and summed there,
+    # as in Apex (summing in the half dtype would round); each backward's half grads
+    # are reduced by DDP before that, so only DDP's no_sync() at O2 needs Apex's rule:
+    # delay_unscale=True for the micro-batches inside it.
+
+    def prepare_backward(self, scale):
+        """Rescales present grads by ``scale`` (Note [Accumulating under amp])."""
+        with torch.no_grad():
+            dense = [p for p in self.fp32_params if p.grad is not None and not p.grad.is_sparse]
+            for group in _group((p.grad, p.grad) for p in dense):
+                grads = [g for g, _ in group]
+                multi_tensor_scale(grads, grads, scale.to(grads[0].device))
+            for p in self.fp32_params:
+                if p.grad is not None and p.grad.is_sparse:  # rare, small, never bucketed
+                    self._stash[p] = p.grad
+                    p.grad = None
+            for p, _ in self.pairs:
                 p.grad = None
-        for p, _ in self.pairs:
-            p.grad = None
 
     def post_backward(self, scale):
-        """Unscales the new grads (into the masters for O2) and adds the set-aside
-        ones; returns the overflow flag (float32, on ``scale``'s device)."""
+        """Unscales the grads (into the masters for O2); returns the overflow flag
+        (float32, on ``scale``'s device)."""
         found = torch.zeros(1, dtype=torch.float32, device=scale.device)
         inv = torch.reciprocal(scale.double()).float()
 
@@ -141,15 +162,16 @@ class AmpOptimizer:
             halves = [(p, m) for p, m in self.pairs if p.grad is not None and not p.grad.is_sparse]
             for group in _group((p.grad, m) for p, m in halves):
                 fresh = [(g, m) for g, m in group if m.grad is None]
-                added = [(g, m) for g, m in group if m.grad is not None]
+                added = [(g, m) for g, m in group if m.grad is not None]  # accumulating
                 for _, m in fresh:
                     m.grad = torch.empty_like(m)
                 if fresh:
                     found = unscale([g for g, _ in fresh], [m.grad for _, m in fresh])
-                if added:  # accumulation across backward passes (several losses)
+                if added:
                     tmp = [torch.empty_like(m) for _, m in added]
                     found = unscale([g for g, _ in added], tmp)
-                    torch._foreach_add_([m.grad for _, m in added], tmp)
+                    for (_, m), t in zip(added, tmp):
+                        m.grad = m.grad + t
             for p, m in self.pairs:
                 if p.grad is not None and p.grad.is_sparse:
                     g, flag = _unscale_sparse(p.grad, inv)
@@ -165,10 +187,7 @@ class AmpOptimizer:
                     p.grad, flag = _unscale_sparse(p.grad, inv)
                     found = torch.maximum(found, flag.to(found.device))
             for p, g in self._stash.items():
-                if p.grad is None:
-                    p.grad = g
-                else:
-                    p.grad.add_(g)
+                p.grad = g if p.grad is None else p.grad + g
             self._stash.clear()
         self.found_inf = found if self.found_inf is None else torch.maximum(self.found_inf, found)
         return found

@@ -59,10 +59,10 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
         # Nothing to unscale and, as in Apex, no overflow check (O0, O3).
         yield loss.float()
         return
+    scale = scaler.scale_tensor(loss.device)
     for amp in amps:
         if not delay_unscale and not amp.params_have_scaled_gradients:
-            amp.prepare_backward()
-    scale = scaler.scale_tensor(loss.device)
+            amp.prepare_backward(scale)
     yield loss.float() * scale
     if delay_unscale:
         for amp in amps:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from core_ops import amp
-from core_ops.optimizers import FusedAdam
+from core_ops.optimizers import FusedAdam, FusedSGD
 from core_ops.parallel import DistributedDataParallel
 from ddp_workers import data, local, mlp
 
@@ -37,3 +37,78 @@ def o2_with_ddp(rank, world):
                             params=[p.detach().clone() for p in model.module.parameters()],
                             masters=[m.detach().clone() for m in amp.master_params(opt)]))
     return history
+
+
+def _o1_model(seed, opt_cls=FusedAdam, **opt_kw):
+    model = mlp(seed, width=16)
+    opt = opt_cls(model.parameters(), lr=1e-2, **opt_kw)
+    model, opt = amp.initialize(model, opt, opt_level="O1", half_dtype=torch.bfloat16,
+                                num_losses=2, verbosity=0)
+    return DistributedDataParallel(model), opt
+
+
+def _loss(model, step, rank, world, which):
+    x, y = data(step)
+    out = model(local(x, rank, world))
+    target = local(y, rank, world)
+    return F.mse_loss(out.float(), target) if which == "a" else (out.float() - target).abs().mean()
+
+
+def _backward(model, opt, step, rank, world, which, loss_id=0):
+    with amp.scale_loss(_loss(model, step, rank, world, which), opt, loss_id=loss_id) as scaled:
+        scaled.backward()
+
+
+def _grads(model):
+    return [p.grad.detach().clone() for p in model.module.parameters()]
+
+
+def o1_accumulation_with_ddp(rank, world):
+    """Grads present before a scale_loss backward (Note [Accumulating under amp]) under
+    core_ops' DDP, at O1: two losses per step (a GAN discriminator's real and fake
+    losses, each with its own scaler), grads zeroed in place (FusedSGD's default), and
+    a no_sync micro-batch before a synced one. Apex's set-aside grads aliased the DDP
+    buckets (lost or doubled grads) and skipped the reduction of no_sync grads."""
+    out = {}
+    # Each loss alone, then both in one step: the grads must add up.
+    for which, loss_id in (("a", 0), ("b", 1)):
+        model, opt = _o1_model(0)
+        opt.zero_grad()
+        _backward(model, opt, 0, rank, world, which, loss_id)
+        out[which] = _grads(model)
+    model, opt = _o1_model(0)
+    opt.zero_grad()
+    _backward(model, opt, 0, rank, world, "a", 0)
+    _backward(model, opt, 0, rank, world, "b", 1)
+    out["a+b"] = _grads(model)
+
+    # Grads zeroed in place every step against set to None: the same grads each step.
+    in_place, fresh = _o1_model(1, FusedSGD, momentum=0.9), _o1_model(1, FusedSGD, momentum=0.9,
+                                                                     set_grad_none=True)
+    out["in_place"], out["fresh"] = [], []
+    for step in range(3):
+        for (model, opt), key in ((in_place, "in_place"), (fresh, "fresh")):
+            opt.zero_grad()
+            _backward(model, opt, step, rank, world, "a")
+            out[key].append(_grads(model))
+            opt.step()
+
+    # A no_sync micro-batch, then a synced one: every rank ends with the same grads.
+    model, opt = _o1_model(2)
+    opt.zero_grad()
+    with model.no_sync():
+        _backward(model, opt, 0, rank, world, "a")
+    _backward(model, opt, 1, rank, world, "a")
+    mine = torch.cat([g.flatten() for g in _grads(model)])
+    every = [torch.empty_like(mine) for _ in range(world)]
+    torch.distributed.all_gather(every, mine)
+    out["no_sync_ranks"] = every
+    # ...and they are the two micro-batches' grads averaged over the ranks.
+    parts = []
+    for step in (0, 1):
+        single, single_opt = _o1_model(2)
+        single_opt.zero_grad()
+        _backward(single, single_opt, step, rank, world, "a")
+        parts.append(torch.cat([g.flatten() for g in _grads(single)]))
+    out["no_sync_expected"] = parts
+    return out
