@@ -74,9 +74,26 @@ class Bucket:
     def allocate(self):
         # empty, not zeros: put() and fill_missing() write every slot and flag before
         # the buffer is reduced.
+        if self.buffer is not None and self.pending == len(self.params) and self._held_elsewhere():
+            self.buffer = None  # the first put of a backward: leave the old memory to its holders
         if self.buffer is None:
             self.buffer = torch.empty(self.numel + len(self.params), dtype=self.dtype,
                                       device=self.device)
+
+    def _held_elsewhere(self):
+        """Whether tensors other than the params' grads still use the buffer: grads a
+        user kept from the last step before zero_grad(set_to_none=True), say. The
+        buffer is then left to them and a new one made, so the next backward does not
+        overwrite what they read (torch's DDP copies grads out of its buckets by
+        default). Grads zeroed in place, still the params' grads, reuse the buffer."""
+        if not self.is_view:
+            return False
+        use_count = getattr(torch._C, "_storage_Use_Count", None)
+        if use_count is None:  # a torch without it: reuse, as before
+            return False
+        attached = sum(1 for p in self.params if p.grad is not None and p.grad._base is self.buffer)
+        # + 2: self.buffer, and the storage object made to ask
+        return use_count(self.buffer.untyped_storage()._cdata) > attached + 2
 
     def release(self):
         """Frees the buffer when grads are not views of it (fp32 buffers of half grads)."""

@@ -537,6 +537,31 @@ def _flat_dist_call(rank, world):
     return dict(averaged=averaged, broadcast=bs[0].tolist())
 
 
+def _kept_grads(rank, world):
+    """Grads kept across zero_grad(set_to_none=True) (gradient-similarity logging,
+    PCGrad-style projections) still hold their step's values after the next backward,
+    as with torch's DDP, although core_ops' grads are views of its buckets; grads
+    zeroed in place keep reusing the buckets (no new buffers)."""
+    model = DistributedDataParallel(mlp(0))
+    x, y = data(0)
+    loss_fn(model(local(x, rank, world)), local(y, rank, world)).backward()
+    kept = [p.grad for p in model.parameters()]
+    values = [g.clone() for g in kept]
+    model.zero_grad(set_to_none=True)
+    x, y = data(1)
+    loss_fn(model(local(x, rank, world)), local(y, rank, world)).backward()
+    intact = all(torch.equal(k, v) for k, v in zip(kept, values))
+    changed = not all(torch.equal(p.grad, v) for p, v in zip(model.parameters(), values))
+    del kept, values
+    buffers = [b.buffer.data_ptr() for b in model._buckets]
+    for step in (2, 3):
+        model.zero_grad(set_to_none=False)
+        x, y = data(step)
+        loss_fn(model(local(x, rank, world)), local(y, rank, world)).backward()
+    reused = buffers == [b.buffer.data_ptr() for b in model._buckets]
+    return dict(intact=intact, changed=changed, reused=reused)
+
+
 def suite(rank, world):
     return dict(
         fp32=_fp32(rank, world, delay=False),
@@ -563,4 +588,5 @@ def suite(rank, world):
         disable_allreduce=_disable_allreduce(rank, world),
         child_named_module=_child_named_module(rank, world),
         flat_dist_call=_flat_dist_call(rank, world),
+        kept_grads=_kept_grads(rank, world),
     )

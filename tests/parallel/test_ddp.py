@@ -195,3 +195,8 @@ def test_a_frozen_discriminator_forward_then_its_own_step(ranks):
 def test_a_no_grad_forward_inside_no_sync_decides_nothing(ranks):
     for r in ranks:
         assert r["no_grad_forward"]["diff"] <= FP32_TOL
+
+
+def test_grads_kept_across_zero_grad_are_not_overwritten(ranks):
+    for r in ranks:
+        assert r["kept_grads"] == dict(intact=True, changed=True, reused=True)
