@@ -60,6 +60,7 @@ class AmpOptimizer:
         for group in self.inner.param_groups:
             self._adopt(group)
         self.found_inf = None  # overflow flag of the backward passes since the last step
+        self._adopted_written = False
         self.params_have_scaled_gradients = False
         self._stash = {}
         self._held_grads = None
@@ -133,6 +134,14 @@ class AmpOptimizer:
     # as in Apex (summing in the half dtype would round); each backward's half grads
     # are reduced by DDP before that, so only DDP's no_sync() at O2 needs Apex's rule:
     # delay_unscale=True for the micro-batches inside it.
+
+    def adopt_written_weights(self):
+        """At the first scale_loss: half params written after ``initialize`` other
+        than by a state-dict load give their values to their masters
+        (``MasterWeights.adopt_if_written``), once, so the first step trains them."""
+        if not self._adopted_written and self.masters is not None:
+            self.masters.adopt_written()
+        self._adopted_written = True
 
     def prepare_backward(self, scale):
         """Rescales present grads by ``scale`` (Note [Accumulating under amp])."""

@@ -61,6 +61,7 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
         return
     scale = scaler.scale_tensor(loss.device)
     for amp in amps:
+        amp.adopt_written_weights()
         if not delay_unscale and not amp.params_have_scaled_gradients:
             amp.prepare_backward(scale)
     yield loss.float() * scale

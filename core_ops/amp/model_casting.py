@@ -81,21 +81,25 @@ def patch_forward(model, input_dtype, output_dtype, autocast_dtype):
 
 
 def _save_fp32(module, state_dict, prefix, local_metadata):
-    # Every name of a param (tied ones included) gets its master (Note [Master registry]).
+    # Runs on every submodule for its own params and buffers; every name of a param
+    # (tied ones included) gets its master (Note [Master registry]).
     registry = masters.of(module)
-    for key, value in state_dict.items():
-        if key.startswith(prefix) and isinstance(value, torch.Tensor) and value.dtype in masters.HALF:
-            state_dict[key] = value.float()
-    for name, p in module.named_parameters(remove_duplicate=False):
-        master = registry.get(p)
-        if master is not None and prefix + name in state_dict:
-            state_dict[prefix + name] = master.detach()
+    for name, value in (*module._parameters.items(), *module._buffers.items()):
+        key = prefix + name
+        if isinstance(state_dict.get(key), torch.Tensor) and state_dict[key].dtype in masters.HALF:
+            state_dict[key] = state_dict[key].float()
+        master = registry.get(value) if isinstance(value, torch.nn.Parameter) else None
+        if master is not None and key in state_dict:
+            registry.adopt_if_written(value)
+            state_dict[key] = master.detach()
     return state_dict
 
 
 def _load_fp32(module, state_dict, prefix, *args):
+    # Runs on every submodule, so loading into a submodule after initialize reaches
+    # the masters too, exactly.
     registry = masters.of(module)
-    for name, p in module.named_parameters(remove_duplicate=False):
+    for name, p in module._parameters.items():
         master, value = registry.get(p), state_dict.get(prefix + name)
         if master is not None and isinstance(value, torch.Tensor) and value.shape == master.shape:
             with torch.no_grad():
@@ -122,8 +126,9 @@ def keep_state_dict_fp32(model, registry):
 
     The hooks are module-level functions that find the masters through the module
     they are called on, so a deepcopy's hooks serve the copy (Note [Master registry])."""
-    model._core_ops_amp_masters = registry
-    model._register_state_dict_hook(_save_fp32)
-    model._register_load_state_dict_pre_hook(_load_fp32, with_module=True)
+    for module in model.modules():  # a submodule's own state_dict / load_state_dict too
+        module._core_ops_amp_masters = registry
+        module._register_state_dict_hook(_save_fp32)
+        module._register_load_state_dict_pre_hook(_load_fp32, with_module=True)
     if len(registry):
         model.zero_grad = types.MethodType(_zero_grad_with_masters, model)

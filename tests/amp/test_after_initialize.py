@@ -172,3 +172,30 @@ def test_amp_state_does_not_keep_a_finished_run_alive():
     gc.collect()
     assert [r() for r in refs] == [None, None]
     assert list(amp.state_dict()) == ["loss_scaler0"]  # the scalers themselves stay
+
+
+@pytest.mark.parametrize("how", ["submodule_load", "param_copy"])
+def test_o2_weights_written_after_initialize_are_trained(how):
+    # Apex's order is initialize, then load. A load into a submodule (not the root) or
+    # a write into a param reached the half params only, and the first step put the
+    # masters' old values back. Now a submodule load sets the masters exactly and a
+    # param write is taken up at the first scale_loss (rounded, as Apex's lazily made
+    # masters were).
+    torch.manual_seed(0)
+    pretrained = nn.Linear(4, 4).state_dict()
+    model = two_layers(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    if how == "submodule_load":
+        model[0].load_state_dict(pretrained)
+        want = pretrained["weight"]  # exact float32
+    else:
+        with torch.no_grad():
+            model[0].weight.copy_(pretrained["weight"])
+        want = pretrained["weight"].half().float()
+    assert torch.equal(model[0].state_dict()["weight"], want)  # a submodule's state dict too
+    backward(model, opt, torch.randn(3, 4))
+    opt.step()
+    assert torch.equal(model[0].weight, want.half())
+    assert torch.equal(model.state_dict()["0.weight"], want)
+    assert torch.equal(amp.master_params(opt).__next__(), want)
