@@ -58,12 +58,14 @@ def _check_optimizers(optimizers, models):
         if getattr(opt, "_core_ops_amp", None) is not None:
             raise RuntimeError(f"optimizers[{i}] was already passed to amp.initialize; create a "
                                "fresh optimizer for the fresh model")
-        for group in opt.param_groups:
-            for p in group["params"]:
-                if id(p) not in owned:
-                    raise ValueError(f"optimizers[{i}] holds a parameter of shape {tuple(p.shape)} "
-                                     "that belongs to none of the models passed to initialize; "
-                                     "build the optimizer from those models' parameters")
+        # An optimizer of other models (built before a copy, or for another model) is a
+        # mistake; params beside the models' (a criterion's, learned loss weights) are
+        # not: they stay float32 and are unscaled with the rest, as in Apex.
+        params = [p for group in opt.param_groups for p in group["params"]]
+        if params and not any(id(p) in owned for p in params):
+            raise ValueError(f"optimizers[{i}] holds none of the parameters of the models passed to "
+                             f"initialize (its first has shape {tuple(params[0].shape)}); build the "
+                             "optimizer from those models' parameters")
 
 
 def _check_half_supported(device_type, props):

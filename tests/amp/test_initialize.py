@@ -231,7 +231,7 @@ def test_bad_calls():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="unknown opt_level 'O5'"):
         amp.initialize(model, opt, opt_level="O5")
-    with pytest.raises(ValueError, match="belongs to none of the models"):
+    with pytest.raises(ValueError, match="holds none of the parameters of the models"):
         amp.initialize(model, torch.optim.SGD(conv_net().parameters(), lr=0.1), opt_level="O2")
     with pytest.raises(TypeError, match="parameter '0.weight' is torch.float16"):
         amp.initialize(conv_net().half(), opt_level="O2")
@@ -284,3 +284,19 @@ def test_half_dtype_the_device_cannot_run():
     with pytest.raises(RuntimeError, match="float16 matmul does not run on cuda .*use "
                                            "half_dtype=torch.bfloat16 or opt_level='O0'"):
         _check_half_supported("cuda", resolve("O2", torch.float16))
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_params_beside_the_models_train_in_float32(level):
+    # A criterion with parameters, learned loss weights: in the optimizer, not in the
+    # model. Apex accepted them; they stay float32 and are unscaled with the rest.
+    model = conv_net()
+    weights = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = torch.optim.SGD([*model.parameters(), weights], lr=0.5)
+    model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=torch.bfloat16, verbosity=0)
+    x, _ = DATA[0]
+    with amp.scale_loss(model(x).float().mean() + (weights * torch.tensor([3.0, 4.0])).sum(), opt) as scaled:
+        scaled.backward()
+    assert weights.dtype == torch.float32 and torch.equal(weights.grad, torch.tensor([3.0, 4.0]))
+    opt.step()
+    assert torch.equal(weights.detach(), torch.tensor([1.0 - 1.5, 2.0 - 2.0]))
