@@ -9,6 +9,7 @@ calls the class's forward, so ``copy.deepcopy`` of an initialized model works.
 
 from __future__ import annotations
 
+import collections.abc
 import copy
 import types
 
@@ -19,7 +20,9 @@ from . import masters
 
 
 def cast_tree(value, dtype):
-    """Floating tensors in ``value`` (nested lists, tuples, dicts) cast to ``dtype``."""
+    """Floating tensors in ``value`` (nested lists, tuples, mappings) cast to ``dtype``;
+    other objects with a ``to`` method (custom batch classes) get ``.to(dtype)``, as
+    Apex's input caster did."""
     if isinstance(value, torch.Tensor):
         return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
     if isinstance(value, (list, tuple)):
@@ -32,6 +35,13 @@ def cast_tree(value, dtype):
         for k, v in value.items():
             out[k] = cast_tree(v, dtype)
         return out
+    if isinstance(value, collections.abc.Mapping):  # UserDict, HF's BatchEncoding, ...
+        out = copy.copy(value) if isinstance(value, collections.abc.MutableMapping) else {}
+        for k, v in value.items():
+            out[k] = cast_tree(v, dtype)
+        return out
+    if callable(getattr(value, "to", None)) and not isinstance(value, (str, torch.nn.Module)):
+        return value.to(dtype)
     return value
 
 

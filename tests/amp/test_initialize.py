@@ -4,6 +4,7 @@ does to the model and optimizer; the errors of bad calls."""
 import collections
 import copy
 import math
+import types
 
 import pytest
 import torch
@@ -207,6 +208,38 @@ def test_mapping_inputs_keep_their_type():
     batch = collections.defaultdict(list, x=torch.ones(1, 2))
     out = model(batch)  # TypeError (the pairs taken for the factory) before
     expected = torch.ones(1, 2).half() @ model.lin.weight.t() + model.lin.bias
+    assert out.dtype == torch.float32 and torch.equal(out, expected.float())
+
+
+class Batch:
+    """A custom batch class, as DataLoaders of many repositories return."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def to(self, dtype):
+        return Batch(self.x.to(dtype))
+
+
+@pytest.mark.parametrize("wrap,unwrap", [
+    (lambda x: collections.UserDict(x=x), lambda b: b["x"]),  # HF's BatchEncoding is one
+    (lambda x: types.MappingProxyType({"x": x}), lambda b: b["x"]),
+    (Batch, lambda b: b.x),
+])
+def test_o2_casts_inputs_inside_any_mapping_and_batch_classes(wrap, unwrap):
+    # As Apex's caster: any Mapping, and objects with .to(dtype). Before: the float32
+    # input reached the half model (a dtype error in the first matmul).
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, batch):
+            return self.lin(unwrap(batch))
+
+    model = amp.initialize(Net(), opt_level="O2", verbosity=0)
+    out = model(wrap(torch.ones(1, 2)))
+    expected = F.linear(torch.ones(1, 2).half(), model.lin.weight, model.lin.bias)
     assert out.dtype == torch.float32 and torch.equal(out, expected.float())
 
 
