@@ -46,6 +46,10 @@ def _unscale_sparse(grad, inv):
     return out, flag
 
 
+def _nothing():
+    return None
+
+
 class AmpOptimizer:
     """The amp state of one optimizer (``optimizer._core_ops_amp``)."""
 
@@ -61,6 +65,12 @@ class AmpOptimizer:
             self._adopt(group)
         self.found_inf = None  # overflow flag of the backward passes since the last step
         self._adopted_written = False
+        # Apex's names, which training scripts reach into (NVIDIA's BERT resumes with
+        # optimizer._lazy_init_maybe_master_weights(); _amp_stash.lazy_init_called = True):
+        # masters exist from initialize on, so the lazy init has nothing left to do.
+        self.lazy_init_called = True
+        optimizer._amp_stash = self
+        optimizer._lazy_init_maybe_master_weights = _nothing
         self.params_have_scaled_gradients = False
         self._stash = {}
         self._held_grads = None
@@ -69,6 +79,14 @@ class AmpOptimizer:
         self.inner.register_step_post_hook(self._post_step)
         self._patch_zero_grad()
         self._patch_add_param_group()
+
+    @property
+    def all_fp16_params(self):  # Apex's stash names (O2: the model's half params)
+        return [p for p, _ in self.pairs]
+
+    @property
+    def all_fp32_from_fp16_params(self):  # ... and their fp32 masters
+        return [m for _, m in self.pairs]
 
     def _adopt(self, group):
         """Puts the masters of ``group``'s half params in their place (Note [O2 master

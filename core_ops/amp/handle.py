@@ -43,9 +43,10 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
     ``optimizers`` change nothing (as in Apex), all without a host sync for fused
     optimizers (Note [Host syncs of loss scaling]). ``delay_unscale=True`` leaves the
     grads scaled, to accumulate several backward passes before the last, unscaling
-    one. ``model`` is accepted for Apex's signature; ``delay_overflow_check`` too (the
-    check never syncs anyway). The scalers and properties are those of the
-    ``initialize`` call the optimizers came from.
+    one. ``model`` is accepted for Apex's signature. ``delay_overflow_check=True``, as
+    in Apex, leaves the scale and the coming step alone: the caller checks (the flag
+    is the scaler's ``_overflow_buf``; ``update_scale()`` applies it). The scalers and
+    properties are those of the ``initialize`` call the optimizers came from.
     """
     amps, state = _amps_and_state(optimizers)
     if state is None or not state.properties.enabled:
@@ -70,9 +71,18 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
             amp.params_have_scaled_gradients = True
         return
     found = torch.zeros(1, dtype=torch.float32, device=scale.device)
+    flags_before = [amp.found_inf for amp in amps]
     for amp in amps:
         found = torch.maximum(found, amp.post_backward(scale))
         amp.params_have_scaled_gradients = False
+    if delay_overflow_check:
+        # Apex's meaning: the grads are unscaled, but neither is the scale updated nor
+        # the step skipped; the caller decides, e.g. with scaler.update_scale(), which
+        # reads this flag (NVIDIA's BERT, after its own allreduce).
+        for amp, flag in zip(amps, flags_before):
+            amp.found_inf = flag
+        scaler._overflow_buf = (found > 0).to(torch.int32)
+        return
     for amp in amps:  # one overflow skips every optimizer of this loss, as in Apex
         amp.found_inf = torch.maximum(amp.found_inf, found.to(amp.found_inf.device))
     scaler.update_from(found)

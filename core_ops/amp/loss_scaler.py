@@ -93,6 +93,7 @@ class LossScaler:
         self.hysteresis = int(hysteresis)
         self._scale = None  # created lazily on the device, as GradScaler does
         self._pending = None  # a loaded state dict waiting for the device
+        self._overflow_buf = None  # Apex's flag for update_scale(); see there
         self._per_optimizer = defaultdict(lambda: {"stage": _Stage.READY, "found_inf": None})
 
     # ---- device state -------------------------------------------------------------
@@ -256,6 +257,32 @@ class LossScaler:
         return self._init_scale if self._scale is None else float(self._scale)
 
     loss_scale = get_scale  # Apex's name
+
+    # ---- Apex's LossScaler internals, which scripts reach into -----------------------
+
+    @property
+    def _loss_scale(self):
+        return self.get_scale()
+
+    @_loss_scale.setter
+    def _loss_scale(self, value):
+        # NVIDIA's BERT sets amp._amp_state.loss_scalers[0]._loss_scale at start-up.
+        self._init_scale = float(value)
+        if self._scale is not None:
+            self._scale.fill_(float(value))
+
+    def update_scale(self):
+        """Apex's: the scale update for ``_overflow_buf`` (set by a ``scale_loss`` with
+        ``delay_overflow_check=True``, or by the caller); returns whether the step
+        should be skipped (a host sync, as in Apex)."""
+        flag = self._overflow_buf
+        found = torch.zeros((), device=self._device or "cpu") if flag is None else (flag != 0).float()
+        self.update_from(found.reshape(()))
+        return bool(found.item()) and self.dynamic
+
+    def clear_overflow_state(self):
+        if self._overflow_buf is not None:
+            self._overflow_buf.zero_()
 
     @property
     def fixed_scale(self):
