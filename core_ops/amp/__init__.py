@@ -28,3 +28,16 @@ __all__ = ["GradScaler", "LossScaler", "OPT_LEVELS", "Properties", "disable_cast
            "master_params", "promote_function", "register_float_function",
            "register_half_function", "register_promote_function", "scale_loss", "skipped_steps",
            "state_dict"]
+
+# Apex's APIs from before initialize() (amp.init, its handle, the FP16_Optimizer-era
+# names) are not replaced; asking for one says so instead of a bare AttributeError.
+_NOT_REPLACED = {"init": "amp.init() is Apex's old API, before amp.initialize()",
+                 "AmpHandle": "amp.AmpHandle belongs to Apex's old amp.init() API",
+                 "NoOpHandle": "amp.NoOpHandle belongs to Apex's old amp.init() API"}
+
+
+def __getattr__(name):
+    if name in _NOT_REPLACED:
+        raise AttributeError(f"{_NOT_REPLACED[name]}, which core_ops does not replace; use "
+                             "amp.initialize(model, optimizer, opt_level='O1') and amp.scale_loss")
+    raise AttributeError(f"module 'core_ops.amp' has no attribute {name!r}")

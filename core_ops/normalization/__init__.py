@@ -2,18 +2,13 @@
 ``layer_norm`` / ``rms_norm`` kernels, which are as fast as Apex's on CPU and CUDA.
 Their state dicts are those of ``nn.LayerNorm`` / ``nn.RMSNorm``."""
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
-
-def _accumulation_dtype(x, weight):
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    return dtype if weight is None else torch.promote_types(dtype, weight.dtype)
-
-
-def _to(t, dtype):
-    return None if t is None else t.to(dtype)
+from .functional import (  # and Apex's other fused_layer_norm names
+    FusedLayerNormAffineFunction, FusedLayerNormAffineMixedDtypesFunction, FusedLayerNormFunction,
+    FusedRMSNormAffineFunction, FusedRMSNormAffineMixedDtypesFunction, FusedRMSNormFunction,
+    fused_layer_norm, fused_layer_norm_affine, fused_rms_norm, fused_rms_norm_affine,
+    mixed_dtype_fused_layer_norm_affine, mixed_dtype_fused_rms_norm_affine)
 
 
 class FusedLayerNorm(nn.LayerNorm):
@@ -36,18 +31,19 @@ class MixedFusedLayerNorm(FusedLayerNorm):
     input's dtype (Apex's "mixed" variant, used with O2-style half models)."""
 
     def forward(self, x):
-        acc = _accumulation_dtype(x, self.weight)
-        y = F.layer_norm(x.to(acc), self.normalized_shape, _to(self.weight, acc), _to(self.bias, acc),
-                         self.eps)
-        return y.to(x.dtype)
+        return fused_layer_norm_affine(x, self.weight, self.bias, self.normalized_shape, self.eps)
 
 
 class MixedFusedRMSNorm(FusedRMSNorm):
     """Float32 weight, half input, float32 statistics, output in the input's dtype."""
 
     def forward(self, x):
-        acc = _accumulation_dtype(x, self.weight)
-        return F.rms_norm(x.to(acc), self.normalized_shape, _to(self.weight, acc), self.eps).to(x.dtype)
+        return fused_rms_norm_affine(x, self.weight, self.normalized_shape, self.eps)
 
 
-__all__ = ["FusedLayerNorm", "FusedRMSNorm", "MixedFusedLayerNorm", "MixedFusedRMSNorm"]
+__all__ = ["FusedLayerNorm", "FusedLayerNormAffineFunction", "FusedLayerNormAffineMixedDtypesFunction",
+           "FusedLayerNormFunction", "FusedRMSNorm", "FusedRMSNormAffineFunction",
+           "FusedRMSNormAffineMixedDtypesFunction", "FusedRMSNormFunction", "MixedFusedLayerNorm",
+           "MixedFusedRMSNorm", "fused_layer_norm", "fused_layer_norm_affine", "fused_rms_norm",
+           "fused_rms_norm_affine", "mixed_dtype_fused_layer_norm_affine",
+           "mixed_dtype_fused_rms_norm_affine"]

@@ -197,3 +197,30 @@ def test_normalization_matches_torch():
     out = MixedFusedRMSNorm(10)(half)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), ref, rtol=8e-3, atol=8e-3)  # one bf16 rounding
+
+
+def test_megatron_style_fused_norm_functions():
+    # Megatron-LM / NeMo / DeepSpeed import these from apex.normalization.fused_layer_norm
+    # and call X.apply(...); without them Megatron decides that Apex is missing.
+    import core_ops.compat.apex  # noqa: F401
+    from apex.normalization.fused_layer_norm import (FusedLayerNormAffineFunction,
+                                                     FusedRMSNormAffineFunction,
+                                                     mixed_dtype_fused_layer_norm_affine)
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    w, b = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    y = FusedLayerNormAffineFunction.apply(x, w, b, 8, 1e-5)
+    assert torch.equal(y, torch.nn.functional.layer_norm(x, (8,), w, b, 1e-5))
+    y.sum().backward()
+    assert x.grad is not None
+    r = FusedRMSNormAffineFunction.apply(x.detach(), w, (8,), 1e-5, False)
+    assert torch.equal(r, torch.nn.functional.rms_norm(x.detach(), (8,), w, 1e-5))
+    half = x.detach().bfloat16()  # fp32 weights, half input: float32 statistics, half out
+    out = mixed_dtype_fused_layer_norm_affine(half, w.float(), b.float(), [8], 1e-5)
+    expect = torch.nn.functional.layer_norm(half.float(), (8,), w.float(), b.float(), 1e-5).bfloat16()
+    assert out.dtype == torch.bfloat16 and torch.equal(out, expect)
+
+
+def test_apex_amp_init_says_it_is_not_replaced():
+    from core_ops import amp
+    with pytest.raises(AttributeError, match=r"amp.init\(\) is Apex's old API.*use amp.initialize"):
+        amp.init()

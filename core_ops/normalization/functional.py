@@ -1,0 +1,71 @@
+"""Apex's functional forms and autograd functions of its fused norms
+(``apex.normalization.fused_layer_norm.FusedLayerNormAffineFunction`` and kin), which
+Megatron-LM, NeMo and DeepSpeed import directly. They run torch's own fused
+``layer_norm`` / ``rms_norm`` (torch's autograd gives the backward) in float32 or
+wider, whatever the input and weight dtypes (Apex's "mixed dtypes" forms take float32
+weights with half inputs), and return the input's dtype. ``memory_efficient`` is
+accepted: torch's kernels save only the statistics anyway."""
+
+import torch
+import torch.nn.functional as F
+
+
+def _shape(normalized_shape):
+    return (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+
+
+def _accumulation_dtype(x, weight):
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    return dtype if weight is None else torch.promote_types(dtype, weight.dtype)
+
+
+def _to(t, dtype):
+    return None if t is None else t.to(dtype)
+
+
+def fused_layer_norm_affine(input, weight, bias, normalized_shape, eps=1e-6, memory_efficient=False):
+    acc = _accumulation_dtype(input, weight)
+    return F.layer_norm(input.to(acc), _shape(normalized_shape), _to(weight, acc), _to(bias, acc),
+                        eps).to(input.dtype)
+
+
+def fused_layer_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):
+    return fused_layer_norm_affine(input, None, None, normalized_shape, eps)
+
+
+def fused_rms_norm_affine(input, weight, normalized_shape, eps=1e-6, memory_efficient=False):
+    acc = _accumulation_dtype(input, weight)
+    return F.rms_norm(input.to(acc), _shape(normalized_shape), _to(weight, acc), eps).to(input.dtype)
+
+
+def fused_rms_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):
+    return fused_rms_norm_affine(input, None, normalized_shape, eps)
+
+
+mixed_dtype_fused_layer_norm_affine = fused_layer_norm_affine
+mixed_dtype_fused_rms_norm_affine = fused_rms_norm_affine
+
+
+# Apex's torch.autograd.Function subclasses, called as ``X.apply(...)``.
+class FusedLayerNormAffineFunction:
+    apply = staticmethod(fused_layer_norm_affine)
+
+
+class FusedLayerNormAffineMixedDtypesFunction:
+    apply = staticmethod(fused_layer_norm_affine)
+
+
+class FusedLayerNormFunction:
+    apply = staticmethod(fused_layer_norm)
+
+
+class FusedRMSNormAffineFunction:
+    apply = staticmethod(fused_rms_norm_affine)
+
+
+class FusedRMSNormAffineMixedDtypesFunction:
+    apply = staticmethod(fused_rms_norm_affine)
+
+
+class FusedRMSNormFunction:
+    apply = staticmethod(fused_rms_norm)
