@@ -61,11 +61,16 @@ def test_no_compiler_falls_back_to_reference_with_one_warning(tmp_path):
     assert "WARNINGS 1" in out and "no C++ compiler found" in out
 
 
-def test_compile_error_falls_back_and_is_not_retried(tmp_path):
+def with_broken_source(tmp_path):
+    """CALL, building from a copy of the sources with one that does not compile."""
     broken = tmp_path / "csrc"
     shutil.copytree(_build.CSRC, broken)
     (broken / "cpu" / "broken.cpp").write_text("this is not C++;\n")
-    code = f"import core_ops._build as b; b.CSRC = __import__('pathlib').Path({str(broken)!r})\n" + CALL
+    return f"import core_ops._build as b; b.CSRC = __import__('pathlib').Path({str(broken)!r})\n" + CALL
+
+
+def test_compile_error_falls_back_and_is_not_retried(tmp_path):
+    code = with_broken_source(tmp_path)
     out, _ = finish(run(code, tmp_path / "cache"))
     assert "RESULT 5.0" in out and "NATIVE False" in out and "build failed" in out
     assert len(list((tmp_path / "cache").glob("*/FAILED"))) == 1
@@ -74,11 +79,7 @@ def test_compile_error_falls_back_and_is_not_retried(tmp_path):
 
 
 def test_compile_error_warning_names_the_compilers_error(tmp_path):
-    broken = tmp_path / "csrc"
-    shutil.copytree(_build.CSRC, broken)
-    (broken / "cpu" / "broken.cpp").write_text("this is not C++;\n")
-    code = f"import core_ops._build as b; b.CSRC = __import__('pathlib').Path({str(broken)!r})\n" + CALL
-    out, _ = finish(run(code, tmp_path / "cache"))
+    out, _ = finish(run(with_broken_source(tmp_path), tmp_path / "cache"))
     warning = next(line for line in out.splitlines() if "build failed" in line)
     assert "error" in warning and "broken.cpp" in warning and "-MMD" not in warning, warning
 

@@ -46,26 +46,17 @@ mixed_dtype_fused_layer_norm_affine = fused_layer_norm_affine
 mixed_dtype_fused_rms_norm_affine = fused_rms_norm_affine
 
 
-# Apex's torch.autograd.Function subclasses, called as ``X.apply(...)``.
-class FusedLayerNormAffineFunction:
-    apply = staticmethod(fused_layer_norm_affine)
+def _function(name, fn):
+    """Apex's ``torch.autograd.Function`` subclass ``name``, called as ``X.apply(...)``."""
+    return type(name, (), {"apply": staticmethod(fn), "__module__": __name__,
+                           "__doc__": f"Apex's {name}: ``apply`` is ``{fn.__name__}``."})
 
 
-class FusedLayerNormAffineMixedDtypesFunction:
-    apply = staticmethod(fused_layer_norm_affine)
-
-
-class FusedLayerNormFunction:
-    apply = staticmethod(fused_layer_norm)
-
-
-class FusedRMSNormAffineFunction:
-    apply = staticmethod(fused_rms_norm_affine)
-
-
-class FusedRMSNormAffineMixedDtypesFunction:
-    apply = staticmethod(fused_rms_norm_affine)
-
-
-class FusedRMSNormFunction:
-    apply = staticmethod(fused_rms_norm)
+FusedLayerNormAffineFunction = _function("FusedLayerNormAffineFunction", fused_layer_norm_affine)
+FusedLayerNormAffineMixedDtypesFunction = _function("FusedLayerNormAffineMixedDtypesFunction",
+                                                    fused_layer_norm_affine)
+FusedLayerNormFunction = _function("FusedLayerNormFunction", fused_layer_norm)
+FusedRMSNormAffineFunction = _function("FusedRMSNormAffineFunction", fused_rms_norm_affine)
+FusedRMSNormAffineMixedDtypesFunction = _function("FusedRMSNormAffineMixedDtypesFunction",
+                                                  fused_rms_norm_affine)
+FusedRMSNormFunction = _function("FusedRMSNormFunction", fused_rms_norm)
