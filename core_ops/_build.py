@@ -231,16 +231,17 @@ def _compile(kind: str, name: str, build_dir: Path, arch: str | None) -> None:
         nvidia = Path(torch.__file__).resolve().parent.parent / "nvidia"
         includes += [str(p) for p in nvidia.glob("*/include")]
         extra = dict(extra_cflags=["-O3"], extra_cuda_cflags=cuda_flags())
-    cpp_extension.load(
-        name=name,
-        sources=[str(s) for s in _translation_units(kind, build_dir)],
-        extra_include_paths=includes,
-        build_directory=str(build_dir),
-        is_python_module=False,
-        with_cuda=(kind == "cuda"),
-        verbose=os.environ.get("CORE_OPS_VERBOSE_BUILD") == "1",
-        **extra,
-    )
+    with _ninja_on_path():
+        cpp_extension.load(
+            name=name,
+            sources=[str(s) for s in _translation_units(kind, build_dir)],
+            extra_include_paths=includes,
+            build_directory=str(build_dir),
+            is_python_module=False,
+            with_cuda=(kind == "cuda"),
+            verbose=os.environ.get("CORE_OPS_VERBOSE_BUILD") == "1",
+            **extra,
+        )
 
 
 def _cause(error: Exception) -> str:
@@ -297,27 +298,41 @@ def _precondition(kind: str) -> str | None:
             return "this PyTorch build has no CUDA"
         if cuda_home() is None:
             return "no CUDA toolkit found (no nvcc on PATH and CUDA_HOME unset)"
-    if not _ninja_on_path():
+    if not shutil.which("ninja") and not _pip_ninja_folder():
         return "ninja not found (pip install ninja)"
     return None
 
 
-def _ninja_on_path() -> bool:
-    """torch's cpp_extension runs the ``ninja`` on PATH. The pip package (a dependency)
-    installs one into the environment's bin folder, which is not on PATH when the
-    environment's python is run without activating it (``.venv/bin/python``), so
-    that folder is put on PATH for the build."""
-    if shutil.which("ninja"):
-        return True
+def _pip_ninja_folder() -> str | None:
+    """The folder of the ninja the pip package (a dependency) installs into the
+    environment's bin folder. torch's cpp_extension runs the ``ninja`` on PATH, and
+    that folder is not on PATH when the environment's python runs unactivated
+    (``.venv/bin/python``), so ``_compile`` puts it there for the build."""
     try:
         import ninja
     except ImportError:
-        return False
+        return None
     folder = getattr(ninja, "BIN_DIR", None)
-    if not folder or not shutil.which("ninja", path=folder):
-        return False
-    os.environ["PATH"] = folder + os.pathsep + os.environ.get("PATH", "")
-    return True
+    return folder if folder and shutil.which("ninja", path=folder) else None
+
+
+@contextlib.contextmanager
+def _ninja_on_path():
+    """PATH with pip's ninja folder in front while the build runs (only if no ninja
+    is on PATH), and as it was afterwards."""
+    folder = None if shutil.which("ninja") else _pip_ninja_folder()
+    if folder is None:
+        yield
+        return
+    before = os.environ.get("PATH")
+    os.environ["PATH"] = folder + os.pathsep + (before or "")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = before
 
 
 def ensure(kind: str, *, build: bool = True, force: bool = False, arch: str | None = None,

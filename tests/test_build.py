@@ -124,9 +124,11 @@ def test_truncated_cached_library_is_not_loaded(tmp_path):
 def test_pip_ninja_is_used_when_its_folder_is_not_on_path(monkeypatch, tmp_path):
     ninja = pytest.importorskip("ninja")
     monkeypatch.setenv("PATH", str(tmp_path))  # an environment's python run unactivated
-    assert _build._ninja_on_path()
-    assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR
-    assert shutil.which("ninja") is not None
+    assert _build._precondition("cpu") is None or "compiler" in _build._precondition("cpu")
+    with _build._ninja_on_path():
+        assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR
+        assert shutil.which("ninja") is not None
+    assert os.environ["PATH"] == str(tmp_path)  # the user's PATH is left as it was
 
 
 def test_forced_reference_backend(tmp_path):
