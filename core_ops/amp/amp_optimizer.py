@@ -64,6 +64,7 @@ class AmpOptimizer:
         for group in self.inner.param_groups:
             self._adopt(group)
         self.found_inf = None  # overflow flag of the backward passes since the last step
+        self._old_nonfinite = None  # inf / nan in grads rescaled by prepare_backward
         self._adopted_written = False
         # Apex's names, which training scripts reach into (NVIDIA's BERT resumes with
         # optimizer._lazy_init_maybe_master_weights(); _amp_stash.lazy_init_called = True):
@@ -146,8 +147,12 @@ class AmpOptimizer:
     # ranks diverged), and core_ops' DDP writes reduced grads into bucket views that
     # the set-aside tensors still pointed at (grads doubled or lost). Instead the old
     # grads are multiplied by this scale in place: the backward accumulates scaled
-    # onto scaled, DDP reduces the sum, post_backward unscales it. Loss scales are
-    # powers of two, so the round trip is exact. At O2 the half params' grads are
+    # onto scaled, DDP reduces the sum, post_backward unscales it. Dynamic loss scales
+    # are powers of two, so the round trip is exact (a static scale that is not adds
+    # one float32 rounding per accumulated backward). An inf / nan already in the old
+    # grads was reported by its own backward, so it is not counted again. Half grads
+    # of params without masters (O3) are still set aside: rescaled, their sum could
+    # overflow the half dtype. At O2 the half params' grads are
     # unscaled into the masters' float32 grads after each backward and summed there,
     # as in Apex (summing in the half dtype would round); each backward's half grads
     # are reduced by DDP before that, so only DDP's no_sync() at O2 needs Apex's rule:
@@ -162,14 +167,23 @@ class AmpOptimizer:
         self._adopted_written = True
 
     def prepare_backward(self, scale):
-        """Rescales present grads by ``scale`` (Note [Accumulating under amp])."""
+        """Rescales present float32 grads by ``scale`` (Note [Accumulating under amp]);
+        sets aside sparse grads and half grads of params without masters (O3: their
+        rescaled sum could overflow the half dtype), to be added after unscaling."""
+        self._old_nonfinite = None
         with torch.no_grad():
-            dense = [p for p in self.fp32_params if p.grad is not None and not p.grad.is_sparse]
-            for group in _group((p.grad, p.grad) for p in dense):
+            wide = [p for p in self.fp32_params if p.grad is not None and not p.grad.is_sparse
+                    and p.grad.dtype in (torch.float32, torch.float64)]
+            for group in _group((p.grad, p.grad) for p in wide):
                 grads = [g for g, _ in group]
-                multi_tensor_scale(grads, grads, scale.to(grads[0].device))
+                flag = multi_tensor_scale(grads, grads, scale.to(grads[0].device))
+                # An earlier backward's inf / nan, already reported: not this one's.
+                flag = flag.reshape(()).to(scale.device)
+                self._old_nonfinite = flag if self._old_nonfinite is None else torch.maximum(
+                    self._old_nonfinite, flag)
+            kept = {id(p) for p in wide}
             for p in self.fp32_params:
-                if p.grad is not None and p.grad.is_sparse:  # rare, small, never bucketed
+                if p.grad is not None and id(p) not in kept:
                     self._stash[p] = p.grad
                     p.grad = None
             for p, _ in self.pairs:
@@ -197,8 +211,12 @@ class AmpOptimizer:
                 if added:
                     tmp = [torch.empty_like(m) for _, m in added]
                     found = unscale([g for g, _ in added], tmp)
+                    dense = [(m, t) for (_, m), t in zip(added, tmp) if not m.grad.is_sparse]
+                    if dense:  # in place: the masters' grads keep their memory
+                        torch._foreach_add_([m.grad for m, _ in dense], [t for _, t in dense])
                     for (_, m), t in zip(added, tmp):
-                        m.grad = m.grad + t
+                        if m.grad.is_sparse:
+                            m.grad = m.grad + t
             for p, m in self.pairs:
                 if p.grad is not None and p.grad.is_sparse:
                     g, flag = _unscale_sparse(p.grad, inv)
@@ -208,14 +226,23 @@ class AmpOptimizer:
             fulls = [p for p in self.fp32_params if p.grad is not None]
             for group in _group((p.grad, p.grad) for p in fulls if not p.grad.is_sparse):
                 grads = [g for g, _ in group]
-                found = unscale(grads, grads)
+                flag = multi_tensor_scale(grads, grads, inv.to(grads[0].device)).to(found.device)
+                if self._old_nonfinite is not None and grads[0].dtype in (torch.float32, torch.float64):
+                    flag = flag * (self._old_nonfinite == 0)  # rescaled old grads: counted before
+                found = torch.maximum(found, flag)
             for p in fulls:
                 if p.grad.is_sparse:
                     p.grad, flag = _unscale_sparse(p.grad, inv)
                     found = torch.maximum(found, flag.to(found.device))
             for p, g in self._stash.items():
-                p.grad = g if p.grad is None else p.grad + g
+                if p.grad is None:
+                    p.grad = g
+                elif p.grad.is_sparse or g.is_sparse:
+                    p.grad = p.grad + g
+                else:
+                    p.grad.add_(g)
             self._stash.clear()
+            self._old_nonfinite = None
         self.found_inf = found if self.found_inf is None else torch.maximum(self.found_inf, found)
         return found
 

@@ -19,29 +19,37 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from . import masters
 
 
-def cast_tree(value, dtype):
-    """Floating tensors in ``value`` (nested lists, tuples, mappings) cast to ``dtype``;
-    other objects with a ``to`` method (custom batch classes) get ``.to(dtype)``, as
-    Apex's input caster did."""
+def cast_tree(value, dtype, batch_objects=False):
+    """Floating tensors in ``value`` (nested lists, tuples, mappings) cast to ``dtype``.
+    With ``batch_objects`` (a model's inputs, as Apex's input caster did), other objects
+    with a ``to`` method (custom batch classes) get ``.to(dtype)``."""
+    def cast(v):
+        return cast_tree(v, dtype, batch_objects)
+
     if isinstance(value, torch.Tensor):
         return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
     if isinstance(value, (list, tuple)):
-        cast = [cast_tree(v, dtype) for v in value]
-        return type(value)(*cast) if hasattr(value, "_fields") else type(value)(cast)
+        items = [cast(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, dict):
         # A shallow copy keeps the mapping's type and its extras (a defaultdict's
         # factory, which ``type(value)(pairs)`` would have taken the pairs for).
         out = copy.copy(value)
         for k, v in value.items():
-            out[k] = cast_tree(v, dtype)
+            out[k] = cast(v)
         return out
     if isinstance(value, collections.abc.Mapping):  # UserDict, HF's BatchEncoding, ...
-        out = copy.copy(value) if isinstance(value, collections.abc.MutableMapping) else {}
-        for k, v in value.items():
-            out[k] = cast_tree(v, dtype)
-        return out
-    if callable(getattr(value, "to", None)) and not isinstance(value, (str, torch.nn.Module)):
-        return value.to(dtype)
+        items = {k: cast(v) for k, v in value.items()}
+        try:
+            return type(value)(items)  # never the caller's mapping, changed in place
+        except TypeError:
+            return items
+    if batch_objects and callable(getattr(value, "to", None)) and not isinstance(
+            value, (str, torch.nn.Module)):
+        try:
+            return value.to(dtype)
+        except TypeError:  # a to() that takes devices only (graph batches): left as it is
+            return value
     return value
 
 
@@ -79,7 +87,8 @@ def patch_forward(model, input_dtype, output_dtype, autocast_dtype):
 
     def forward(self, *args, **kwargs):
         if input_dtype is not None:
-            args, kwargs = cast_tree(args, input_dtype), cast_tree(kwargs, input_dtype)
+            args = cast_tree(args, input_dtype, batch_objects=True)
+            kwargs = cast_tree(kwargs, input_dtype, batch_objects=True)
         if autocast_dtype is not None:
             with torch.autocast(device_type, dtype=autocast_dtype):
                 out = type(self).forward(self, *args, **kwargs)
@@ -90,30 +99,40 @@ def patch_forward(model, input_dtype, output_dtype, autocast_dtype):
     model.forward = forward.__get__(model)
 
 
+def _own_and_unhooked(module, prefix):
+    """``(prefix, module)`` for ``module`` and its descendants that have no hooks of
+    their own (modules attached after ``initialize``): each hook covers those, and a
+    hooked descendant covers itself, so every param is handled once per call."""
+    yield prefix, module
+    for name, child in module.named_children():
+        if not getattr(child, "_core_ops_amp_hooked", False):
+            yield from _own_and_unhooked(child, f"{prefix}{name}.")
+
+
 def _save_fp32(module, state_dict, prefix, local_metadata):
-    # Runs on every submodule for its own params and buffers; every name of a param
-    # (tied ones included) gets its master (Note [Master registry]).
+    # Every name of a param (tied ones included) gets its master (Note [Master registry]).
     registry = masters.of(module)
-    for name, value in (*module._parameters.items(), *module._buffers.items()):
-        key = prefix + name
-        if isinstance(state_dict.get(key), torch.Tensor) and state_dict[key].dtype in masters.HALF:
-            state_dict[key] = state_dict[key].float()
-        master = registry.get(value) if isinstance(value, torch.nn.Parameter) else None
-        if master is not None and key in state_dict:
-            registry.adopt_if_written(value)
-            state_dict[key] = master.detach()
+    for sub_prefix, sub in _own_and_unhooked(module, prefix):
+        for name, value in (*sub._parameters.items(), *sub._buffers.items()):
+            key = sub_prefix + name
+            if isinstance(state_dict.get(key), torch.Tensor) and state_dict[key].dtype in masters.HALF:
+                state_dict[key] = state_dict[key].float()
+            master = registry.get(value) if isinstance(value, torch.nn.Parameter) else None
+            if master is not None and key in state_dict:
+                state_dict[key] = master.detach()
     return state_dict
 
 
 def _load_fp32(module, state_dict, prefix, *args):
-    # Runs on every submodule, so loading into a submodule after initialize reaches
+    # Runs on every module hooked at initialize, so loading into a submodule reaches
     # the masters too, exactly.
     registry = masters.of(module)
-    for name, p in module._parameters.items():
-        master, value = registry.get(p), state_dict.get(prefix + name)
-        if master is not None and isinstance(value, torch.Tensor) and value.shape == master.shape:
-            with torch.no_grad():
-                master.copy_(value)
+    for sub_prefix, sub in _own_and_unhooked(module, prefix):
+        for name, p in sub._parameters.items():
+            master, value = registry.get(p), state_dict.get(sub_prefix + name)
+            if master is not None and isinstance(value, torch.Tensor) and value.shape == master.shape:
+                with torch.no_grad():
+                    master.copy_(value)
 
 
 def _zero_grad_with_masters(self, set_to_none=True):
@@ -138,6 +157,7 @@ def keep_state_dict_fp32(model, registry):
     they are called on, so a deepcopy's hooks serve the copy (Note [Master registry])."""
     for module in model.modules():  # a submodule's own state_dict / load_state_dict too
         module._core_ops_amp_masters = registry
+        module._core_ops_amp_hooked = True
         module._register_state_dict_hook(_save_fp32)
         module._register_load_state_dict_pre_hook(_load_fp32, with_module=True)
     if len(registry):

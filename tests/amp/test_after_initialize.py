@@ -193,9 +193,66 @@ def test_o2_weights_written_after_initialize_are_trained(how):
         with torch.no_grad():
             model[0].weight.copy_(pretrained["weight"])
         want = pretrained["weight"].half().float()
-    assert torch.equal(model[0].state_dict()["weight"], want)  # a submodule's state dict too
-    backward(model, opt, torch.randn(3, 4))
+    if how == "submodule_load":
+        assert torch.equal(model[0].state_dict()["weight"], want)  # a submodule's state dict too
+    backward(model, opt, torch.randn(3, 4))  # a direct write is taken up here
     opt.step()
     assert torch.equal(model[0].weight, want.half())
     assert torch.equal(model.state_dict()["0.weight"], want)
     assert torch.equal(amp.master_params(opt).__next__(), want)
+
+
+def test_o2_state_dict_changes_nothing():
+    # EMA libraries swap their weights into the model, save, and swap back: state_dict
+    # must not take the swapped-in half weights into the masters.
+    model = two_layers(2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    backward(model, opt, torch.randn(3, 4))
+    opt.step()
+    masters = [m.detach().clone() for m in amp.master_params(opt)]
+    training = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)  # the EMA weights
+    model.state_dict()
+    with torch.no_grad():
+        for p, t in zip(model.parameters(), training):
+            p.copy_(t)
+    backward(model, opt, torch.randn(3, 4))
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(amp.master_params(opt), masters))
+
+
+def test_o2_module_attached_after_initialize_saves_and_loads_its_masters():
+    model = two_layers(3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    model.extra = nn.Linear(4, 4).half()  # attached later, its params added to the optimizer
+    opt.add_param_group({"params": list(model.extra.parameters())})
+    master = amp.master_params(opt)
+    master = [m for m in master if m.shape == (4, 4)][-1]
+    assert torch.equal(model.state_dict()["extra.weight"], master)
+    loaded = torch.randn(4, 4)
+    model.load_state_dict({**model.state_dict(), "extra.weight": loaded})
+    assert torch.equal(master, loaded)
+
+
+def test_o1_outputs_with_a_to_method_are_left_alone():
+    class Out:
+        def __init__(self, x):
+            self.x = x
+
+        def to(self, *args):
+            raise AssertionError("O1 must not cast outputs of other types than tensors")
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return Out(self.lin(x))
+
+    model = amp.initialize(Net(), opt_level="O1", half_dtype=torch.bfloat16, verbosity=0)
+    assert isinstance(model(torch.ones(1, 2)), Out)
