@@ -58,14 +58,26 @@ def _check_optimizers(optimizers, models):
         if getattr(opt, "_core_ops_amp", None) is not None:
             raise RuntimeError(f"optimizers[{i}] was already passed to amp.initialize; create a "
                                "fresh optimizer for the fresh model")
-        # An optimizer of other models (built before a copy, or for another model) is a
-        # mistake; params beside the models' (a criterion's, learned loss weights) are
-        # not: they stay float32 and are unscaled with the rest, as in Apex.
+        # Params beside the models' (a criterion's, learned loss weights) are fine: they
+        # stay float32 and are unscaled with the rest, as in Apex. An optimizer of other
+        # models (built before a copy) or one that missed a replaced submodule is not.
         params = [p for group in opt.param_groups for p in group["params"]]
-        if params and not any(id(p) in owned for p in params):
+        foreign = [p for p in params if id(p) not in owned]
+        if params and len(foreign) == len(params):
             raise ValueError(f"optimizers[{i}] holds none of the parameters of the models passed to "
                              f"initialize (its first has shape {tuple(params[0].shape)}); build the "
                              "optimizer from those models' parameters")
+        if foreign:
+            held = {id(p) for o in optimizers for g in o.param_groups for p in g["params"]}
+            left = [n for m in models for n, p in m.named_parameters()
+                    if p.requires_grad and id(p) not in held]
+            if left:
+                raise ValueError(
+                    f"optimizers[{i}] holds {len(foreign)} parameter(s) of no model passed to "
+                    f"initialize while the models' {left[:3]} are in no optimizer: was a "
+                    "submodule replaced after the optimizer was built? Build the optimizer from "
+                    "the models' current parameters (extra parameters, such as a criterion's, "
+                    "are fine once every model parameter is in an optimizer)")
 
 
 def _check_half_supported(device_type, props):

@@ -272,12 +272,14 @@ class LossScaler:
             self._scale.fill_(float(value))
 
     def update_scale(self):
-        """Apex's: the scale update for ``_overflow_buf`` (set by a ``scale_loss`` with
-        ``delay_overflow_check=True``, or by the caller); returns whether the step
-        should be skipped (a host sync, as in Apex)."""
+        """Apex's: the scale update for ``_overflow_buf`` (set by the ``scale_loss``
+        calls with ``delay_overflow_check=True`` since the last update, or by the
+        caller), which it then clears; returns whether the step should be skipped (a
+        host sync, as in Apex)."""
         flag = self._overflow_buf
         found = torch.zeros((), device=self._device or "cpu") if flag is None else (flag != 0).float()
         self.update_from(found.reshape(()))
+        self.clear_overflow_state()  # the flag covered the calls since the last update
         return bool(found.item()) and self.dynamic
 
     def clear_overflow_state(self):

@@ -28,17 +28,22 @@ class FusedRMSNorm(nn.RMSNorm):
 
 class MixedFusedLayerNorm(FusedLayerNorm):
     """Float32 weights applied to half inputs, statistics in float32, output in the
-    input's dtype (Apex's "mixed" variant, used with O2-style half models)."""
+    weights' dtype (Apex's "mixed" variant, used with O2-style half models)."""
 
     def forward(self, x):
-        return fused_layer_norm_affine(x, self.weight, self.bias, self.normalized_shape, self.eps)
+        if self.weight is None:
+            return fused_layer_norm_affine(x, None, None, self.normalized_shape, self.eps)
+        return mixed_dtype_fused_layer_norm_affine(x, self.weight, self.bias, self.normalized_shape,
+                                                   self.eps)
 
 
 class MixedFusedRMSNorm(FusedRMSNorm):
-    """Float32 weight, half input, float32 statistics, output in the input's dtype."""
+    """Float32 weight, half input, float32 statistics, output in the weight's dtype."""
 
     def forward(self, x):
-        return fused_rms_norm_affine(x, self.weight, self.normalized_shape, self.eps)
+        if self.weight is None:
+            return fused_rms_norm_affine(x, None, self.normalized_shape, self.eps)
+        return mixed_dtype_fused_rms_norm_affine(x, self.weight, self.normalized_shape, self.eps)
 
 
 __all__ = ["FusedLayerNorm", "FusedLayerNormAffineFunction", "FusedLayerNormAffineMixedDtypesFunction",

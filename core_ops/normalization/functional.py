@@ -2,8 +2,8 @@
 (``apex.normalization.fused_layer_norm.FusedLayerNormAffineFunction`` and kin), which
 Megatron-LM, NeMo and DeepSpeed import directly. They run torch's own fused
 ``layer_norm`` / ``rms_norm`` (torch's autograd gives the backward) in float32 or
-wider, whatever the input and weight dtypes (Apex's "mixed dtypes" forms take float32
-weights with half inputs), and return the input's dtype. ``memory_efficient`` is
+wider, whatever the input and weight dtypes, and return the input's dtype; Apex's
+"mixed dtypes" forms (float32 weights with half inputs) return the weight's dtype. ``memory_efficient`` is
 accepted: torch's kernels save only the statistics anyway."""
 
 import torch
@@ -42,8 +42,19 @@ def fused_rms_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):
     return fused_rms_norm_affine(input, None, normalized_shape, eps)
 
 
-mixed_dtype_fused_layer_norm_affine = fused_layer_norm_affine
-mixed_dtype_fused_rms_norm_affine = fused_rms_norm_affine
+def mixed_dtype_fused_layer_norm_affine(input, weight, bias, normalized_shape, eps=1e-6,
+                                        memory_efficient=False):
+    """As ``fused_layer_norm_affine``, the output in the weight's dtype (Apex's)."""
+    acc = _accumulation_dtype(input, weight)
+    return F.layer_norm(input.to(acc), _shape(normalized_shape), _to(weight, acc), _to(bias, acc),
+                        eps).to(weight.dtype)
+
+
+def mixed_dtype_fused_rms_norm_affine(input, weight, normalized_shape, eps=1e-6,
+                                      memory_efficient=False):
+    """As ``fused_rms_norm_affine``, the output in the weight's dtype (Apex's)."""
+    acc = _accumulation_dtype(input, weight)
+    return F.rms_norm(input.to(acc), _shape(normalized_shape), _to(weight, acc), eps).to(weight.dtype)
 
 
 def _function(name, fn):
@@ -54,9 +65,9 @@ def _function(name, fn):
 
 FusedLayerNormAffineFunction = _function("FusedLayerNormAffineFunction", fused_layer_norm_affine)
 FusedLayerNormAffineMixedDtypesFunction = _function("FusedLayerNormAffineMixedDtypesFunction",
-                                                    fused_layer_norm_affine)
+                                                    mixed_dtype_fused_layer_norm_affine)
 FusedLayerNormFunction = _function("FusedLayerNormFunction", fused_layer_norm)
 FusedRMSNormAffineFunction = _function("FusedRMSNormAffineFunction", fused_rms_norm_affine)
 FusedRMSNormAffineMixedDtypesFunction = _function("FusedRMSNormAffineMixedDtypesFunction",
-                                                  fused_rms_norm_affine)
+                                                  mixed_dtype_fused_rms_norm_affine)
 FusedRMSNormFunction = _function("FusedRMSNormFunction", fused_rms_norm)

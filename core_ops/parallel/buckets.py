@@ -91,9 +91,12 @@ class Bucket:
         use_count = getattr(torch._C, "_storage_Use_Count", None)
         if use_count is None:  # a torch without it: reuse, as before
             return False
-        attached = sum(1 for p in self.params if p.grad is not None and p.grad._base is self.buffer)
         # + 2: self.buffer, and the storage object made to ask
-        return use_count(self.buffer.untyped_storage()._cdata) > attached + 2
+        users = use_count(self.buffer.untyped_storage()._cdata) - 2
+        if users <= 0 or users > len(self.params):  # nothing else; or more than the grads
+            return users > 0
+        attached = sum(1 for p in self.params if p.grad is not None and p.grad._base is self.buffer)
+        return users > attached
 
     def release(self):
         """Frees the buffer when grads are not views of it (fp32 buffers of half grads)."""

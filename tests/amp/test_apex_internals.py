@@ -68,3 +68,16 @@ def test_resume_as_nvidia_bert_does(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(amp.master_params(opt2), amp.master_params(opt)))
     assert [p.shape for p in opt2._amp_stash.all_fp32_from_fp16_params] == \
         [p.shape for p in opt2._amp_stash.all_fp16_params]
+
+
+def test_delayed_checks_of_several_micro_batches_add_up():
+    model, opt = setup()
+    scaler = _amp_state.loss_scalers[0]
+    x, _ = DATA[0]
+    for k in range(3):  # only the first micro-batch overflows
+        with amp.scale_loss(model(x).float().mean(), opt, delay_overflow_check=True) as scaled:
+            scaled.backward()
+            if k == 0:
+                inject(model, math.inf)
+    assert scaler.update_scale() is True and amp.loss_scale() == 2.0**15
+    assert int(scaler._overflow_buf) == 0  # cleared for the next accumulation

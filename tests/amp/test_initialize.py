@@ -319,6 +319,14 @@ def test_half_dtype_the_device_cannot_run():
         _check_half_supported("cuda", resolve("O2", torch.float16))
 
 
+def test_optimizer_built_before_a_submodule_was_replaced_is_rejected():
+    model = conv_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model[0] = nn.Conv2d(3, 8, 3, padding=1)  # the optimizer holds the old conv's params
+    with pytest.raises(ValueError, match=r"holds 2 parameter\(s\) of no model.*'0.weight', '0.bias'"):
+        amp.initialize(model, opt, opt_level="O2", verbosity=0)
+
+
 @pytest.mark.parametrize("level", ["O1", "O2"])
 def test_params_beside_the_models_train_in_float32(level):
     # A criterion with parameters, learned loss weights: in the optimizer, not in the

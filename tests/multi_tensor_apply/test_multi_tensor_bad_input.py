@@ -65,6 +65,9 @@ def test_outputs_partly_overlapping_their_inputs_are_rejected(backend):
     with pytest.raises(ValueError, match=r"out\[0\] partly overlaps y\[0\] in memory"):
         core_ops.multi_tensor_axpby([f32(8)], [b[:8]], [b[4:12]], 1.0, 1.0)
     assert torch.equal(b, torch.arange(40000.0))
+    m = torch.arange(16.0).reshape(4, 4)  # one memory range walked in another order
+    with pytest.raises(ValueError, match=r"dst\[0\] partly overlaps src\[0\] in memory"):
+        core_ops.multi_tensor_scale([m], [m.t()], 1.0)
     # In place, and disjoint views of one buffer, are fine.
     core_ops.multi_tensor_scale([b], [b], 2.0)
     core_ops.multi_tensor_scale([b[:20000]], [b[20000:]], 0.5)
