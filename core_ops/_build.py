@@ -7,7 +7,9 @@ the binary (torch and CUDA versions, compiler, flags, CUDA arch list, source has
 A file lock makes ranks that start together build once while the others wait; later
 processes only load the cached library. A library is linked in a staging folder and
 moved into place whole, and one cut short is never loaded; a cache that cannot be
-written (a read-only image prebuilt with ``python -m core_ops build``) is still read.
+written (a read-only image prebuilt with ``python -m core_ops build``) is still read,
+and so is one built elsewhere where no compiler or CUDA toolkit is installed (found by
+a key without the toolchain, ``PORTABLE_KEY`` beside each library).
 Any failure (no compiler, no nvcc, a compile error, no writable cache) leaves the
 package working on the pure-PyTorch reference kernels, with one warning that names
 the cause; ``python -m core_ops info`` shows it again.
@@ -174,19 +176,51 @@ def cuda_flags() -> list[str]:
     return ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
 
 
-def build_key(kind: str, arch: str | None = None) -> str:
+def build_key(kind: str, arch: str | None = None, toolchain: bool = True) -> str:
+    """The cache key of ``kind``'s library. ``toolchain=False`` leaves out the compiler
+    and the CUDA toolkit: the key a prebuilt library is found by where none is
+    installed (a slim image run from a cache built elsewhere, Note [Native build])."""
     h = hashlib.sha256()
-    parts = [torch.__version__, str(torch.version.cuda), _first_line([cxx() or "c++", "--version"])]
+    parts = [torch.__version__, str(torch.version.cuda)]
+    if toolchain:
+        parts.append(_first_line([cxx() or "c++", "--version"]))
     if kind == "cpu":
         parts += cpu_flags()
     else:
-        home = cuda_home() or ""
-        parts += cuda_flags() + [cuda_archs(arch), home, _first_line([os.path.join(home, "bin", "nvcc"), "--version"])]
+        parts += cuda_flags() + [cuda_archs(arch)]
+        if toolchain:
+            home = cuda_home() or ""
+            parts += [home, _first_line([os.path.join(home, "bin", "nvcc"), "--version"])]
     h.update("\0".join(parts).encode())
     for f in _hashed_files(kind):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+PORTABLE_KEY = "PORTABLE_KEY"  # beside a library: its build_key(toolchain=False)
+
+
+def _mark_portable(kind: str, build_dir: Path, arch: str | None) -> None:
+    with contextlib.suppress(OSError):
+        marker = build_dir / PORTABLE_KEY
+        key = build_key(kind, arch, toolchain=False)
+        if not marker.is_file() or marker.read_text() != key:
+            marker.write_text(key)
+
+
+def _prebuilt(kind: str, arch: str | None) -> Path | None:
+    """A complete library in the cache built from these sources, flags and torch by
+    any toolchain, for a machine that has none."""
+    try:
+        key = build_key(kind, arch, toolchain=False)
+        for folder in sorted(cache_root().glob(f"core_ops_{kind}_*")):
+            marker, library = folder / PORTABLE_KEY, folder / f"{folder.name}.so"
+            if marker.is_file() and marker.read_text() == key and _complete(library):
+                return library
+    except OSError:
+        pass
+    return None
 
 
 @contextlib.contextmanager
@@ -347,7 +381,8 @@ def ensure(kind: str, *, build: bool = True, force: bool = False, arch: str | No
         return _unavailable(kind, "CORE_OPS_BACKEND=reference", warn=False)
     problem = _precondition(kind)
     if problem:
-        return _unavailable(kind, problem, warn)
+        prebuilt = None if force else _prebuilt(kind, arch)
+        return _load(kind, prebuilt, warn) if prebuilt else _unavailable(kind, problem, warn)
     try:
         key = build_key(kind, arch)
     except OSError as e:
@@ -387,6 +422,7 @@ def _ensure_locked(kind: str, name: str, build_dir: Path, library: Path, *, buil
         return _unavailable(kind, f"an earlier build failed, log in {failed}; "
                             "`python -m core_ops build` retries", warn)
     if _complete(library) and not force:
+        _mark_portable(kind, build_dir, arch)  # libraries built before the marker existed
         return _load(kind, library, warn)
     if not build:
         return _unavailable(kind, "not built yet: it builds on first use, or "
@@ -402,6 +438,7 @@ def _ensure_locked(kind: str, name: str, build_dir: Path, library: Path, *, buil
         failed.unlink(missing_ok=True)
         _compile(kind, name, staging, arch)
         os.replace(staging / f"{name}.so", library)
+        _mark_portable(kind, build_dir, arch)
     except Exception as e:  # noqa: BLE001  (any failure means: use the reference)
         with contextlib.suppress(OSError):
             failed.write_text(str(e))

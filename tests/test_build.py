@@ -108,6 +108,17 @@ def test_prebuilt_cache_loads_where_it_cannot_be_locked(tmp_path):
     assert "building" not in err
 
 
+def test_cache_built_elsewhere_loads_without_a_compiler(tmp_path):
+    # A slim image with no compiler, running a cache built in a build stage: the key
+    # with the compiler's version cannot be made here, the toolchain-free one can.
+    cached_library_in(tmp_path)
+    out, err = finish(run(CALL, tmp_path))  # a machine with a compiler marks it on load
+    assert "NATIVE True" in out and "building" not in err
+    assert len(list(tmp_path.glob(f"*/{_build.PORTABLE_KEY}"))) == 1
+    out, err = finish(run(CALL, tmp_path, CXX="/nonexistent/c++"))
+    assert "RESULT 5.0" in out and "NATIVE True" in out and "WARNINGS 0" in out
+
+
 def test_truncated_cached_library_is_not_loaded(tmp_path):
     # Loading a library cut short (a build killed while linking) crashed with SIGBUS.
     library = cached_library_in(tmp_path)
