@@ -126,6 +126,16 @@ def scalar_tensor(value, device, name, dtype=torch.float32):
     return torch.full((1,), float(value), dtype=dtype, device=device)
 
 
+def lr_arg(lr, device):
+    """``(lr, lr_tensor)`` as the fused optimizer ops take them: a float, or a
+    one-element tensor on ``device`` (float64 stays float64: rounding it to float32
+    would move float64 params off torch.optim's results)."""
+    if isinstance(lr, torch.Tensor):
+        dtype = torch.float64 if lr.dtype == torch.float64 else torch.float32
+        return 0.0, lr.detach().to(device=device, dtype=dtype, non_blocking=True).reshape(1)
+    return float(lr), None
+
+
 def state_dtype(param_dtype):
     """Optimizer state and master weights: float32, float64 for float64 params."""
     return torch.float64 if param_dtype == torch.float64 else torch.float32

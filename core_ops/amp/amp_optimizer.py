@@ -161,7 +161,7 @@ class AmpOptimizer:
     def adopt_written_weights(self):
         """At the first scale_loss: half params written after ``initialize`` other
         than by a state-dict load give their values to their masters
-        (``MasterWeights.adopt_if_written``), once, so the first step trains them."""
+        (``MasterWeights.adopt_written``), once, so the first step trains them."""
         if not self._adopted_written and self.masters is not None:
             self.masters.adopt_written()
         self._adopted_written = True

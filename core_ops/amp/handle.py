@@ -81,9 +81,7 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
         # reads this flag (NVIDIA's BERT, after its own allreduce).
         for amp, flag in zip(amps, flags_before):
             amp.found_inf = flag
-        flag = (found > 0).to(torch.int32)  # OR-ed over the delayed calls until update_scale()
-        held = scaler._overflow_buf
-        scaler._overflow_buf = flag if held is None else torch.maximum(held, flag.to(held.device))
+        scaler.note_overflow(found)
         return
     for amp in amps:  # one overflow skips every optimizer of this loss, as in Apex
         amp.found_inf = torch.maximum(amp.found_inf, found.to(amp.found_inf.device))

@@ -282,6 +282,13 @@ class LossScaler:
         self.clear_overflow_state()  # the flag covered the calls since the last update
         return bool(found.item()) and self.dynamic
 
+    def note_overflow(self, found_inf):
+        """ORs ``found_inf`` into ``_overflow_buf`` for the next ``update_scale()`` (the
+        flags of ``scale_loss(..., delay_overflow_check=True)`` calls)."""
+        flag = (found_inf > 0).to(torch.int32).reshape(1)
+        held = self._overflow_buf
+        self._overflow_buf = flag if held is None else torch.maximum(held, flag.to(held.device))
+
     def clear_overflow_state(self):
         if self._overflow_buf is not None:
             self._overflow_buf.zero_()

@@ -35,21 +35,16 @@ class MasterWeights:
         entry = self._by_id.get(id(param))
         return entry[1] if entry is not None and entry[0] is param else None
 
-    def adopt_if_written(self, param):
-        """Takes the half value of ``param`` into its master when the two differ: the
+    def adopt_written(self):
+        """Takes the half value of each param into its master where the two differ: the
         half param was written after ``initialize`` other than through a state-dict
         load (``param.copy_``, ``param.data = ...``), which the masters cannot see.
         Apex made its masters from the half weights at the first backward, so such
         writes were trained from; here they are too (rounded, as in Apex)."""
-        master = self.get(param)
-        if master is not None and not torch.equal(param.detach(), master.detach().to(param.dtype)):
-            with torch.no_grad():
-                master.copy_(param.detach())
-
-    def adopt_written(self):
-        """``adopt_if_written`` for every half param (one pass over the weights)."""
-        for param, _ in list(self._by_id.values()):
-            self.adopt_if_written(param)
+        with torch.no_grad():
+            for param, master in list(self._by_id.values()):
+                if not torch.equal(param.detach(), master.detach().to(param.dtype)):
+                    master.copy_(param.detach())
 
     def get_or_make(self, param):
         """``param``'s master; a half param that has none (a group added after

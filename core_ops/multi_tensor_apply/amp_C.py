@@ -86,5 +86,3 @@ def update_scale_hysteresis(current_scale, growth_tracker, hysteresis_tracker, f
 # Apex's _mp variant takes half inputs and returns float32 norms, which the plain
 # one already does here (norms accumulate in float32, Note [Multi-tensor conventions]).
 multi_tensor_l2norm_mp = multi_tensor_l2norm
-
-

@@ -11,6 +11,7 @@ propagate inf/nan).
 import torch
 
 from .._library import op
+from .._validate import lr_arg, state_dtype
 from . import ops
 from .applier import tensor_lists_of
 
@@ -37,13 +38,6 @@ def _steps(params, step):
     return [torch.full((), float(step) - 1.0, device=p.device) for p in params]
 
 
-def _lr(lr, device):
-    """``(lr, lr_tensor)`` as the ops take them: a float, or a device tensor."""
-    if isinstance(lr, torch.Tensor):
-        return 0.0, lr.detach().reshape(()).to(device=device, dtype=torch.float32)
-    return float(lr), None
-
-
 def _divisor(inv_scale, device):
     """The ops divide grads by a scale; Apex's kernels multiply them by ``inv_scale``."""
     if inv_scale is None:
@@ -52,17 +46,13 @@ def _divisor(inv_scale, device):
     return torch.reciprocal(inv).float()
 
 
-def _state_dtype(t):
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
 def _value(x):
     return x.item() if isinstance(x, torch.Tensor) else x
 
 
 def _adam(g, p, m, v, masters, lr, beta1, beta2, epsilon, step, mode, bias_correction,
           weight_decay, grad_scale=None, found_inf=None):
-    lr, lr_tensor = _lr(lr, p[0].device)
+    lr, lr_tensor = lr_arg(lr, p[0].device)
     _float_state([m, v], lambda s: op("fused_adam_")(
         p, g, s[0], s[1], [], masters, _steps(p, step), lr, beta1, beta2, epsilon, weight_decay,
         bool(mode), bool(bias_correction), False, False, lr_tensor, grad_scale, found_inf))
@@ -165,7 +155,7 @@ def _lamb_stage2(p, masters, updates, lr, weight_decay, use_nvlamb, found_inf, p
         param_norms = ops.multi_tensor_l2norm(masters or p, per_tensor=True)[1]
     if update_norms is None:
         update_norms = ops.multi_tensor_l2norm(updates, per_tensor=True)[1]
-    lr, lr_tensor = _lr(lr, p[0].device)
+    lr, lr_tensor = lr_arg(lr, p[0].device)
     op("fused_lamb_stage2_")(p, masters, updates, param_norms.to(p[0].device, dtype),
                              update_norms.to(p[0].device, dtype), lr, weight_decay,
                              bool(use_nvlamb), lr_tensor, found_inf)
@@ -176,7 +166,7 @@ def _lamb(g, p, m, v, masters, lr, beta1, beta2, epsilon, step, bias_correction,
     # The update is computed in float32 (Apex wrote it into the grads, in their dtype;
     # the grads are left alone here).
     weights = masters or p
-    updates = [torch.empty_like(w, dtype=_state_dtype(w)) for w in weights]
+    updates = [torch.empty_like(w, dtype=state_dtype(w.dtype)) for w in weights]
     _lamb_stage1(g, p, m, v, masters, updates, step, beta1, beta2, epsilon, weight_decay, mode,
                  bias_correction, grad_averaging, grad_divisor, found_inf)
     _lamb_stage2(p, masters, updates, lr, weight_decay, use_nvlamb, found_inf)
@@ -238,8 +228,8 @@ def multi_tensor_lamb_stage1_cuda(chunk_size, noop_flag, tensor_lists, per_tenso
         at = [i for i, d in enumerate(decays) if d == decay]
         pick = [[ts[i] for i in at] for ts in (g, p, m, v, u)]
         ps, out = pick[1], pick[4]
-        direct = all(o.dtype == _state_dtype(q) and o.stride() == q.stride() for o, q in zip(out, ps))
-        updates = out if direct else [torch.empty_like(q, dtype=_state_dtype(q)) for q in ps]
+        direct = all(o.dtype == state_dtype(q.dtype) and o.stride() == q.stride() for o, q in zip(out, ps))
+        updates = out if direct else [torch.empty_like(q, dtype=state_dtype(q.dtype)) for q in ps]
         _lamb_stage1(pick[0], ps, pick[2], pick[3], [], updates, step, beta1, beta2, epsilon,
                      decay, True, True, True, divisor, None)
         if not direct:
@@ -254,8 +244,8 @@ def multi_tensor_lamb_stage2_cuda(chunk_size, noop_flag, tensor_lists, per_tenso
     p, u = tensor_lists_of(tensor_lists, (2,), "multi_tensor_lamb_stage2_cuda")
     if not p:
         return
-    updates = [x if x.dtype == _state_dtype(q) and x.stride() == q.stride()
-               else torch.empty_like(q, dtype=_state_dtype(q)).copy_(x) for x, q in zip(u, p)]
+    updates = [x if x.dtype == state_dtype(q.dtype) and x.stride() == q.stride()
+               else torch.empty_like(q, dtype=state_dtype(q.dtype)).copy_(x) for x, q in zip(u, p)]
     _lamb_stage2(p, [], updates, lr, weight_decay, bool(use_nvlamb_python), None,
                  per_tensor_param_norm, per_tensor_update_norm)
 
@@ -280,20 +270,17 @@ def multi_tensor_novograd(chunk_size, noop_flag, tensor_lists, grad_norms, lr, b
         raise ValueError(f"norm_type must be 0 (infinity norm) or 2 (L2), got {norm_type}")
     if grad_norms.numel() != len(p):
         raise ValueError(f"grad_norms holds {grad_norms.numel()} norms for {len(p)} params")
-    device, dtype = p[0].device, _state_dtype(p[0])
-    if norm_type == 2:
-        norms = ops.multi_tensor_l2norm(g, per_tensor=True)[1]
-    else:
-        norms = torch.stack([x.float() for x in torch._foreach_norm(g, float("inf"))])
+    device, dtype = p[0].device, state_dtype(p[0].dtype)
+    norms = ops.per_tensor_norms(g, norm_type, dtype)
     # core_ops keeps the blended square for L2 (the norm itself for the infinity norm)
     # and blends from it every step (init_zero: no first-step special case; Apex's
     # Python already started grad_norms where it wanted).
     kept = grad_norms.detach().to(device, dtype).reshape(-1, 1).clone()
     if norm_type == 2:
         kept.square_()
-    lr, lr_tensor = _lr(lr, device)
+    lr, lr_tensor = lr_arg(lr, device)
     _float_state([m], lambda s: op("fused_novograd_")(
-        p, g, s[0], list(kept.unbind(0)), [], _steps(p, step), norms.to(device, dtype), norm_type,
+        p, g, s[0], list(kept.unbind(0)), [], _steps(p, step), norms, norm_type,
         lr, beta1, beta2, epsilon, weight_decay, bool(bias_correction), mode == 0,
         bool(grad_averaging), True, False, lr_tensor, None, None))
     kept = kept.reshape(grad_norms.shape)

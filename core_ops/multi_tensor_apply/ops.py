@@ -68,6 +68,15 @@ def multi_tensor_l2norm(tensors, per_tensor=False):
     return op("multi_tensor_l2norm")(tensors, bool(per_tensor))
 
 
+def per_tensor_norms(tensors, norm_type, dtype):
+    """One norm per tensor, L2 (``norm_type`` 2) or max|t| (0), as a ``dtype`` tensor on
+    the tensors' device (no host sync): NovoGrad's layer norms."""
+    if norm_type == 2:
+        return multi_tensor_l2norm(tensors, per_tensor=True)[1].to(dtype)
+    # max|t| is exact in the tensors' dtype; an empty tensor's is 0 (amax refuses those).
+    return torch.stack([t.abs().amax() if t.numel() else t.new_zeros(()) for t in tensors]).to(dtype)
+
+
 def multi_tensor_unscale_l2norm(tensors, inv_scale, found_inf=None, per_tensor=False):
     """In one pass: ``t *= inv_scale`` in place for every tensor, the L2 norms of the
     unscaled values (as ``multi_tensor_l2norm``), and ``found_inf`` set if any input

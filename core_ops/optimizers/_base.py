@@ -261,13 +261,7 @@ class FusedOptimizer(Optimizer):
 
     def _lr(self, group, device):
         """(lr as float, lr as a device tensor or None) for the kernel."""
-        lr = group["lr"]
-        if isinstance(lr, torch.Tensor):
-            # float64 stays float64 (the kernels read either): rounding it to float32
-            # would move float64 params off torch.optim's results.
-            dtype = torch.float64 if lr.dtype == torch.float64 else torch.float32
-            return 0.0, lr.to(device=device, dtype=dtype, non_blocking=True).reshape(1)
-        return float(lr), None
+        return _validate.lr_arg(group["lr"], device)
 
     # ---- state dicts --------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import torch
 
 from .. import _validate
 from .._library import op
-from ..multi_tensor_apply import multi_tensor_l2norm
+from ..multi_tensor_apply.ops import per_tensor_norms
 from ._base import FusedOptimizer
 
 
@@ -58,7 +58,7 @@ class FusedNovoGrad(FusedOptimizer):
             group, ps, exp_avg=self._state_zeros, exp_avg_sq=self._scalar_zeros)
         masters = self._masters(ps)
         grads = [p.grad for p in ps]
-        norms = _grad_norms(grads, group["norm_type"], exp_avg_sqs[0].dtype)
+        norms = per_tensor_norms(grads, group["norm_type"], exp_avg_sqs[0].dtype)
         if found_inf is not None:
             # Under a loss scaler: finite grads whose norm overflows float32 would put
             # inf into exp_avg_sq for good; skip the step, so the scale backs off
@@ -126,11 +126,3 @@ class FusedNovoGrad(FusedOptimizer):
             if isinstance(value, torch.Tensor) and value.numel() != 1:
                 raise ValueError(f"state 'exp_avg_sq' of a param has shape {tuple(value.shape)}, not one "
                                  "value per tensor: the state dict is not from FusedNovoGrad")
-
-
-def _grad_norms(grads, norm_type, dtype):
-    """One norm per grad, as a ``dtype`` tensor on the grads' device (no host sync)."""
-    if norm_type == 2:
-        return multi_tensor_l2norm(grads, per_tensor=True)[1]
-    # max|g| is exact in the grad dtype; an empty grad's is 0 (amax refuses empty tensors).
-    return torch.stack([g.abs().amax() if g.numel() else g.new_zeros(()) for g in grads]).to(dtype)
