@@ -269,9 +269,36 @@ class FusedOptimizer(Optimizer):
         """torch.optim's loader casts state to the param dtype; core_ops keeps it (and
         master weights) in float32, so those are restored from the saved values
         exactly, in the param's memory layout, and steps move to the param's device.
-        A state dict that does not fit is rejected before anything is loaded."""
-        self._check_loadable(state_dict)
-        super().load_state_dict(state_dict)
+        A state dict that does not fit is rejected before anything is loaded.
+
+        That work runs as the last load pre-hook and the first load post-hook, so the
+        user's hooks act as on torch.optim: a pre-hook's edits (a grown vocabulary's
+        padded state) are what is checked and loaded, and a post-hook sees the loaded
+        state and has the last word."""
+        loaded = []
+
+        def prepare(optimizer, state_dict):
+            state_dict = self._prepare_loaded(state_dict)
+            self._check_loadable(state_dict)
+            loaded.append(state_dict)
+            return state_dict
+
+        pre = self.register_load_state_dict_pre_hook(prepare)
+        post = self.register_load_state_dict_post_hook(lambda _: self._restore_exact(loaded[0]),
+                                                       prepend=True)
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            pre.remove()
+            post.remove()
+
+    def _prepare_loaded(self, state_dict):
+        """The state dict to load, from the one given after the user's pre-hooks (a
+        subclass converts other formats here)."""
+        return state_dict
+
+    def _restore_exact(self, state_dict):
+        """Puts back in float32 the state torch's loader cast to the param dtype."""
         for saved, p in self._saved_states(state_dict):
             state = self.state[p]
             for key in (*self._state_keys, "master_param"):

@@ -73,12 +73,14 @@ class FusedNovoGrad(FusedOptimizer):
     def _scalar_zeros(self, p):
         return torch.zeros((), dtype=_validate.state_dtype(p.dtype), device=p.device)
 
-    def load_state_dict(self, state_dict):
-        """As ``FusedOptimizer.load_state_dict``, and ``exp_avg_sq`` restored exactly in
-        float32 (torch.optim's loader casts it to the param dtype). Apex's FusedNovoGrad
-        checkpoints load too (``_from_apex``)."""
-        state_dict = self._from_apex(state_dict)
-        super().load_state_dict(state_dict)
+    def _prepare_loaded(self, state_dict):
+        """Apex's FusedNovoGrad checkpoints load too (``_from_apex``)."""
+        return self._from_apex(state_dict)
+
+    def _restore_exact(self, state_dict):
+        """As ``FusedOptimizer._restore_exact``, and ``exp_avg_sq`` (one value per
+        tensor) restored exactly in float32 too."""
+        super()._restore_exact(state_dict)
         for saved, p in self._saved_states(state_dict):
             value = saved.get("exp_avg_sq")
             if isinstance(value, torch.Tensor):

@@ -338,3 +338,35 @@ def test_apex_checkpoint_with_per_group_step_resumes_its_count(kind):
     steps(resumed, b, range(n, n + 3))
     assert resumed.state[b[0]]["step"].item() == n + 3
     assert_equal(a, b)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_load_hooks_act_as_on_torch_optim(kind):
+    """A pre-hook's edits are what is checked and loaded (here: the state of a model
+    whose first param grew from 15 to 20 rows, padded by the hook), and a post-hook
+    has the last word over the float32 state core_ops restores after torch's loader."""
+    a = make_params(sizes=(15, 7))
+    src = MAKERS[kind](a)
+    steps(src, a, [1, 2])
+    b = [torch.zeros(20, requires_grad=True), torch.zeros(7, requires_grad=True)]
+    dst = MAKERS[kind](b)
+
+    def grow(optimizer, state_dict):
+        def pad(t):
+            return torch.cat([t, t.new_zeros(5)]) if t.shape == (15,) else t
+        return {**state_dict, "state": {k: {key: pad(v) for key, v in s.items()}
+                                        for k, s in state_dict["state"].items()}}
+
+    def reset_second(optimizer):
+        state = optimizer.state[b[1]]
+        state.update({key: torch.zeros_like(v) for key, v in state.items()})
+
+    dst.register_load_state_dict_pre_hook(grow)
+    dst.register_load_state_dict_post_hook(reset_second)
+    dst.load_state_dict(src.state_dict())
+    saved = src.state_dict()["state"]
+    for key, value in saved[0].items():
+        if value.shape == (15,):
+            assert torch.equal(dst.state[b[0]][key][:15], value) and not dst.state[b[0]][key][15:].any()
+    assert sum(v.shape == (15,) for v in saved[0].values()) >= 1
+    assert dst.state[b[1]] and not any(v.any() for v in dst.state[b[1]].values())
