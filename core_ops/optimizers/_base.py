@@ -154,17 +154,38 @@ class FusedOptimizer(Optimizer):
         return list(lists.values()), steps
 
     def _masters(self, ps):
-        """The fp32 masters of ``ps`` (an empty list without master weights)."""
-        return [m for m in map(self._master, ps) if m is not None]
+        """The fp32 masters of the half params in ``ps`` (made on first use; an empty
+        list without master weights). A param written since the last step gives its
+        master the new values first (Note [Writes to half params])."""
+        if not self.master_weights:
+            return []
+        marks, masters = self._write_marks(), []
+        for p in ps:
+            if p.dtype not in HALF:
+                continue
+            state, mark = self.state[p], (p._version, p.data_ptr())
+            master = state.get("master_param")
+            if master is None:
+                master = state["master_param"] = self._state_zeros(p).copy_(p.detach())
+            elif marks.get(id(p)) != mark:
+                # Only the elements that differ: a renormalised embedding row takes its
+                # new value, every other element keeps the master's extra bits.
+                half = p.detach()
+                master.copy_(torch.where(half != master.to(half.dtype), half.to(master.dtype), master))
+            # The fused ops bump no version counter, so the mark taken before the
+            # step's write is the one after it.
+            marks[id(p)] = mark
+            masters.append(master)
+        return masters
 
-    def _master(self, p):
-        """The fp32 master copy of a half param (created on first use), or None."""
-        if not (self.master_weights and p.dtype in HALF):
-            return None
-        state = self.state[p]
-        if "master_param" not in state:
-            state["master_param"] = self._state_zeros(p).copy_(p.detach())
-        return state["master_param"]
+    def _write_marks(self):
+        """{id of a half param with a master: its (version, data_ptr) after the last
+        step}; ids, as hashing a tensor runs Python code. Not saved: after a copy or a
+        load every param is compared once."""
+        if "_marks" not in self.__dict__:
+            self._marks = {}
+        return self._marks
+
 
     # ---- scaling, skipping, clipping ---------------------------------------------
 
@@ -327,6 +348,17 @@ class FusedOptimizer(Optimizer):
                     raise ValueError(f"state '{key}' of a param has shape {tuple(value.shape)} but the "
                                      f"param has shape {tuple(p.shape)}: the state dict is from another model")
 
+
+# Note [Writes to half params]: with master_weights the kernel writes each half param
+# from its fp32 master, so a write to the half param between steps (nn.Embedding's
+# max_norm renormalising rows in forward, p.clamp_() for weight clipping, a
+# model.load_state_dict) would be overwritten by the next step. Apex's fused optimizers
+# did that. Each step notes every such param's version counter and storage; a param
+# whose mark has changed by the next step has been written (in place, or given new
+# .data), and its changed elements go into the master. Comparing every param's values
+# at every step would read 6 bytes an element, ~20% of an Adam step; the marks cost a
+# Python attribute read. Writes through ``p.data`` in place (``p.data.clamp_()``) bump
+# no version counter and are not seen: write under torch.no_grad() instead.
 
 # Note [Overflowing norms]: finite grads can have a norm that overflows float32 (LAMB's
 # clipping norm, NovoGrad's layer norms); the step is then skipped through found_inf.

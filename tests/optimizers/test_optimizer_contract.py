@@ -370,3 +370,30 @@ def test_load_hooks_act_as_on_torch_optim(kind):
             assert torch.equal(dst.state[b[0]][key][:15], value) and not dst.state[b[0]][key][15:].any()
     assert sum(v.shape == (15,) for v in saved[0].values()) >= 1
     assert dst.state[b[1]] and not any(v.any() for v in dst.state[b[1]].values())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_writes_to_half_params_between_steps_reach_the_masters(kind):
+    """Note [Writes to half params]: a clamp under no_grad and new .data are taken into
+    the masters, only where the half values changed; an unwritten param's master keeps
+    its extra bits. lr=0 for the step after the writes, so the masters show exactly
+    what was taken in."""
+    ps = make_params(torch.bfloat16, sizes=(64, 33, 17))
+    opt = MAKERS[kind](ps, master_weights=True)
+    steps(opt, ps, [1, 2])
+    masters = [opt.state[p]["master_param"].clone() for p in ps]
+    assert not torch.equal(masters[2], ps[2].detach().float())  # it has bits the half lacks
+    with torch.no_grad():
+        ps[0].clamp_(-0.5, 0.5)
+    ps[1].data = torch.full_like(ps[1], 0.25)
+    for group in opt.param_groups:
+        group["lr"] = 0.0
+    steps(opt, ps, [3])
+    clamped = masters[0].to(torch.bfloat16) != ps[0].detach()
+    assert clamped.any()
+    expected = torch.where(clamped, ps[0].detach().float(), masters[0])
+    assert torch.equal(opt.state[ps[0]]["master_param"], expected)
+    assert torch.equal(opt.state[ps[1]]["master_param"], torch.full((33,), 0.25))
+    assert torch.equal(opt.state[ps[2]]["master_param"], masters[2])
+    # An unwritten param is not compared again: its mark still holds after a step.
+    assert all(opt._write_marks()[id(p)] == (p._version, p.data_ptr()) for p in ps)
