@@ -220,7 +220,10 @@ class FusedOptimizer(Optimizer):
         """found_inf |= bad for a norm that overflowed float32 although every grad was
         finite (a skipped step, so that the loss scale backs off), told to the loss
         scaler that is stepping this optimizer, if any (Note [Overflowing norms])."""
-        if getattr(self, "found_inf", None) is not None:
+        # Under torch.compile the stack cannot be walked (a graph break there loses
+        # the grads); a norm overflowing there still skips the step, but torch's
+        # GradScaler does not back off for it.
+        if getattr(self, "found_inf", None) is not None and not torch.compiler.is_compiling():
             _tell_grad_scaler(self, bad)
         return flag_overflow(found_inf, bad)
 
