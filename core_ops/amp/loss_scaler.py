@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 
 import torch
 
@@ -43,6 +44,10 @@ def _grads_by_device_dtype(optimizer):
                 g = g._values()
             groups[(g.device, g.dtype)].append(g)
     return groups
+
+
+def _fresh_optimizer_state():
+    return {"stage": _Stage.READY, "found_inf": None}
 
 
 def _device_of(value):
@@ -94,7 +99,15 @@ class LossScaler:
         self._scale = None  # created lazily on the device, as GradScaler does
         self._pending = None  # a loaded state dict waiting for the device
         self._overflow_buf = None  # Apex's flag for update_scale(); see there
-        self._per_optimizer = defaultdict(lambda: {"stage": _Stage.READY, "found_inf": None})
+        self._per_optimizer = defaultdict(_fresh_optimizer_state)
+
+    def __getstate__(self):
+        # As torch's GradScaler: the per-optimizer records are keyed by id(), which
+        # means nothing in another process, so only a scaler between iterations pickles.
+        if self._per_optimizer:
+            raise RuntimeError("a LossScaler can be pickled only between iterations: before its "
+                               "first scale() or after update()")
+        return dict(self.__dict__)
 
     # ---- device state -------------------------------------------------------------
 
@@ -125,6 +138,8 @@ class LossScaler:
         """``outputs`` (a tensor or nested lists/tuples of them) times the scale."""
         if not self._enabled:
             return outputs
+        if not isinstance(outputs, (torch.Tensor, list, tuple)) and isinstance(outputs, Iterable):
+            return iter(self.scale(list(outputs)))  # a generator, as GradScaler.scale takes
         device = _device_of(outputs)
         if device is None:
             raise TypeError(f"scale() expects a tensor or a list/tuple of tensors, got "
@@ -188,7 +203,8 @@ class LossScaler:
         unscaled first and stepped only if the flag is clear (one host sync)."""
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
-        if "closure" in kwargs or args:
+        # A closure given as None is no closure: Accelerate calls step(optimizer, None).
+        if kwargs.get("closure", args[0] if args else None) is not None:
             raise RuntimeError("closures are not supported with loss scaling: the closure would "
                                "run backward after the overflow check")
         state = self._per_optimizer[id(optimizer)]

@@ -28,6 +28,8 @@ TORCH_GROUP_KEYS = ("params", "initial_lr", "param_names")
 def check_hyperparameters(values, where=""):
     """Each known hyperparameter in the dict ``values``; ``where`` prefixes the name in
     the error ("param group 1: lr must be >= 0, got -1.0")."""
+    if "lr" in values and values["lr"] is None:  # the others may be None (max_grad_norm: no clipping)
+        raise TypeError(f"{where}lr must be a number or a one-element tensor, got None")
     for key in NON_NEGATIVE:
         if values.get(key) is not None:
             _check_non_negative(values[key], where + key)

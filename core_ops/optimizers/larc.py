@@ -25,6 +25,9 @@ class LARC(Optimizer):
     """
 
     def __init__(self, optimizer, trust_coefficient=0.02, clip=True, eps=1e-8):
+        if not (hasattr(optimizer, "param_groups") and callable(getattr(optimizer, "step", None))):
+            raise TypeError(f"LARC wraps an optimizer (LARC(FusedSGD(params, lr=...))), got "
+                            f"{type(optimizer).__name__}")
         if not trust_coefficient > 0:
             raise ValueError(f"trust_coefficient must be > 0, got {trust_coefficient}")
         if not eps >= 0:

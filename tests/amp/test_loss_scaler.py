@@ -229,3 +229,25 @@ def test_step_grad_scaler_keyword(make_scaler, recwarn):
     assert not [w for w in recwarn if "grad_scaler" in str(w.message)]
     with pytest.raises(TypeError, match="unexpected keyword arguments \\['scaler'\\]"):
         opt.step(scaler=scaler)
+
+
+def test_grad_scaler_call_forms_that_frameworks_use():
+    """Accelerate calls ``scaler.step(optimizer, closure)`` with closure None; a
+    generator of losses scales as with GradScaler; a scaler between iterations pickles
+    (torch.save of a training object holding it)."""
+    import pickle
+    for scaler in (LossScaler(init_scale=4.0), torch.amp.GradScaler("cpu", init_scale=4.0)):
+        model = mlp()
+        opt = FusedAdam(model.parameters(), lr=1e-2)
+        losses = scaler.scale(model(torch.ones(2, 6)).sum(1) for _ in range(1))
+        next(iter(losses)).sum().backward()
+        scaler.step(opt, None)
+        scaler.update()
+        copy = pickle.loads(pickle.dumps(scaler))
+        assert copy.get_scale() == scaler.get_scale() == 4.0
+    assert [t.item() for t in LossScaler(init_scale=4.0).scale(torch.tensor(float(v)) for v in (1, 2))] == [4.0, 8.0]
+    scaler = LossScaler()
+    scaler.scale(mlp()(torch.ones(1, 6)).sum())
+    scaler.unscale_(torch.optim.SGD(mlp().parameters(), lr=0.1))
+    with pytest.raises(RuntimeError, match="pickled only between iterations"):
+        pickle.dumps(scaler)

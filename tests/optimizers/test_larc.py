@@ -180,3 +180,11 @@ def test_state_dict_hooks_registered_on_larc_run():
     assert sd["tag"] == 1 and seen == [("pre", True)]
     opt.load_state_dict(sd)
     assert seen == [("pre", True), ("load-pre", 1), ("loaded", True)]
+
+
+def test_arguments_that_cannot_work_are_rejected_at_construction():
+    p = torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(TypeError, match="LARC wraps an optimizer .* got list"):
+        LARC([p])
+    with pytest.raises(TypeError, match="lr must be a number or a one-element tensor, got None"):
+        FusedSGD([p], lr=None)
