@@ -15,6 +15,7 @@ from torch.optim import Optimizer
 from .. import _build, _validate
 from ..multi_tensor_apply import multi_tensor_l2norm
 from ._checks import check_dense, check_group_keys, check_hyperparameters, check_scale_args
+from ._sharded import local, refuse_sharded
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -163,7 +164,7 @@ class FusedOptimizer(Optimizer):
         for p in ps:
             if p.dtype not in HALF:
                 continue
-            state, mark = self.state[p], (p._version, p.data_ptr())
+            state, mark = self.state[p], (p._version, local(p).data_ptr())
             master = state.get("master_param")
             if master is None:
                 master = state["master_param"] = self._state_zeros(p).copy_(p.detach())
@@ -198,6 +199,9 @@ class FusedOptimizer(Optimizer):
             return grad_scale, found_inf
         if max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
+        refuse_sharded([p for _, buckets in work for ps in buckets.values() for p in ps],
+                       "step(max_grad_norm=...): ", "clipping needs the norm over every shard; clip "
+                       "with torch.nn.utils.clip_grad_norm_ (it takes DTensors) before step()")
         norms = [multi_tensor_l2norm([p.grad for p in ps])[0]
                  for _, buckets in work for ps in buckets.values()]
         if not norms:

@@ -3,6 +3,7 @@ call per (device, dtype) group."""
 
 from .._library import op
 from ._base import FusedOptimizer
+from ._sharded import elementwise
 
 
 class FusedAdagrad(FusedOptimizer):
@@ -26,6 +27,6 @@ class FusedAdagrad(FusedOptimizer):
         init = group["initial_accumulator_value"]
         (sums,), steps = self._state_lists(group, ps, sum=lambda p: self._state_zeros(p).fill_(init))
         masters = self._masters(ps)
-        op("fused_adagrad_")(ps, [p.grad for p in ps], sums, masters, steps, lr, group["lr_decay"],
+        elementwise(op("fused_adagrad_"), ps)(ps, [p.grad for p in ps], sums, masters, steps, lr, group["lr_decay"],
                              group["eps"], group["weight_decay"], group["adagrad_w_mode"],
                              group["maximize"], lr_tensor, grad_scale, found_inf)

@@ -3,6 +3,7 @@ call per (device, dtype) group."""
 
 from .._library import op
 from ._base import FusedOptimizer
+from ._sharded import elementwise
 
 
 class FusedAdam(FusedOptimizer):
@@ -43,7 +44,7 @@ class FusedAdam(FusedOptimizer):
     def _step_group(self, group, ps, device, grad_scale, found_inf):
         beta1, beta2 = group["betas"]
         lr, lr_tensor = self._lr(group, device)
-        op("fused_adam_")(*self._lists(group, ps), lr, beta1, beta2, group["eps"],
+        elementwise(op("fused_adam_"), ps)(*self._lists(group, ps), lr, beta1, beta2, group["eps"],
                           group["weight_decay"], group["adam_w_mode"], group["bias_correction"],
                           group["amsgrad"], group["maximize"], lr_tensor, grad_scale, found_inf)
 

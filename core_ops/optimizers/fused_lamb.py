@@ -6,6 +6,7 @@ import torch
 from .._library import op
 from ..multi_tensor_apply import multi_tensor_l2norm
 from ._base import HALF, FusedOptimizer
+from ._sharded import refuse_sharded
 
 
 class FusedLAMB(FusedOptimizer):
@@ -26,6 +27,10 @@ class FusedLAMB(FusedOptimizer):
                                   grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
                                   use_nvlamb=use_nvlamb, maximize=maximize)
         super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
+
+    def _check_group(self, group, where):
+        super()._check_group(group, where)
+        refuse_sharded(group["params"], where, "LAMB's trust ratio needs each whole tensor's norm")
 
     def _clipping(self, max_grad_norm):
         # Apex: the constructor's max_grad_norm, self.defaults['max_grad_norm'] (one

@@ -8,6 +8,7 @@ from .. import _validate
 from .._library import op
 from ..multi_tensor_apply.ops import per_tensor_norms
 from ._base import FusedOptimizer
+from ._sharded import refuse_sharded
 
 
 class FusedNovoGrad(FusedOptimizer):
@@ -46,6 +47,7 @@ class FusedNovoGrad(FusedOptimizer):
 
     def _check_group(self, group, where):
         super()._check_group(group, where)
+        refuse_sharded(group["params"], where, "NovoGrad's second moment is each whole tensor's norm")
         if group["norm_type"] not in (0, 2):
             raise ValueError(f"{where}norm_type must be 2 (L2) or 0 (infinity norm), got {group['norm_type']}")
 

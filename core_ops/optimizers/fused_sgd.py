@@ -3,6 +3,7 @@
 
 from .._library import op
 from ._base import FusedOptimizer
+from ._sharded import elementwise
 
 
 class FusedSGD(FusedOptimizer):
@@ -51,7 +52,7 @@ class FusedSGD(FusedOptimizer):
                         self.state[p]["momentum_buffer"] = self._state_zeros(p)
                     bufs.append(self.state[p]["momentum_buffer"])
             masters = self._masters(part)
-            op("fused_sgd_")(part, [p.grad for p in part], bufs, masters, lr, momentum,
+            elementwise(op("fused_sgd_"), part)(part, [p.grad for p in part], bufs, masters, lr, momentum,
                              group["dampening"], group["weight_decay"], group["nesterov"],
                              group["wd_after_momentum"], first, group["maximize"], lr_tensor,
                              grad_scale, found_inf)

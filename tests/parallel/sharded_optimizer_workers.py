@@ -1,0 +1,70 @@
+"""Rank functions for test_sharded_optimizers.py: models sharded by FSDP2's fully_shard
+(params are DTensors), trained by core_ops' fused optimizers and by torch.optim."""
+
+import torch
+from torch import nn
+
+from core_ops.optimizers import FusedAdagrad, FusedAdam, FusedLAMB, FusedNovoGrad, FusedSGD
+
+PAIRS = {
+    "adam": (lambda ps: FusedAdam(ps, lr=0.01, weight_decay=0.01),
+             lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.01)),
+    "sgd": (lambda ps: FusedSGD(ps, lr=0.05, momentum=0.9, nesterov=True),
+            lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True)),
+    "adagrad": (lambda ps: FusedAdagrad(ps, lr=0.1, weight_decay=0.01),
+                lambda ps: torch.optim.Adagrad(ps, lr=0.1, weight_decay=0.01)),
+}
+
+
+def sharded_mlp():
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
+def train(make_opt, rank, steps=4):
+    model = sharded_mlp()
+    opt = make_opt(model.parameters())
+    g = torch.Generator().manual_seed(1 + rank)  # each rank its own batches
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(4, 6, generator=g)).pow(2).sum().backward()
+        opt.step()
+    return model, opt
+
+
+def elementwise_optimizers(rank, world):
+    out = {}
+    for name, (ours, theirs) in PAIRS.items():
+        model, opt = train(ours, rank)
+        reference, _ = train(theirs, rank)
+        out[name] = {
+            "ours": [p.full_tensor() for p in model.parameters()],
+            "torch": [p.full_tensor() for p in reference.parameters()],
+            "state_types": sorted({type(v).__name__ for s in opt.state.values() for v in s.values()
+                                   if isinstance(v, torch.Tensor) and v.dim()}),
+        }
+    return out
+
+
+def refusals(rank, world):
+    errors = {}
+    for name, make in (("lamb", lambda ps: FusedLAMB(ps)), ("novograd", lambda ps: FusedNovoGrad(ps))):
+        try:
+            make(sharded_mlp().parameters())
+        except ValueError as e:
+            errors[name] = str(e)
+    model = sharded_mlp()
+    opt = FusedAdam(model.parameters())
+    model(torch.ones(2, 6)).sum().backward()
+    before = [p.full_tensor() for p in model.parameters()]
+    try:
+        opt.step(max_grad_norm=1.0)
+    except ValueError as e:
+        errors["clip"] = str(e)
+    errors["unchanged"] = all(torch.equal(a, p.full_tensor()) for a, p in zip(before, model.parameters()))
+    return errors
