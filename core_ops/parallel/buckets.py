@@ -113,7 +113,10 @@ class Bucket:
 
     def put(self, slot, grad):
         """Marks ``slot`` ready; copies ``grad`` in (unless it already is the buffer's
-        view), times ``pre_scale``."""
+        view), times ``pre_scale``. Once per backward: a second put would scale a grad
+        that lives in the buffer twice."""
+        if self.ready[slot]:
+            raise RuntimeError(f"Bucket.put: slot {slot} is already ready in this backward")
         self.allocate()
         view = self.view(slot)
         if grad is None:
@@ -134,9 +137,8 @@ class Bucket:
             torch.mul(grad, self.pre_scale, out=view)  # scaled while copied: one pass
         else:
             view.copy_(grad)
-        if not self.ready[slot]:
-            self.ready[slot] = True
-            self.pending -= 1
+        self.ready[slot] = True
+        self.pending -= 1
 
     def fill_missing(self):
         """Fills the slots this backward did not: with the param's grad when it has one

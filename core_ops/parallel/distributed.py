@@ -2,6 +2,7 @@
 allreduced asynchronously from the gradient hooks while backward still runs."""
 
 import contextlib
+import copy
 import math
 import weakref
 import zlib
@@ -9,6 +10,7 @@ import zlib
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import buckets as _buckets
@@ -29,7 +31,7 @@ def _check_args(module, message_size, num_allreduce_streams, gradient_predivide_
     if isinstance(module, (DistributedDataParallel, nn.parallel.DistributedDataParallel)):
         raise ValueError(f"module is already wrapped in {type(module).__name__}; wrap the "
                          "inner module once")
-    if isinstance(message_size, bool) or not isinstance(message_size, int) or message_size <= 0:
+    if not _is_count(message_size):
         raise ValueError(f"message_size must be a positive number of elements, got {message_size!r}")
     if not isinstance(num_allreduce_streams, int) or num_allreduce_streams < 1:
         raise ValueError(f"num_allreduce_streams must be >= 1, got {num_allreduce_streams!r}")
@@ -44,14 +46,65 @@ def _check_args(module, message_size, num_allreduce_streams, gradient_predivide_
     return _trainable(module)
 
 
+def _is_count(size):
+    """A positive whole number; an integral float counts too (Apex's docs and scripts
+    write ``message_size=1e7``)."""
+    if isinstance(size, float) and size.is_integer():
+        size = int(size)
+    return not isinstance(size, bool) and isinstance(size, int) and size > 0
+
+
 def _trainable(module):
     """The params of ``module`` that require grad, once each, owned by no wrapper yet."""
+    _check_materialized(module)
+    _check_dense(module)
     params = list(dict.fromkeys(p for p in module.parameters() if p.requires_grad))
     if not params:
         raise ValueError("module has no parameters that require grad: there is nothing for "
                          "DistributedDataParallel to reduce")
     _check_unowned(params)
     return params
+
+
+def _check_materialized(module):
+    """Lazy modules (nn.LazyLinear, ...) have no shapes until their first forward, so
+    the ranks cannot agree on a layout or broadcast weights."""
+    lazy = [name for name, p in module.named_parameters() if nn.parameter.is_lazy(p)]
+    if lazy:
+        raise ValueError(
+            f"module has uninitialized (lazy) parameters: {', '.join(lazy)}. Run one forward "
+            "with a dummy batch of the real input shape before wrapping it in "
+            "DistributedDataParallel, so that their shapes are known")
+
+
+def _check_dense(module):
+    """Sparse gradients (nn.Embedding / nn.EmbeddingBag with sparse=True) cannot go
+    into a flat dense bucket; the hooks check each grad too (_sparse_grad_error)."""
+    sparse = [f"{name or 'module'!r} ({type(m).__name__})" for name, m in module.named_modules()
+              if getattr(m, "sparse", False) is True
+              and any(p.requires_grad for p in m.parameters(recurse=False))]
+    if sparse:
+        raise ValueError(
+            f"sparse=True in {', '.join(sparse)}: DistributedDataParallel does not "
+            "support sparse gradients; construct it with sparse=False (dense gradients, which "
+            "any optimizer but SparseAdam takes) or freeze its weights")
+
+
+def _sparse_grad_error(name, grad):
+    return RuntimeError(
+        f"DistributedDataParallel: the gradient of parameter {name!r} is sparse "
+        f"(layout {grad.layout}); sparse gradients are not supported. Make the module that "
+        "produces it dense (nn.Embedding(..., sparse=False)) or freeze the parameter")
+
+
+def _ready_twice_error(name):
+    return RuntimeError(
+        f"DistributedDataParallel: the gradient of parameter {name!r} became ready twice in "
+        "one backward, so part of it would be reduced before the rest was added (a parameter "
+        "used in several segments checkpointed with torch.utils.checkpoint(..., "
+        "use_reentrant=True), each of which runs its own backward). Use "
+        "torch.utils.checkpoint(..., use_reentrant=False), or "
+        "DistributedDataParallel(..., delay_allreduce=True), which reduces once backward is over")
 
 
 def _check_unowned(params, owner=None):
@@ -85,6 +138,13 @@ def _signature(params, module):
     frozen ones included, and every buffer), which must match to the byte."""
     state = list(module.parameters()) + list(module.buffers())
     return [len(params), sum(p.numel() for p in params), _layout_crc(params), _layout_crc(state)]
+
+
+# What a deep copy makes anew instead of copying: state tied to the original's param
+# objects (hooks, buckets whose buffers its grads view) or to one backward.
+_MADE_PER_COPY = frozenset({"_params", "_index", "_hooked", "_trigger_ids", "_buckets", "_slot",
+                            "_seen", "_next", "_works", "_used", "_callback_queued",
+                            "_output_queued"})
 
 
 class DistributedDataParallel(nn.Module):
@@ -141,10 +201,20 @@ class DistributedDataParallel(nn.Module):
     ``module.state_dict()`` (torch's DDP adds ``module.``), so a checkpoint loads into
     the bare model; ``load_state_dict`` accepts keys with or without ``module.``.
 
-    Without ``process_group`` the wrapper reduces on a new group spanning the world:
-    its bucket collectives, launched at times that depend on each rank's ready order,
-    then cannot interleave with other collectives of the default group (SyncBatchNorm's
-    in backward, the user's own).
+    Without ``process_group`` (or given ``torch.distributed.group.WORLD``) the wrapper
+    reduces on a new group spanning the world: its bucket collectives, launched at times
+    that depend on each rank's ready order, then cannot interleave with other
+    collectives of the default group (SyncBatchNorm's in backward, the user's own). Any
+    other ``process_group`` is used as given, since creating a group is collective over
+    the whole world and cannot be done behind the user's back: it must then carry no
+    other collectives during backward (give SyncBatchNorm, say, a group of its own), or
+    a rank that holds back a bucket for an unused param reorders the collectives and
+    gloo / NCCL fail or hang.
+
+    A param whose gradient is accumulated twice in one backward (shared by segments of
+    reentrant activation checkpointing) raises a RuntimeError, unless
+    ``delay_allreduce=True``, which reduces it once, after backward. Sparse gradients
+    (``nn.Embedding(sparse=True)``) and uninitialized lazy params are rejected.
     """
 
     def __init__(self, module, message_size=10_000_000, delay_allreduce=False,
@@ -157,7 +227,7 @@ class DistributedDataParallel(nn.Module):
                              gradient_predivide_factor, allreduce_always_fp32, allreduce_dtype)
         require_initialized("DistributedDataParallel")
         self.module = module
-        self.message_size = message_size
+        self.message_size = int(message_size)
         self.delay_allreduce = delay_allreduce
         self.retain_allreduce_buffers = retain_allreduce_buffers
         self.allreduce_always_fp32 = allreduce_always_fp32
@@ -179,6 +249,7 @@ class DistributedDataParallel(nn.Module):
         self._sync = True  # off inside no_sync() / after disable_allreduce()
         self._backward_syncs = True  # what the last forward decided for its backward
         self._hooked = WeakIdKeyDictionary()  # params with our hook: one hook each, ever
+        self._finish_generation = 0  # of the finish queued last (Note [End of backward])
         self._adopt(params)
         self._register_state_dict_hook(_strip_prefix)
         self._register_load_state_dict_pre_hook(_add_prefix, with_module=True)
@@ -194,7 +265,10 @@ class DistributedDataParallel(nn.Module):
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self._agree("joined construction")
-        if process_group is None:  # every rank is here: creating the group cannot stall
+        if process_group is None or process_group is dist.group.WORLD:
+            # Every rank is here: creating the group cannot stall. The default group
+            # given by name is the group SyncBatchNorm and user code share too, so it
+            # gets a private twin as well (see the class docstring).
             self.process_group = dist.new_group(timeout=_group_timeout(None))
 
     def _agree(self, doing, params=None):
@@ -303,20 +377,71 @@ class DistributedDataParallel(nn.Module):
     def _agreed_order(self):
         """Rank 0's ready order from this first backward, the same on every rank.
         Params rank 0 did not see come last, in reverse registration order."""
-        seen = list(dict.fromkeys(self._seen))
-        rest = [i for i in reversed(range(len(self._params))) if i not in set(seen)]
+        seen = list(self._seen)
+        rest = [i for i in reversed(range(len(self._params))) if i not in self._seen]
         order = torch.tensor(seen + rest, dtype=torch.int64, device=self._comm_device())
         dist.broadcast(order, global_src(self.process_group), group=self.process_group)
         return order.tolist()
 
+    def _name(self, param):
+        """``param``'s name in the module, for error messages."""
+        return next((n for n, p in self.module.named_parameters() if p is param), "<unnamed>")
+
     # --- one backward ------------------------------------------------------------
 
+    # Note [End of backward]: a callback queued on the autograd graph task finishes the
+    # buckets (launches the rest, waits, writes the grads back) once that task is over.
+    # It must be queued on the outermost task: reentrant activation checkpointing runs
+    # a nested backward per checkpointed segment, and a callback queued by a grad hook
+    # firing in one of those would run when that segment ends, reduce every bucket
+    # before the other grads exist, and then reduce them all again. So forward hooks
+    # each of its output tensors made by autograd ops (_hook_outputs); the first of these
+    # hooks to fire in a backward, at its start, in the outer task, before any
+    # checkpoint node below the outputs, queues the callback. A loss not computed from
+    # the outputs fires none of them: the first grad hook queues it then. When both
+    # happen in one backward (a loss that also reads params directly), the callback of
+    # the output hook makes the earlier one stale: one finish per backward. A backward
+    # that readies no grad (torch.autograd.grad(out, inputs), a gradient penalty)
+    # finishes nothing.
+
     def _reset_iteration(self):
-        self._callback_queued = False
-        self._seen = []
+        self._callback_queued = False  # a finish is queued (Note [End of backward])
+        self._output_queued = False  # ... by an output hook
+        self._seen = {}  # the indices of the params readied in this backward, in order
         self._next = 0
         self._works = []
         self._used = []
+
+    def _queue_finish(self):
+        """Queues the end of backward on the running graph task; a finish queued before
+        and not run yet becomes stale (Note [End of backward])."""
+        self._finish_generation += 1
+        generation = self._finish_generation
+        ref = weakref.ref(self)
+
+        def finish():
+            owner = ref()
+            if owner is not None and owner._finish_generation == generation:
+                owner._finish_backward()
+        self._callback_queued = True
+        torch.autograd.Variable._execution_engine.queue_callback(finish)
+
+    def _hook_outputs(self, output):
+        """Hooks every tensor of ``output`` (nested in tuples, lists, dicts) made by an
+        op that requires grad, to queue the end of backward from the outer graph task
+        (Note [End of backward]). Hooks, not an autograd Function: the outputs stay the
+        module's own tensors, which may still be modified in place. Leaves (an input or
+        param returned as is) are skipped: a hook on one would outlive this step."""
+        ref = weakref.ref(self)
+
+        def hook(grad):
+            owner = ref()
+            if owner is not None and not owner._output_queued:
+                owner._output_queued = True
+                owner._queue_finish()
+        for t in tree_leaves(output):
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                t.register_hook(hook)
 
     def _make_hook(self):
         ref = weakref.ref(self)
@@ -331,16 +456,22 @@ class DistributedDataParallel(nn.Module):
         index = self._index.get(id(param))
         if not self._backward_syncs or index is None:  # None: frozen when the buckets were planned
             return
-        if not self._callback_queued:
-            self._callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
-        if self._buckets is None:  # the first backward only records the order
-            self._seen.append(index)
+        if param.grad is not None and param.grad.layout != torch.strided:
+            raise _sparse_grad_error(self._name(param), param.grad)
+        if index in self._seen and not self.delay_allreduce:
+            # Its bucket may be on the wire already: what is added now would be lost.
+            raise _ready_twice_error(self._name(param))
+        self._seen[index] = None
+        if not self._callback_queued:  # no output hook fired: Note [End of backward]
+            self._queue_finish()
+        if self._buckets is None or self.delay_allreduce:
+            # Copied into the buckets at the end: the first backward only records the
+            # order, and with delay_allreduce a grad may still grow (reentrant checkpoints).
             return
         b, slot = self._slot[index]
         bucket = self._buckets[b]
         bucket.put(slot, param.grad)
-        if not self.delay_allreduce and bucket.pending == 0:
+        if bucket.pending == 0:
             self._launch_ready()
 
     def _launch_ready(self):
@@ -355,9 +486,14 @@ class DistributedDataParallel(nn.Module):
         self._works.append(dist.all_reduce(bucket.buffer, group=self.process_group, async_op=True))
 
     def _finish_backward(self):
+        if not self._seen:  # no grad readied: nothing to reduce (Note [End of backward])
+            self._reset_iteration()
+            return
         try:
+            filled_late = self._buckets is None or self.delay_allreduce  # see _grad_ready
             if self._buckets is None:
                 self._build_buckets(self._agreed_order())
+            if filled_late:
                 for i in self._seen:
                     b, slot = self._slot[i]
                     self._buckets[b].put(slot, self._params[i].grad)
@@ -391,7 +527,10 @@ class DistributedDataParallel(nn.Module):
             self._refresh_if_changed()
         if self.broadcast_buffers and self.module.training and torch.is_grad_enabled():
             self._sync_buffers()
-        return self.module(*inputs, **kwargs)
+        output = self.module(*inputs, **kwargs)
+        if torch.is_grad_enabled() and self._backward_syncs:
+            self._hook_outputs(output)
+        return output
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -412,6 +551,24 @@ class DistributedDataParallel(nn.Module):
 
     def enable_allreduce(self):
         self._sync = True
+
+    def __deepcopy__(self, memo):
+        """A copy (an EMA model, a teacher) made without any collective: the module is
+        copied, the process group shared (groups cannot be copied), and the copy's
+        params get hooks of their own and buckets planned by the copy's first backward."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        memo[id(self.process_group)] = self.process_group
+        state = {k: v for k, v in self.__dict__.items() if k not in _MADE_PER_COPY}
+        new.__dict__.update(copy.deepcopy(state, memo))
+        params = [copy.deepcopy(p, memo) for p in self._params]  # the module's copies, via memo
+        new._hooked = WeakIdKeyDictionary()
+        new._trigger_ids = None
+        if self._trigger_ids is not None:
+            new._trigger_ids = {id(c) for p, c in zip(self._params, params)
+                                if id(p) in self._trigger_ids}
+        new._adopt(params)
+        return new
 
     @property
     def allreduce_buffers(self):

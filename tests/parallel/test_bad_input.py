@@ -43,6 +43,17 @@ def test_message_size(world1, size):
         DistributedDataParallel(nn.Linear(2, 2), message_size=size)
 
 
+def test_message_size_as_an_integral_float(world1):
+    """Apex's docs and scripts write message_size=1e7."""
+    assert DistributedDataParallel(nn.Linear(2, 2), message_size=1e7).message_size == 10_000_000
+
+
+def test_uninitialized_lazy_params(world1):
+    with pytest.raises(ValueError, match=r"uninitialized \(lazy\) parameters: 0.weight, 0.bias. "
+                                         "Run one forward with a dummy batch"):
+        DistributedDataParallel(nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.Linear(4, 1)))
+
+
 def test_other_arguments(world1):
     with pytest.raises(ValueError, match="num_allreduce_streams"):
         DistributedDataParallel(nn.Linear(2, 2), num_allreduce_streams=0)
