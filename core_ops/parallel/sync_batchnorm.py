@@ -13,7 +13,7 @@ from .sync_batchnorm_function import SyncBatchNormFunction
 
 class SyncBatchNorm(_BatchNorm):
     """Apex's ``SyncBatchNorm(num_features, eps=1e-5, momentum=0.1, affine=True,
-    track_running_stats=True, process_group=None, channel_last=False)``.
+    track_running_stats=True, process_group=None, channel_last=False, fuse_relu=False)``.
 
     Input is (N, C), (N, C, L), (N, C, H, W) or (N, C, D, H, W), in any memory format
     (torch's channels_last included); with ``channel_last=True`` the channels are the
@@ -28,14 +28,24 @@ class SyncBatchNorm(_BatchNorm):
     in torch.nn.SyncBatchNorm. An empty global batch leaves the running stats as they
     are. Differentiable once (a double backward raises, as torch's does).
 
+    As Apex's optimized SyncBatchNorm, ``forward(input, z=None)`` returns
+    ``bn(input) + z`` when ``z`` (of the input's shape and layout) is given, passed
+    through a ReLU when ``fuse_relu=True``: a residual block's add and activation.
+
     A subclass of torch's ``_BatchNorm``: its state dict is a BatchNorm's, both ways.
     """
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
-                 track_running_stats=True, process_group=None, channel_last=False):
+                 track_running_stats=True, process_group=None, channel_last=False,
+                 fuse_relu=False):
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
         self.process_group = process_group
         self.channel_last = channel_last
+        self.fuse_relu = fuse_relu
+
+    def _specify_process_group(self, process_group):
+        """Apex's setter: the group whose ranks share the batch statistics (None: all)."""
+        self.process_group = process_group
 
     def _check_input_dim(self, input):
         if not 2 <= input.dim() <= 5:
@@ -57,7 +67,16 @@ class SyncBatchNorm(_BatchNorm):
             return 1.0 / float(self.num_batches_tracked)
         return self.momentum
 
-    def forward(self, input):
+    def forward(self, input, z=None):
+        out = self._normalize(input)
+        if z is not None:
+            if z.shape != out.shape:
+                raise ValueError(f"SyncBatchNorm: z must have the input's shape {tuple(out.shape)} "
+                                 f"(it is added to the output), got {tuple(z.shape)}")
+            out = out + z
+        return F.relu(out) if self.fuse_relu else out
+
+    def _normalize(self, input):
         self._check_input_dim(input)
         # Apex's channel_last (N, ..., C) is viewed as (N, C, ...) with channels-last
         # strides: no copy, and the kernels read channels-last memory in place.
@@ -83,4 +102,5 @@ class SyncBatchNorm(_BatchNorm):
         return out.movedim(1, -1) if self.channel_last else out
 
     def extra_repr(self):
-        return super().extra_repr() + f", channel_last={self.channel_last}"
+        return (super().extra_repr()
+                + f", channel_last={self.channel_last}, fuse_relu={self.fuse_relu}")

@@ -80,7 +80,8 @@ def test_import_aliases():
     assert core_ops.amp.__spec__.name == "core_ops.amp"  # still itself under its own name
     import core_ops.parallel
     from apex.parallel import LARC, DistributedDataParallel, SyncBatchNorm, convert_syncbn_model
-    assert DistributedDataParallel is core_ops.parallel.DistributedDataParallel
+    # Apex's argument order over core_ops' class (core_ops.compat.apex.parallel)
+    assert issubclass(DistributedDataParallel, core_ops.parallel.DistributedDataParallel)
     assert (SyncBatchNorm, convert_syncbn_model) == (core_ops.parallel.SyncBatchNorm,
                                                      core_ops.parallel.convert_syncbn_model)
     assert LARC is core_ops.optimizers.LARC
@@ -100,8 +101,9 @@ def test_apex_attributes_and_module_paths():
         "print(apex.amp.__name__, apex.parallel.__name__, apex.optimizers.__name__, "
         "apex.normalization.__name__, apex.multi_tensor_apply.__name__)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.stdout.split() == ["core_ops.amp", "core_ops.parallel", "core_ops.optimizers",
-                                   "core_ops.normalization", "core_ops.multi_tensor_apply"], proc.stderr
+    assert proc.stdout.split() == ["core_ops.amp", "core_ops.compat.apex.parallel",
+                                   "core_ops.optimizers", "core_ops.normalization",
+                                   "core_ops.multi_tensor_apply"], proc.stderr
     from apex.amp import _amp_state
     from apex.amp._amp_state import _amp_state as state_object
     from apex.amp.scaler import LossScaler

@@ -172,6 +172,46 @@ def _double_backward_across(rank, world):
     return dict(error=None)
 
 
+def fused_add_relu(rank, world):
+    """Apex's optimized SyncBatchNorm: ``forward(input, z)`` with ``fuse_relu``, channels
+    first and Apex's channel_last, against relu?(BatchNorm(x) + z) on the global batch
+    (float64); its group given by ``_specify_process_group``."""
+    group = dist.new_group(list(range(world)))
+    sizes = (3, 2)
+    begin, end = sum(sizes[:rank]), sum(sizes[:rank + 1])
+    out = {}
+    for channel_last in (False, True):
+        for fuse_relu in (False, True):
+            g = torch.Generator().manual_seed(7)
+            x, z, dy = (torch.randn(sum(sizes), 3, 4, 5, generator=g, dtype=torch.float64)
+                        for _ in range(3))
+            ref = nn.BatchNorm2d(3).double()
+            with torch.no_grad():
+                ref.weight.uniform_(0.5, 1.5, generator=g)
+                ref.bias.uniform_(-1, 1, generator=g)
+            ours = SyncBatchNorm(3, channel_last=channel_last, fuse_relu=fuse_relu).double()
+            ours.load_state_dict(ref.state_dict())
+            ours._specify_process_group(group)
+            xr, zr = x.clone().requires_grad_(), z.clone().requires_grad_()
+            yr = ref(xr) + zr
+            yr = torch.relu(yr) if fuse_relu else yr
+            (yr * dy).sum().backward()
+            to_layout = (lambda t: t.movedim(1, -1).contiguous()) if channel_last else (lambda t: t)
+            from_layout = (lambda t: t.movedim(-1, 1)) if channel_last else (lambda t: t)
+            mine, zm = (to_layout(t[begin:end]).requires_grad_() for t in (x, z))
+            y = ours(mine, zm)
+            (from_layout(y) * dy[begin:end]).sum().backward()
+            params = torch.cat([ours.weight.grad, ours.bias.grad])
+            dist.all_reduce(params)  # each rank holds its share; DDP would sum them
+            out[(channel_last, fuse_relu)] = dict(
+                out=_max(from_layout(y), yr[begin:end]),
+                grad_in=_max(from_layout(mine.grad), xr.grad[begin:end]),
+                grad_z=_max(from_layout(zm.grad), zr.grad[begin:end]),
+                grad_params=_max(params, torch.cat([ref.weight.grad, ref.bias.grad])),
+                negatives=bool((y < 0).any()), group_used=ours.process_group is group)
+    return out
+
+
 def suite(rank, world):
     out = {name: _case(rank, world, *spec) for name, spec in CASES.items()}
     out["subgroups"] = _subgroups(rank, world)

@@ -61,3 +61,12 @@ def test_double_backward_across_processes_is_a_clear_error(ranks):
     for r in ranks:
         assert "create_graph=True" in r["double_backward"]["error"]
         assert "not supported across processes" in r["double_backward"]["error"]
+
+
+def test_add_and_fused_relu_as_apex():
+    """Apex's ``SyncBatchNorm(..., fuse_relu)`` and ``forward(input, z)``: relu?(bn + z)."""
+    for rank in run_ranks("syncbn_workers:fused_add_relu", timeout=90):
+        for (channel_last, fuse_relu), res in rank.items():
+            for what in ("out", "grad_in", "grad_z", "grad_params"):
+                assert res[what] <= TOL, (channel_last, fuse_relu, what, res[what])
+            assert res["negatives"] != fuse_relu and res["group_used"]

@@ -5,7 +5,9 @@ Apex training script runs unmodified: ``import apex``, ``from apex import amp``,
 ``python -m core_ops.compat.apex script.py [args]`` runs a script with them in place.
 
 ``apex.<name>.<sub>`` maps to ``core_ops.<name>.<sub>``, and Apex's module paths that
-core_ops lays out differently map through ``SUBMODULES``; what core_ops does not have
+core_ops lays out differently map through ``SUBMODULES``; ``apex.parallel`` is
+``core_ops.compat.apex.parallel`` (``APEX_SIGNATURES``), core_ops.parallel with a
+DistributedDataParallel that takes Apex's arguments in Apex's order; what core_ops does not have
 (``apex.contrib``, ``apex.fp16_utils``, ...) fails to import with a message that says so.
 As in Apex, ``import apex`` alone gives ``apex.amp``, ``apex.parallel`` and the rest
 (imported on first access).
@@ -32,8 +34,14 @@ SUBMODULES = {
     "apex.normalization.fused_layer_norm": "core_ops.normalization",
     "apex.optimizers.fused_mixed_precision_lamb": "core_ops.optimizers.fused_lamb",
     "apex.parallel.LARC": "core_ops.optimizers.larc",
+    "apex.parallel.distributed": "core_ops.compat.apex.parallel",
     "apex.parallel.optimized_sync_batchnorm": "core_ops.parallel.sync_batchnorm",
 }
+
+
+# Apex packages served by a module of this package, not by core_ops.<name> itself: their
+# classes take Apex's arguments in Apex's order (core_ops' own drop the retired ones).
+APEX_SIGNATURES = {"apex.parallel": "core_ops.compat.apex.parallel"}
 
 
 def _apex_c():
@@ -90,6 +98,8 @@ def _target(fullname):
         return _apex_c()
     if fullname == "apex":
         return _apex_package()
+    if fullname in APEX_SIGNATURES:
+        return importlib.import_module(APEX_SIGNATURES[fullname])
     if not fullname.startswith("apex."):
         return None
     rest = fullname[len("apex."):]
