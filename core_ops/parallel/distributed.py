@@ -15,11 +15,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import buckets as _buckets
 from ._groups import all_gather_flat, comm_device, global_src, require_initialized
-
-# Params owned by a live DistributedDataParallel: wrapping them twice would reduce
-# their grads twice per backward.
-_OWNED = WeakIdKeyDictionary()
-
+from .ddp_checks import (OWNED, check_unowned, is_count, ready_twice_error, sparse_grad_error,
+                         trainable)
 
 _REDUCE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -31,7 +28,7 @@ def _check_args(module, message_size, num_allreduce_streams, gradient_predivide_
     if isinstance(module, (DistributedDataParallel, nn.parallel.DistributedDataParallel)):
         raise ValueError(f"module is already wrapped in {type(module).__name__}; wrap the "
                          "inner module once")
-    if not _is_count(message_size):
+    if not is_count(message_size):
         raise ValueError(f"message_size must be a positive number of elements, got {message_size!r}")
     if not isinstance(num_allreduce_streams, int) or num_allreduce_streams < 1:
         raise ValueError(f"num_allreduce_streams must be >= 1, got {num_allreduce_streams!r}")
@@ -43,76 +40,7 @@ def _check_args(module, message_size, num_allreduce_streams, gradient_predivide_
     if allreduce_always_fp32 and allreduce_dtype not in (None, torch.float32):
         raise ValueError(f"allreduce_always_fp32=True contradicts allreduce_dtype={allreduce_dtype}; "
                          "give one of them")
-    return _trainable(module)
-
-
-def _is_count(size):
-    """A positive whole number; an integral float counts too (Apex's docs and scripts
-    write ``message_size=1e7``)."""
-    if isinstance(size, float) and size.is_integer():
-        size = int(size)
-    return not isinstance(size, bool) and isinstance(size, int) and size > 0
-
-
-def _trainable(module):
-    """The params of ``module`` that require grad, once each, owned by no wrapper yet."""
-    _check_materialized(module)
-    _check_dense(module)
-    params = list(dict.fromkeys(p for p in module.parameters() if p.requires_grad))
-    if not params:
-        raise ValueError("module has no parameters that require grad: there is nothing for "
-                         "DistributedDataParallel to reduce")
-    _check_unowned(params)
-    return params
-
-
-def _check_materialized(module):
-    """Lazy modules (nn.LazyLinear, ...) have no shapes until their first forward, so
-    the ranks cannot agree on a layout or broadcast weights."""
-    lazy = [name for name, p in module.named_parameters() if nn.parameter.is_lazy(p)]
-    if lazy:
-        raise ValueError(
-            f"module has uninitialized (lazy) parameters: {', '.join(lazy)}. Run one forward "
-            "with a dummy batch of the real input shape before wrapping it in "
-            "DistributedDataParallel, so that their shapes are known")
-
-
-def _check_dense(module):
-    """Sparse gradients (nn.Embedding / nn.EmbeddingBag with sparse=True) cannot go
-    into a flat dense bucket; the hooks check each grad too (_sparse_grad_error)."""
-    sparse = [f"{name or 'module'!r} ({type(m).__name__})" for name, m in module.named_modules()
-              if getattr(m, "sparse", False) is True
-              and any(p.requires_grad for p in m.parameters(recurse=False))]
-    if sparse:
-        raise ValueError(
-            f"sparse=True in {', '.join(sparse)}: DistributedDataParallel does not "
-            "support sparse gradients; construct it with sparse=False (dense gradients, which "
-            "any optimizer but SparseAdam takes) or freeze its weights")
-
-
-def _sparse_grad_error(name, grad):
-    return RuntimeError(
-        f"DistributedDataParallel: the gradient of parameter {name!r} is sparse "
-        f"(layout {grad.layout}); sparse gradients are not supported. Make the module that "
-        "produces it dense (nn.Embedding(..., sparse=False)) or freeze the parameter")
-
-
-def _ready_twice_error(name):
-    return RuntimeError(
-        f"DistributedDataParallel: the gradient of parameter {name!r} became ready twice in "
-        "one backward, so part of it would be reduced before the rest was added (a parameter "
-        "used in several segments checkpointed with torch.utils.checkpoint(..., "
-        "use_reentrant=True), each of which runs its own backward). Use "
-        "torch.utils.checkpoint(..., use_reentrant=False), or "
-        "DistributedDataParallel(..., delay_allreduce=True), which reduces once backward is over")
-
-
-def _check_unowned(params, owner=None):
-    """``params`` must not belong to a live DistributedDataParallel other than ``owner``:
-    wrapped twice, their grads would be reduced twice per backward."""
-    if any(p in _OWNED and _OWNED[p]() not in (None, owner) for p in params):
-        raise ValueError("module (or some of its parameters) is already wrapped in a "
-                         "core_ops DistributedDataParallel; wrap it once")
+    return trainable(module)
 
 
 def _group_timeout(group):
@@ -302,7 +230,7 @@ class DistributedDataParallel(nn.Module):
         self._params = params
         self._index = {id(p): i for i, p in enumerate(params)}
         for p in params:
-            _OWNED[p] = weakref.ref(self)
+            OWNED[p] = weakref.ref(self)
             if p not in self._hooked:
                 self._hooked[p] = True
                 p.register_post_accumulate_grad_hook(self._make_hook())
@@ -324,7 +252,7 @@ class DistributedDataParallel(nn.Module):
         if not new and not self.needs_refresh:
             return
         new = list(dict.fromkeys(new))
-        _check_unowned(new, owner=self)
+        check_unowned(new, owner=self)
         params = self._params + new
         self._agree("re-planned its buckets (params unfrozen)", params)
         self._adopt(params)
@@ -457,10 +385,10 @@ class DistributedDataParallel(nn.Module):
         if not self._backward_syncs or index is None:  # None: frozen when the buckets were planned
             return
         if param.grad is not None and param.grad.layout != torch.strided:
-            raise _sparse_grad_error(self._name(param), param.grad)
+            raise sparse_grad_error(self._name(param), param.grad)
         if index in self._seen and not self.delay_allreduce:
             # Its bucket may be on the wire already: what is added now would be lost.
-            raise _ready_twice_error(self._name(param))
+            raise ready_twice_error(self._name(param))
         self._seen[index] = None
         if not self._callback_queued:  # no output hook fired: Note [End of backward]
             self._queue_finish()
