@@ -164,18 +164,15 @@ class FusedOptimizer(Optimizer):
         for p in ps:
             if p.dtype not in HALF:
                 continue
-            state, mark = self.state[p], (p._version, local(p).data_ptr())
+            state = self.state[p]
             master = state.get("master_param")
             if master is None:
                 master = state["master_param"] = self._state_zeros(p).copy_(p.detach())
-            elif marks.get(id(p)) != mark:
+            elif marks.get(id(p)) != _write_mark(p):
                 # Only the elements that differ: a renormalised embedding row takes its
                 # new value, every other element keeps the master's extra bits.
                 half = p.detach()
                 master.copy_(torch.where(half != master.to(half.dtype), half.to(master.dtype), master))
-            # The fused ops bump no version counter, so the mark taken before the
-            # step's write is the one after it.
-            marks[id(p)] = mark
             masters.append(master)
         return masters
 
@@ -256,7 +253,17 @@ class FusedOptimizer(Optimizer):
             for (device, _), ps in buckets.items():
                 self._step_group(group, ps, device, self._on(grad_scale, device),
                                  self._on(found_inf, device))
+                self._wrote(ps)
         return loss
+
+    def _wrote(self, ps):
+        """After the kernels wrote ``ps``: their version counters move on, as torch's
+        in-place ops do, so autograd refuses a backward through a graph that saved
+        their old values (a step between a forward and its backward); then the marks of
+        Note [Writes to half params] are taken."""
+        _increment_version(ps)
+        if self.master_weights:
+            self._write_marks().update((id(p), _write_mark(p)) for p in ps if p.dtype in HALF)
 
     def _clipping(self, max_grad_norm):
         """(max_grad_norm, clip_eps) for ``_scaling``; LAMB clips its own way."""
@@ -366,6 +373,17 @@ class FusedOptimizer(Optimizer):
 # at every step would read 6 bytes an element, ~20% of an Adam step; the marks cost a
 # Python attribute read. Writes through ``p.data`` in place (``p.data.clamp_()``) bump
 # no version counter and are not seen: write under torch.no_grad() instead.
+
+def _write_mark(p):
+    return p._version, local(p).data_ptr()
+
+
+def _increment_version(tensors):
+    try:
+        torch.autograd.graph.increment_version(tensors)
+    except TypeError:  # torch < 2.5 takes one tensor at a time
+        for t in tensors:
+            torch.autograd.graph.increment_version(t)
 
 # Note [Overflowing norms]: finite grads can have a norm that overflows float32 (LAMB's
 # clipping norm, NovoGrad's layer norms); the step is then skipped through found_inf.

@@ -427,3 +427,17 @@ def test_compiled_scaler_step_with_clipping_matches_eager(scaler):
 
     for a, b in zip(train(True), train(False)):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_step_between_forward_and_backward_is_caught_by_autograd(kind):
+    """The kernels write params in place behind autograd's back; the step moves the
+    version counters on as torch's in-place ops do, so a backward through values the
+    step changed fails as with torch.optim instead of giving wrong grads."""
+    ps = make_params(sizes=(8, 3))
+    opt = MAKERS[kind](ps)
+    set_grads(ps, 1)
+    loss = sum((p * p).sum() for p in ps)  # saves the params for backward
+    opt.step()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
