@@ -22,6 +22,7 @@ from collections import defaultdict
 import torch
 
 from ..multi_tensor_apply import multi_tensor_scale
+from ..optimizers._base import increment_version
 from ..optimizers.larc import LARC
 
 
@@ -273,3 +274,6 @@ class AmpOptimizer:
         with torch.no_grad():
             for group in _group((m, p) for p, m in self.pairs):
                 multi_tensor_scale([m for m, _ in group], [p for _, p in group], 1.0)
+                # A copy behind autograd's back: the version counters move on as for
+                # torch's copy_, so a backward through the old half weights fails.
+                increment_version([p for _, p in group])

@@ -261,7 +261,7 @@ class FusedOptimizer(Optimizer):
         in-place ops do, so autograd refuses a backward through a graph that saved
         their old values (a step between a forward and its backward); then the marks of
         Note [Writes to half params] are taken."""
-        _increment_version(ps)
+        increment_version(ps)
         if self.master_weights:
             self._write_marks().update((id(p), _write_mark(p)) for p in ps if p.dtype in HALF)
 
@@ -378,7 +378,8 @@ def _write_mark(p):
     return p._version, local(p).data_ptr()
 
 
-def _increment_version(tensors):
+def increment_version(tensors):
+    """torch.autograd.graph.increment_version of every tensor in ``tensors``."""
     try:
         torch.autograd.graph.increment_version(tensors)
     except TypeError:  # torch < 2.5 takes one tensor at a time

@@ -256,3 +256,18 @@ def test_o1_outputs_with_a_to_method_are_left_alone():
 
     model = amp.initialize(Net(), opt_level="O1", half_dtype=torch.bfloat16, verbosity=0)
     assert isinstance(model(torch.ones(1, 2)), Out)
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_a_step_between_forward_and_backward_is_caught_by_autograd(level):
+    """The step (O1) and the copy of the masters into the half weights (O2) write
+    behind autograd's back; the version counters move on, so a backward through the
+    weights as they were fails as with torch instead of giving wrong grads."""
+    model = two_layers()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=torch.bfloat16, verbosity=0)
+    backward(model, opt, torch.ones(2, 4))
+    saved = sum((p * p).sum() for p in model.parameters())
+    opt.step()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.backward()
