@@ -15,7 +15,7 @@ from torch.optim import Optimizer
 from .. import _build, _validate
 from ..multi_tensor_apply import multi_tensor_l2norm
 from ._checks import check_dense, check_group_keys, check_hyperparameters, check_scale_args
-from ._sharded import local, refuse_sharded
+from ._sharded import is_sharded, refuse_sharded
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -160,19 +160,23 @@ class FusedOptimizer(Optimizer):
         master the new values first (Note [Writes to half params])."""
         if not self.master_weights:
             return []
-        marks, masters = self._write_marks(), []
-        for p in ps:
-            if p.dtype not in HALF:
-                continue
+        # Under torch.compile writes are not looked for: the marks would not persist
+        # and the compiled compare would skip the rounding to the half dtype.
+        half = [p for p in ps if p.dtype in HALF]
+        marks = None if torch.compiler.is_compiling() else self._write_marks()
+        now = _write_marks_of(half) if marks is not None else [None] * len(half)
+        masters = []
+        for p, mark in zip(half, now):
             state = self.state[p]
             master = state.get("master_param")
             if master is None:
                 master = state["master_param"] = self._state_zeros(p).copy_(p.detach())
-            elif marks.get(id(p)) != _write_mark(p):
+            elif marks is not None and marks.get(id(p)) != mark and master.shape == p.shape:
                 # Only the elements that differ: a renormalised embedding row takes its
-                # new value, every other element keeps the master's extra bits.
-                half = p.detach()
-                master.copy_(torch.where(half != master.to(half.dtype), half.to(master.dtype), master))
+                # new value, every other element keeps the master's extra bits. (A
+                # param of another shape is the kernel's error to report.)
+                value = p.detach()
+                master.copy_(torch.where(value != master.to(value.dtype), value.to(master.dtype), master))
             masters.append(master)
         return masters
 
@@ -262,8 +266,9 @@ class FusedOptimizer(Optimizer):
         their old values (a step between a forward and its backward); then the marks of
         Note [Writes to half params] are taken."""
         increment_version(ps)
-        if self.master_weights:
-            self._write_marks().update((id(p), _write_mark(p)) for p in ps if p.dtype in HALF)
+        if self.master_weights and not torch.compiler.is_compiling():
+            half = [p for p in ps if p.dtype in HALF]
+            self._write_marks().update(zip(map(id, half), _write_marks_of(half)))
 
     def _clipping(self, max_grad_norm):
         """(max_grad_norm, clip_eps) for ``_scaling``; LAMB clips its own way."""
@@ -369,13 +374,16 @@ class FusedOptimizer(Optimizer):
 # model.load_state_dict) would be overwritten by the next step. Apex's fused optimizers
 # did that. Each step notes every such param's version counter and storage; a param
 # whose mark has changed by the next step has been written (in place, or given new
-# .data), and its changed elements go into the master. Comparing every param's values
+# .data), and its changed elements go into the master (not inside torch.compile). Comparing every param's values
 # at every step would read 6 bytes an element, ~20% of an Adam step; the marks cost a
 # Python attribute read. Writes through ``p.data`` in place (``p.data.clamp_()``) bump
 # no version counter and are not seen: write under torch.no_grad() instead.
 
-def _write_mark(p):
-    return p._version, local(p).data_ptr()
+def _write_marks_of(ps):
+    """Each param's (version counter, data_ptr): a write in place or new .data moves it."""
+    if any(map(is_sharded, ps)):
+        return [(p._version, p.to_local().data_ptr()) for p in ps]
+    return [(p._version, p.data_ptr()) for p in ps]
 
 
 def increment_version(tensors):

@@ -19,8 +19,14 @@ def _dtensor_type():
     return DTensor
 
 
+_DTENSOR = None  # DTensor, or () without torch.distributed: looked up once (each step asks)
+
+
 def is_sharded(t):
-    return isinstance(t, _dtensor_type())
+    global _DTENSOR
+    if _DTENSOR is None:
+        _DTENSOR = _dtensor_type()
+    return isinstance(t, _DTENSOR)
 
 
 def local(t):
