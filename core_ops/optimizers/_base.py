@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 
 import torch
 from torch.optim import Optimizer
@@ -323,14 +323,22 @@ class FusedOptimizer(Optimizer):
             loaded.append(state_dict)
             return state_dict
 
-        pre = self.register_load_state_dict_pre_hook(prepare)
-        post = self.register_load_state_dict_post_hook(lambda _: self._restore_exact(loaded[0]),
-                                                       prepend=True)
+        def restore(optimizer):
+            self._restore_exact(loaded[0])
+
+        # This call's own copies of the hook dicts, with ours added: a load started from
+        # inside a user's hook must not change the dicts an outer load is iterating. (A
+        # hook registered while a load runs lasts for that load only.)
+        names = ("_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
+        users = [getattr(self, name) for name in names]
+        key = object()
+        setattr(self, names[0], OrderedDict([*users[0].items(), (key, prepare)]))
+        setattr(self, names[1], OrderedDict([(key, restore), *users[1].items()]))
         try:
             super().load_state_dict(state_dict)
         finally:
-            pre.remove()
-            post.remove()
+            for name, hooks in zip(names, users):
+                setattr(self, name, hooks)
 
     def _prepare_loaded(self, state_dict):
         """The state dict to load, from the one given after the user's pre-hooks (a

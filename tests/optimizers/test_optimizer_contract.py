@@ -460,3 +460,27 @@ def test_compiled_step_with_master_weights_matches_eager():
     assert p_e.float().mean().item() < 1.0  # the small updates added up to a bf16 step
     assert torch.equal(p_c, p_e)
     torch.testing.assert_close(m_c, m_e, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["adam", "novograd"])
+def test_a_load_from_inside_a_load_hook_works_as_on_torch_optim(kind):
+    """A pre-hook that hands the state dict to a loader which calls load_state_dict
+    again: the inner load must not change the hook dicts the outer one is iterating."""
+    a = make_params(torch.bfloat16, sizes=(15, 7))
+    src = MAKERS[kind](a, master_weights=True)
+    steps(src, a, [1, 2])
+    dst = MAKERS[kind](clone_params(a), master_weights=True)
+    inner = []
+
+    def forward_once(optimizer, state_dict):
+        if not inner:
+            inner.append(True)
+            optimizer.load_state_dict(state_dict)
+
+    dst.register_load_state_dict_pre_hook(forward_once)
+    dst.load_state_dict(src.state_dict())
+    assert len(dst._optimizer_load_state_dict_pre_hooks) == 1
+    assert not dst._optimizer_load_state_dict_post_hooks
+    for p, q in zip(src.param_groups[0]["params"], dst.param_groups[0]["params"]):
+        assert torch.equal(src.state[p]["master_param"], dst.state[q]["master_param"])
+        assert dst.state[q]["exp_avg"].dtype == torch.float32
