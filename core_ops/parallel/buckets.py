@@ -70,6 +70,7 @@ class Bucket:
         self._scale_tensor = self._unread_flag = None  # pre_scale on the device, made on first use
         self.ready = [False] * len(params)
         self.pending = len(params)
+        self.unscaled = []  # slots whose grad is the buffer's view: pre_scale at send()
 
     def allocate(self):
         # empty, not zeros: put() and fill_missing() write every slot and flag before
@@ -106,26 +107,44 @@ class Bucket:
     def reset(self):
         self.ready = [False] * len(self.params)
         self.pending = len(self.params)
+        self.unscaled = []
 
     def view(self, slot):
         start = self.offsets[slot]
         return self.buffer[start:start + self.numels[slot]].view_as(self.params[slot])
 
     def put(self, slot, grad):
-        """Marks ``slot`` ready; copies ``grad`` in (unless it already is the buffer's
-        view), times ``pre_scale``. Once per backward: a second put would scale a grad
-        that lives in the buffer twice."""
+        """Marks ``slot`` ready; copies ``grad`` in, times ``pre_scale``. A grad that
+        is the buffer's view is scaled when the bucket is sent (``fill_missing``): until
+        then it may still grow (``put_again``). Once per backward."""
         if self.ready[slot]:
             raise RuntimeError(f"Bucket.put: slot {slot} is already ready in this backward")
         self.allocate()
         view = self.view(slot)
         if grad is None:
             view.zero_()
-        elif grad.data_ptr() == view.data_ptr() and grad.stride() == view.stride():
+        elif self._is_view(slot, grad):
             if self.pre_scale != 1.0:
-                view.mul_(self.pre_scale)
-        elif (self.pre_scale != 1.0 and grad.dtype != view.dtype and grad.is_contiguous()
-              and torch.float64 not in (grad.dtype, view.dtype)):
+                self.unscaled.append(slot)
+        else:
+            self._copy_in(view, grad)
+        self.ready[slot] = True
+        self.pending -= 1
+
+    def put_again(self, slot, grad):
+        """Takes the new value of a grad that grew after ``put`` in the same backward
+        (before the bucket is sent): a view holds it already, a copy is made again."""
+        if not self._is_view(slot, grad):
+            self._copy_in(self.view(slot), grad)
+
+    def _is_view(self, slot, grad):
+        view = self.view(slot)
+        return grad.data_ptr() == view.data_ptr() and grad.stride() == view.stride()
+
+    def _copy_in(self, view, grad):
+        """``view`` = ``grad`` times ``pre_scale``, in one pass."""
+        if (self.pre_scale != 1.0 and grad.dtype != view.dtype and grad.is_contiguous()
+                and torch.float64 not in (grad.dtype, view.dtype)):
             # Scaled and rounded while copied, in one vectorized pass: torch.mul(out=)
             # into another dtype takes a scalar casting loop, 7x slower than a copy.
             # The scale and flag tensors are made once per bucket (the flag is unread).
@@ -137,18 +156,20 @@ class Bucket:
             torch.mul(grad, self.pre_scale, out=view)  # scaled while copied: one pass
         else:
             view.copy_(grad)
-        self.ready[slot] = True
-        self.pending -= 1
 
     def fill_missing(self):
-        """Fills the slots this backward did not: with the param's grad when it has one
-        (accumulated under no_sync, or zeroed in place), else zeros; writes the used
+        """Readies the bucket to be sent: fills the slots this backward did not, with
+        the param's grad when it has one (accumulated under no_sync, or zeroed in
+        place), else zeros; scales the grads that are views (``put``); writes the used
         flags."""
         self.allocate()
         used = [ready or p.grad is not None for ready, p in zip(self.ready, self.params)]
         for slot, ready in enumerate(self.ready):
             if not ready:
                 self.put(slot, self.params[slot].grad)
+        for slot in self.unscaled:
+            self.view(slot).mul_(self.pre_scale)
+        self.unscaled = []
         self.buffer[self.numel:].copy_(torch.tensor(used, dtype=self.dtype))
         self.ready = [True] * len(self.params)
         self.pending = 0

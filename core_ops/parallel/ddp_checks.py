@@ -62,8 +62,8 @@ def sparse_grad_error(name, grad):
 
 def ready_twice_error(name):
     return RuntimeError(
-        f"DistributedDataParallel: the gradient of parameter {name!r} became ready twice in "
-        "one backward, so part of it would be reduced before the rest was added (a parameter "
+        f"DistributedDataParallel: the gradient of parameter {name!r} grew after its bucket's "
+        "allreduce had started in this backward, so what was added would be lost (a parameter "
         "used in several segments checkpointed with torch.utils.checkpoint(..., "
         "use_reentrant=True), each of which runs its own backward). Use "
         "torch.utils.checkpoint(..., use_reentrant=False), or "

@@ -387,8 +387,8 @@ class DistributedDataParallel(nn.Module):
         if param.grad is not None and param.grad.layout != torch.strided:
             raise sparse_grad_error(self._name(param), param.grad)
         if index in self._seen and not self.delay_allreduce:
-            # Its bucket may be on the wire already: what is added now would be lost.
-            raise ready_twice_error(self._name(param))
+            self._ready_again(param, index)
+            return
         self._seen[index] = None
         if not self._callback_queued:  # no output hook fired: Note [End of backward]
             self._queue_finish()
@@ -401,6 +401,18 @@ class DistributedDataParallel(nn.Module):
         bucket.put(slot, param.grad)
         if bucket.pending == 0:
             self._launch_ready()
+
+    def _ready_again(self, param, index):
+        """A grad that grew after it was ready in this backward: a param shared by
+        segments of reentrant activation checkpointing, each segment's backward adding
+        its part. Its bucket takes the sum while it is not on the wire; after that what
+        was added would be lost, so that raises."""
+        if self._buckets is None:  # the first backward copies every grad at its end
+            return
+        b, slot = self._slot[index]
+        if b < self._next:
+            raise ready_twice_error(self._name(param))
+        self._buckets[b].put_again(slot, param.grad)
 
     def _launch_ready(self):
         """Launches complete buckets in layout order: every rank issues the same

@@ -48,18 +48,30 @@ class SharedCheckpointed(nn.Module):
         return self.out(h)
 
 
-def shared_reentrant_raises(rank, world):
-    """Without delay_allreduce, a second ready of one param in a backward is an error
-    (one bucket for all, and one per param, whose allreduce starts at the first ready)."""
-    errors = []
-    for message_size in (10_000_000, 1):
-        model = DistributedDataParallel(SharedCheckpointed(), message_size=message_size)
-        try:
-            model(_batch(0, rank)).pow(2).sum().backward()
-            errors.append(None)
-        except RuntimeError as e:
-            errors.append(str(e))
-    return errors
+def shared_reentrant(rank, world):
+    """The shared params' second ready comes before their bucket is sent with one
+    bucket for all (message_size 10M): the bucket takes the grown grads, equal to the
+    hand-reduced ones over 3 steps, grads zeroed in place (they are the bucket's views,
+    scaled only when sent) and set to None, averaged after the sum or pre-divided. With
+    one bucket per param the first ready sent it: an error."""
+    diffs = []
+    for kwargs in ({}, dict(gradient_predivide_factor=2.0)):
+        for set_to_none in (False, True):
+            ref, model = SharedCheckpointed(), DistributedDataParallel(SharedCheckpointed(), **kwargs)
+            for step in range(3):
+                zero(model, set_to_none)
+                zero(ref, set_to_none)
+                model(_batch(step, rank)).pow(2).sum().backward()
+                ref(_batch(step, rank)).pow(2).sum().backward()
+                diffs.append(max_diff(grads(model), hand_reduced(ref)))
+    model = DistributedDataParallel(SharedCheckpointed(), message_size=1)
+    try:
+        model(_batch(0, rank)).pow(2).sum().backward()
+        model(_batch(1, rank)).pow(2).sum().backward()
+        error = None
+    except RuntimeError as e:
+        error = str(e)
+    return {"diffs": diffs, "errors": [error]}
 
 
 def shared_reentrant_delay(rank, world):
