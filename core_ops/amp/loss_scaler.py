@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -138,7 +138,8 @@ class LossScaler:
         """``outputs`` (a tensor or nested lists/tuples of them) times the scale."""
         if not self._enabled:
             return outputs
-        if not isinstance(outputs, (torch.Tensor, list, tuple)) and isinstance(outputs, Iterable):
+        if (not isinstance(outputs, (torch.Tensor, list, tuple, Mapping, str))
+                and isinstance(outputs, Iterable)):
             return iter(self.scale(list(outputs)))  # a generator, as GradScaler.scale takes
         device = _device_of(outputs)
         if device is None:

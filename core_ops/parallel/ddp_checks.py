@@ -44,7 +44,7 @@ def _check_dense(module):
     """Sparse gradients (nn.Embedding / nn.EmbeddingBag with sparse=True) cannot go
     into a flat dense bucket; the hooks check each grad too (sparse_grad_error)."""
     sparse = [f"{name or 'module'!r} ({type(m).__name__})" for name, m in module.named_modules()
-              if getattr(m, "sparse", False) is True
+              if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse
               and any(p.requires_grad for p in m.parameters(recurse=False))]
     if sparse:
         raise ValueError(

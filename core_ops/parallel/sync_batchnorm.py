@@ -35,6 +35,8 @@ class SyncBatchNorm(_BatchNorm):
     A subclass of torch's ``_BatchNorm``: its state dict is a BatchNorm's, both ways.
     """
 
+    fuse_relu = False  # the default of a module pickled before the option existed
+
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, process_group=None, channel_last=False,
                  fuse_relu=False):

@@ -85,3 +85,13 @@ def test_apex_syncbn_fuse_relu_z_and_group():
     assert bn.process_group == "a group" and "fuse_relu=True" in repr(bn)
     with pytest.raises(ValueError, match=r"z must have the input's shape \(2, 3, 3, 4\)"):
         bn(x, z[:1])
+
+
+def test_apex_parallel_submodules_are_attributes():
+    """Apex's apex.parallel had its submodules and ReduceOp as attributes; code reaches
+    them without importing them."""
+    import apex.parallel
+    assert apex.parallel.distributed.DistributedDataParallel is apex.parallel.DistributedDataParallel
+    assert apex.parallel.sync_batchnorm.SyncBatchNorm is core_ops.parallel.SyncBatchNorm
+    assert apex.parallel.optimized_sync_batchnorm.SyncBatchNorm is core_ops.parallel.SyncBatchNorm
+    assert apex.parallel.ReduceOp.SUM == dist.ReduceOp.SUM

@@ -105,3 +105,16 @@ def test_syncbn_input_rank_and_reducer_list(world1):
         Reducer([])
     with pytest.raises(ValueError, match="does not divide"):
         create_syncbn_process_group(3) if dist.get_world_size() != 3 else None
+
+
+def test_only_sparse_embeddings_are_refused(world1):
+    """The check looks at nn.Embedding / nn.EmbeddingBag, not at any attribute named
+    sparse (a sparse-attention block with dense params trains)."""
+    class SparseAttention(nn.Linear):
+        sparse = True
+
+    model = DistributedDataParallel(nn.Sequential(SparseAttention(3, 3), nn.Linear(3, 1)))
+    model(torch.ones(2, 3)).sum().backward()
+    assert model.module[0].weight.grad is not None
+    with pytest.raises(ValueError, match="sparse=True in '1' \\(EmbeddingBag\\)"):
+        DistributedDataParallel(nn.Sequential(nn.Linear(3, 3), nn.EmbeddingBag(5, 3, sparse=True)))

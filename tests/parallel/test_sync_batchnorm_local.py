@@ -170,3 +170,13 @@ def test_wrong_channels_and_single_value():
         SyncBatchNorm(3, channel_last=True)(torch.randn(2, 5, 4))
     with pytest.raises(ValueError, match="more than 1 value per channel"):
         SyncBatchNorm(3)(torch.randn(1, 3))
+
+
+def test_a_module_pickled_before_fuse_relu_existed_still_runs():
+    import pickle
+    bn = SyncBatchNorm(3)
+    del bn.__dict__["fuse_relu"]  # as unpickled from before the option
+    bn = pickle.loads(pickle.dumps(bn))
+    x = torch.randn(4, 3, 2)
+    torch.testing.assert_close(bn(x), nn.functional.batch_norm(x, None, None, training=True))
+    assert "fuse_relu=False" in repr(bn)

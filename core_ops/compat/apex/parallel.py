@@ -4,16 +4,24 @@ nothing or are gone included, so that Apex-era call sites run unchanged. core_op
 own class keeps its shorter signature; code that imports core_ops.parallel directly
 drops Apex's retired arguments."""
 
+import sys
 import warnings
+
+import torch.distributed
 
 from core_ops import parallel as _core
 from core_ops.parallel import (LARC, Reducer, SyncBatchNorm, convert_syncbn_model,  # noqa: F401
-                               create_syncbn_process_group)
+                               create_syncbn_process_group, sync_batchnorm)
 # apex.parallel.distributed is this module too: flat_dist_call is one of its names.
 from core_ops.parallel.distributed import flat_dist_call  # noqa: F401
 
 # A package, as Apex's is: ApexAliasFinder serves apex.parallel.LARC, .sync_batchnorm, ...
 __path__ = []
+# Apex's submodules as attributes, for code that reaches them without importing them:
+# apex.parallel.distributed is this module (SUBMODULES in __init__.py).
+distributed = sys.modules[__name__]
+ReduceOp = torch.distributed.ReduceOp
+optimized_sync_batchnorm = sync_batchnorm
 
 __all__ = ["DistributedDataParallel", "LARC", "Reducer", "SyncBatchNorm", "convert_syncbn_model",
            "create_syncbn_process_group"]
