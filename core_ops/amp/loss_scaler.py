@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from .. import _validate
+from ..optimizers._sharded import is_sharded
 from ..multi_tensor_apply import multi_tensor_check_finite, multi_tensor_scale, update_scale
 
 
@@ -38,6 +39,13 @@ def _grads_by_device_dtype(optimizer):
             g = p.grad
             if g is None:
                 continue
+            if is_sharded(g):
+                # Each rank would see only its shard's overflows; the flag would need
+                # reducing across the mesh, which torch's GradScaler does.
+                raise NotImplementedError(
+                    "LossScaler: sharded (DTensor) gradients, as FSDP2's fully_shard makes, are "
+                    "not supported; use torch.amp.GradScaler, which core_ops' fused optimizers "
+                    "take as they take it on unsharded params")
             if g.is_sparse:
                 if g.dtype is torch.float16:
                     g = p.grad = g.coalesce()  # fp16 sums of duplicates could overflow

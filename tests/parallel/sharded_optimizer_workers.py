@@ -67,4 +67,33 @@ def refusals(rank, world):
     except ValueError as e:
         errors["clip"] = str(e)
     errors["unchanged"] = all(torch.equal(a, p.full_tensor()) for a, p in zip(before, model.parameters()))
+    from core_ops.amp import LossScaler
+    scaler = LossScaler("cpu")
+    model = sharded_mlp()
+    opt = FusedAdam(model.parameters())
+    scaler.scale(model(torch.ones(2, 6)).sum()).backward()
+    try:
+        scaler.step(opt)
+    except NotImplementedError as e:
+        errors["loss_scaler"] = str(e)
     return errors
+
+
+def under_torch_grad_scaler(rank, world):
+    """torch.amp.GradScaler over FusedAdam and over torch's AdamW on sharded params,
+    with an inf in rank 0's grads at step 1: both skip that step on every rank."""
+    out = {}
+    for name, make in (("ours", PAIRS["adam"][0]), ("torch", PAIRS["adam"][1])):
+        model = sharded_mlp()
+        opt = make(model.parameters())
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+        g = torch.Generator().manual_seed(1 + rank)
+        for step in range(3):
+            opt.zero_grad()
+            scaler.scale(model(torch.randn(4, 6, generator=g)).pow(2).sum()).backward()
+            if step == 1 and rank == 0:
+                next(model.parameters()).grad.to_local().view(-1)[0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+        out[name] = ([p.full_tensor() for p in model.parameters()], scaler.get_scale())
+    return out
