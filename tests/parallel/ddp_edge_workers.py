@@ -48,22 +48,27 @@ class SharedCheckpointed(nn.Module):
         return self.out(h)
 
 
+def _shared_diffs(rank, **ddp_kwargs):
+    """Differences from the hand-reduced grads over 3 steps, grads zeroed in place
+    (they are the bucket's views) and set to None."""
+    diffs = []
+    for set_to_none in (False, True):
+        ref, model = SharedCheckpointed(), DistributedDataParallel(SharedCheckpointed(), **ddp_kwargs)
+        for step in range(3):
+            zero(model, set_to_none)
+            zero(ref, set_to_none)
+            model(_batch(step, rank)).pow(2).sum().backward()
+            ref(_batch(step, rank)).pow(2).sum().backward()
+            diffs.append(max_diff(grads(model), hand_reduced(ref)))
+    return diffs
+
+
 def shared_reentrant(rank, world):
     """The shared params' second ready comes before their bucket is sent with one
-    bucket for all (message_size 10M): the bucket takes the grown grads, equal to the
-    hand-reduced ones over 3 steps, grads zeroed in place (they are the bucket's views,
-    scaled only when sent) and set to None, averaged after the sum or pre-divided. With
-    one bucket per param the first ready sent it: an error."""
-    diffs = []
-    for kwargs in ({}, dict(gradient_predivide_factor=2.0)):
-        for set_to_none in (False, True):
-            ref, model = SharedCheckpointed(), DistributedDataParallel(SharedCheckpointed(), **kwargs)
-            for step in range(3):
-                zero(model, set_to_none)
-                zero(ref, set_to_none)
-                model(_batch(step, rank)).pow(2).sum().backward()
-                ref(_batch(step, rank)).pow(2).sum().backward()
-                diffs.append(max_diff(grads(model), hand_reduced(ref)))
+    bucket for all (message_size 10M): the bucket takes the grown grads (views are
+    scaled only when sent), averaged after the sum or pre-divided. With one bucket per
+    param the first ready sent it: an error."""
+    diffs = _shared_diffs(rank) + _shared_diffs(rank, gradient_predivide_factor=2.0)
     model = DistributedDataParallel(SharedCheckpointed(), message_size=1)
     try:
         model(_batch(0, rank)).pow(2).sum().backward()
@@ -75,19 +80,8 @@ def shared_reentrant(rank, world):
 
 
 def shared_reentrant_delay(rank, world):
-    """delay_allreduce=True reduces the twice-accumulated grads once, after backward:
-    grads zeroed in place (they live in the buckets) and set to None."""
-    diffs = []
-    for set_to_none in (False, True):
-        ref = SharedCheckpointed()
-        model = DistributedDataParallel(SharedCheckpointed(), delay_allreduce=True)
-        for step in range(3):
-            zero(model, set_to_none)
-            zero(ref, set_to_none)
-            model(_batch(step, rank)).pow(2).sum().backward()
-            ref(_batch(step, rank)).pow(2).sum().backward()
-            diffs.append(max_diff(grads(model), hand_reduced(ref)))
-    return diffs
+    """delay_allreduce=True reduces the twice-accumulated grads once, after backward."""
+    return _shared_diffs(rank, delay_allreduce=True)
 
 
 class CheckpointedHead(nn.Module):
