@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from .. import _validate
-from ..optimizers._sharded import is_sharded
 from ..multi_tensor_apply import multi_tensor_check_finite, multi_tensor_scale, update_scale
+from ..optimizers._sharded import is_sharded
 
 
 class _Stage(enum.Enum):

@@ -188,7 +188,6 @@ class FusedOptimizer(Optimizer):
             self._marks = {}
         return self._marks
 
-
     # ---- scaling, skipping, clipping ---------------------------------------------
 
     def _scaling(self, work, grad_scale, found_inf, max_grad_norm, clip_eps=1e-6):
@@ -382,10 +381,11 @@ class FusedOptimizer(Optimizer):
 # model.load_state_dict) would be overwritten by the next step. Apex's fused optimizers
 # did that. Each step notes every such param's version counter and storage; a param
 # whose mark has changed by the next step has been written (in place, or given new
-# .data), and its changed elements go into the master (not inside torch.compile). Comparing every param's values
-# at every step would read 6 bytes an element, ~20% of an Adam step; the marks cost a
-# Python attribute read. Writes through ``p.data`` in place (``p.data.clamp_()``) bump
-# no version counter and are not seen: write under torch.no_grad() instead.
+# .data), and its changed elements go into the master (not inside torch.compile).
+# Comparing every param's values at every step would read 6 bytes an element, ~20% of
+# an Adam step; the marks cost two attribute reads a param. Writes through ``p.data``
+# in place (``p.data.clamp_()``) bump no version counter and are not seen: write under
+# torch.no_grad() instead.
 
 def _write_marks_of(ps):
     """Each param's (version counter, data_ptr): a write in place or new .data moves it."""
@@ -401,6 +401,7 @@ def increment_version(tensors):
     except TypeError:  # torch < 2.5 takes one tensor at a time
         for t in tensors:
             torch.autograd.graph.increment_version(t)
+
 
 # Note [Overflowing norms]: finite grads can have a norm that overflows float32 (LAMB's
 # clipping norm, NovoGrad's layer norms); the step is then skipped through found_inf.
