@@ -31,27 +31,36 @@ class _Stage(enum.Enum):
 
 
 def _grads_by_device_dtype(optimizer):
-    """Grads of ``optimizer``'s params, grouped by (device, dtype); sparse grads are
-    coalesced and contribute their values (as torch.amp.GradScaler does)."""
-    groups = defaultdict(list)
+    """(grads of ``optimizer``'s params grouped by (device, dtype), the device meshes
+    of its sharded grads). Sparse grads are coalesced and contribute their values (as
+    torch.amp.GradScaler does); DTensor grads (FSDP2) contribute their local shards,
+    and the overflow flag is then reduced over their meshes (``_over_shards``)."""
+    groups, meshes = defaultdict(list), []
     for group in optimizer.param_groups:
         for p in group["params"]:
             g = p.grad
             if g is None:
                 continue
             if is_sharded(g):
-                # Each rank would see only its shard's overflows; the flag would need
-                # reducing across the mesh, which torch's GradScaler does.
-                raise NotImplementedError(
-                    "LossScaler: sharded (DTensor) gradients, as FSDP2's fully_shard makes, are "
-                    "not supported; use torch.amp.GradScaler, which core_ops' fused optimizers "
-                    "take as they take it on unsharded params")
+                if g.device_mesh not in meshes:
+                    meshes.append(g.device_mesh)
+                g = g.to_local()
             if g.is_sparse:
                 if g.dtype is torch.float16:
                     g = p.grad = g.coalesce()  # fp16 sums of duplicates could overflow
                 g = g._values()
             groups[(g.device, g.dtype)].append(g)
-    return groups
+    return groups, meshes
+
+
+def _over_shards(found, meshes):
+    """``found`` made the max over every rank of ``meshes``: a rank whose shard
+    overflowed makes every rank skip the step, so the shards stay one model."""
+    for mesh in meshes:
+        for dim in range(mesh.ndim):
+            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX,
+                                         group=mesh.get_group(dim))
+    return found
 
 
 def _fresh_optimizer_state():
@@ -183,10 +192,11 @@ class LossScaler:
             raise RuntimeError("unscale_() is being called after step(); call update() first")
         self._lazy_init(self._first_grad_device(optimizer))
         found = torch.zeros((), dtype=torch.float32, device=self._device)
-        for (device, _), grads in _grads_by_device_dtype(optimizer).items():
+        groups, meshes = _grads_by_device_dtype(optimizer)
+        for (device, _), grads in groups.items():
             flag = multi_tensor_scale(grads, grads, self._inv_scale(device))
             found = torch.maximum(found, flag.reshape(()).to(self._device, non_blocking=True))
-        self._record_found(state, found)
+        self._record_found(state, _over_shards(found, meshes))
         state["stage"] = _Stage.UNSCALED
 
     def _check(self, optimizer):
@@ -194,10 +204,11 @@ class LossScaler:
         every element, as torch's unscale_ does (a norm would also flag finite grads
         whose squares overflow)."""
         found = torch.zeros((), dtype=torch.float32, device=self._device)
-        for grads in _grads_by_device_dtype(optimizer).values():
+        groups, meshes = _grads_by_device_dtype(optimizer)
+        for grads in groups.values():
             flag = multi_tensor_check_finite(grads)
             found = torch.maximum(found, flag.reshape(()).to(self._device, non_blocking=True))
-        return found
+        return _over_shards(found, meshes)
 
     def _first_grad_device(self, optimizer):
         for group in optimizer.param_groups:

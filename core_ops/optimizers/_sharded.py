@@ -6,7 +6,9 @@ tensor: their kernels run on ``DTensor.to_local()`` views (which share the shard
 memory), and their state is made with ``zeros_like(param)``, so it is a DTensor laid
 out as the param (torch.distributed.checkpoint saves it as torch.optim's). LAMB and
 NovoGrad need each whole tensor's norm and clipping the global norm: a shard's would
-be wrong, so those are refused rather than computed per shard.
+be wrong, so those are refused rather than computed per shard. core_ops.amp's
+LossScaler checks the local shards too, and reduces its overflow flag over their
+meshes, so that every rank skips together.
 """
 
 import torch

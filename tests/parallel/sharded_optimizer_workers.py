@@ -67,26 +67,23 @@ def refusals(rank, world):
     except ValueError as e:
         errors["clip"] = str(e)
     errors["unchanged"] = all(torch.equal(a, p.full_tensor()) for a, p in zip(before, model.parameters()))
-    from core_ops.amp import LossScaler
-    scaler = LossScaler("cpu")
-    model = sharded_mlp()
-    opt = FusedAdam(model.parameters())
-    scaler.scale(model(torch.ones(2, 6)).sum()).backward()
-    try:
-        scaler.step(opt)
-    except NotImplementedError as e:
-        errors["loss_scaler"] = str(e)
     return errors
 
 
-def under_torch_grad_scaler(rank, world):
-    """torch.amp.GradScaler over FusedAdam and over torch's AdamW on sharded params,
-    with an inf in rank 0's grads at step 1: both skip that step on every rank."""
+def under_loss_scalers(rank, world):
+    """torch's AdamW and FusedAdam, each under torch.amp.GradScaler and under
+    core_ops' LossScaler, on sharded params, with an inf in rank 0's shard of a grad
+    at step 1: every rank skips that step."""
+    from core_ops.amp import LossScaler
+    cases = {"torch": (PAIRS["adam"][1], torch.amp.GradScaler),
+             "ours_grad_scaler": (PAIRS["adam"][0], torch.amp.GradScaler),
+             "ours_loss_scaler": (PAIRS["adam"][0], LossScaler),
+             "torch_loss_scaler": (PAIRS["adam"][1], LossScaler)}  # unscale_ on the shards
     out = {}
-    for name, make in (("ours", PAIRS["adam"][0]), ("torch", PAIRS["adam"][1])):
+    for name, (make, make_scaler) in cases.items():
         model = sharded_mlp()
         opt = make(model.parameters())
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+        scaler = make_scaler("cpu", init_scale=2.0 ** 8)
         g = torch.Generator().manual_seed(1 + rank)
         for step in range(3):
             opt.zero_grad()
