@@ -184,9 +184,7 @@ class FusedOptimizer(Optimizer):
         """{id of a half param with a master: its (version, data_ptr) after the last
         step}; ids, as hashing a tensor runs Python code. Not saved: after a copy or a
         load every param is compared once."""
-        if "_marks" not in self.__dict__:
-            self._marks = {}
-        return self._marks
+        return self.__dict__.setdefault("_marks", {})
 
     # ---- scaling, skipping, clipping ---------------------------------------------
 

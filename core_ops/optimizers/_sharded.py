@@ -21,7 +21,9 @@ def _dtensor_type():
     return DTensor
 
 
-_DTENSOR = None  # DTensor, or () without torch.distributed: looked up once (each step asks)
+# DTensor, or () without torch.distributed: looked up once, as each step asks (a global,
+# not functools.cache, which torch.compile warns about when it traces the step).
+_DTENSOR = None
 
 
 def is_sharded(t):

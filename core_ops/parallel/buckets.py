@@ -123,7 +123,7 @@ class Bucket:
         view = self.view(slot)
         if grad is None:
             view.zero_()
-        elif self._is_view(slot, grad):
+        elif _is_view(view, grad):
             if self.pre_scale != 1.0:
                 self.unscaled.append(slot)
         else:
@@ -134,12 +134,9 @@ class Bucket:
     def put_again(self, slot, grad):
         """Takes the new value of a grad that grew after ``put`` in the same backward
         (before the bucket is sent): a view holds it already, a copy is made again."""
-        if not self._is_view(slot, grad):
-            self._copy_in(self.view(slot), grad)
-
-    def _is_view(self, slot, grad):
         view = self.view(slot)
-        return grad.data_ptr() == view.data_ptr() and grad.stride() == view.stride()
+        if not _is_view(view, grad):
+            self._copy_in(view, grad)
 
     def _copy_in(self, view, grad):
         """``view`` = ``grad`` times ``pre_scale``, in one pass."""
@@ -222,3 +219,8 @@ def flat_all_reduce(tensors, group, scale=1.0):
 def flat_broadcast(tensors, group, src):
     """Overwrites ``tensors`` with global rank ``src``'s."""
     flat_call(tensors, lambda flat: dist.broadcast(flat, src, group=group))
+
+
+def _is_view(view, grad):
+    """Whether ``grad`` is ``view`` itself: a grad that lives in its bucket."""
+    return grad.data_ptr() == view.data_ptr() and grad.stride() == view.stride()
