@@ -53,25 +53,27 @@ SCHEMAS = {
     # Note [Fused optimizer ops]: one call updates one (device, dtype) group of params.
     # steps are per-tensor float32 counters (torch.optim's state["step"]) advanced by
     # the op; found_inf set means the op changes nothing, steps included; grads are
-    # divided by grad_scale inside the op (never written); lr_tensor, when given,
+    # divided by grad_scale inside the op and written back so divided, as torch's fused
+    # optimizers do (Note [Grads written back unscaled] in
+    # csrc/include/core_ops/optimizer_args.h); lr_tensor, when given,
     # replaces lr (capturable / tensor lr, read on the device); master_params, when
     # not empty, are float32 copies the math updates, the params receiving their
     # rounding. State is float32 (float64 for float64 params).
     "fused_adam_": (
-        "fused_adam_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+        "fused_adam_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] exp_avgs, "
         "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] master_params, "
         "Tensor(f!)[] steps, float lr, float beta1, float beta2, float eps, float weight_decay, "
         "bool adam_w_mode, bool bias_correction, bool amsgrad, bool maximize, "
         "Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()"
     ),
     "fused_sgd_": (
-        "fused_sgd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, "
+        "fused_sgd_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] momentum_buffers, "
         "Tensor(c!)[] master_params, float lr, float momentum, float dampening, "
         "float weight_decay, bool nesterov, bool wd_after_momentum, bool first_step, "
         "bool maximize, Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()"
     ),
     "fused_adagrad_": (
-        "fused_adagrad_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] state_sums, "
+        "fused_adagrad_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] state_sums, "
         "Tensor(c!)[] master_params, Tensor(d!)[] steps, float lr, float lr_decay, float eps, "
         "float weight_decay, bool adagrad_w_mode, bool maximize, Tensor? lr_tensor, "
         "Tensor? grad_scale, Tensor? found_inf) -> ()"
@@ -80,7 +82,7 @@ SCHEMAS = {
     # stage 1 writes the moments and the raw update, stage 2 applies it with the trust
     # ratio from param_norms / update_norms (one norm per tensor).
     "fused_lamb_stage1_": (
-        "fused_lamb_stage1_(Tensor[] params, Tensor[] grads, Tensor(a!)[] exp_avgs, "
+        "fused_lamb_stage1_(Tensor[] params, Tensor(g!)[] grads, Tensor(a!)[] exp_avgs, "
         "Tensor(b!)[] exp_avg_sqs, Tensor[] master_params, Tensor(c!)[] steps, "
         "Tensor(d!)[] updates, float beta1, float beta2, float eps, float weight_decay, "
         "bool adam_w_mode, bool bias_correction, bool grad_averaging, bool maximize, "
@@ -97,7 +99,7 @@ SCHEMAS = {
     # max|g| (norm_type 0: v averages the norms themselves), as in Apex
     # (csrc/include/core_ops/novograd_math.h).
     "fused_novograd_": (
-        "fused_novograd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+        "fused_novograd_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] exp_avgs, "
         "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] master_params, Tensor(e!)[] steps, "
         "Tensor grad_norms, int norm_type, float lr, float beta1, float beta2, float eps, "
         "float weight_decay, bool bias_correction, bool reg_inside_moment, bool grad_averaging, "

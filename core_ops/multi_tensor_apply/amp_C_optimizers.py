@@ -5,7 +5,8 @@ Apex's kernels kept the state in the param dtype; core_ops' ops keep it in float
 so half state is computed on float32 copies and written back (one rounding, where
 Apex rounded once too). Which kernels honour ``noop_flag`` follows Apex: SGD skips
 when it is set; Adam and Adagrad ignore it (Apex's Adam kernel says it wants to
-propagate inf/nan).
+propagate inf/nan). A kernel given a grad scale writes the unscaled grads back, as
+Apex's capturable Adam did (Note [Grads written back unscaled]).
 """
 
 import torch
@@ -48,6 +49,18 @@ def _divisor(inv_scale, device):
 
 def _value(x):
     return x.item() if isinstance(x, torch.Tensor) else x
+
+
+def _grads_in(grads, dtype, scaled, run):
+    """Runs ``run(grads)`` with the grads in ``dtype`` (core_ops' ops take the params'
+    dtype). When ``scaled``, the op writes the unscaled grads back (Note [Grads written
+    back unscaled] in csrc/include/core_ops/optimizer_args.h): grads of another dtype
+    get them too."""
+    converted = [g if g.dtype == dtype else g.to(dtype) for g in grads]
+    run(converted)
+    moved = [(g, c) for g, c in zip(grads, converted) if c is not g]
+    if scaled and moved:
+        torch._foreach_copy_([g for g, _ in moved], [c for _, c in moved])
 
 
 def _adam(g, p, m, v, masters, lr, beta1, beta2, epsilon, step, mode, bias_correction,
@@ -105,16 +118,13 @@ def multi_tensor_sgd(chunk_size, noop_flag, tensor_lists, wd, momentum, dampenin
     g, p, m = lists[:3]
     if not p:
         return
-    if len(lists) == 4:
-        params, masters = lists[3], p
-    else:
-        params, masters = p, []
-        g = [x if x.dtype == p[0].dtype else x.to(p[0].dtype) for x in g]
+    params, masters = (lists[3], p) if len(lists) == 4 else (p, [])
     grad_scale = None if scale == 1.0 else torch.full((), 1.0 / scale, device=g[0].device)
-    _float_state([m], lambda s: op("fused_sgd_")(
-        params, g, s[0] if momentum else [], masters, float(_value(lr)), momentum, dampening, wd,
-        bool(nesterov), bool(wd_after_momentum), bool(first_run), False, None, grad_scale,
-        noop_flag))
+    _grads_in(g, params[0].dtype, grad_scale is not None, lambda grads: _float_state(
+        [m], lambda s: op("fused_sgd_")(
+            params, grads, s[0] if momentum else [], masters, float(_value(lr)), momentum,
+            dampening, wd, bool(nesterov), bool(wd_after_momentum), bool(first_run), False, None,
+            grad_scale, noop_flag)))
 
 
 def multi_tensor_adagrad(chunk_size, noop_flag, tensor_lists, lr, epsilon, mode, weight_decay):
@@ -141,11 +151,11 @@ def _clip_divisor(global_grad_norm, max_grad_norm, device):
 
 def _lamb_stage1(g, p, m, v, masters, updates, step, beta1, beta2, epsilon, weight_decay,
                  adam_w_mode, bias_correction, grad_averaging, grad_divisor, found_inf):
-    grads = [x if x.dtype == p[0].dtype else x.to(p[0].dtype) for x in g]
-    _float_state([m, v], lambda s: op("fused_lamb_stage1_")(
-        p, grads, s[0], s[1], masters, _steps(p, step), updates, beta1, beta2, epsilon,
-        weight_decay, bool(adam_w_mode), bool(bias_correction), bool(grad_averaging), False,
-        grad_divisor, found_inf))
+    _grads_in(g, p[0].dtype, grad_divisor is not None, lambda grads: _float_state(
+        [m, v], lambda s: op("fused_lamb_stage1_")(
+            p, grads, s[0], s[1], masters, _steps(p, step), updates, beta1, beta2, epsilon,
+            weight_decay, bool(adam_w_mode), bool(bias_correction), bool(grad_averaging), False,
+            grad_divisor, found_inf)))
 
 
 def _lamb_stage2(p, masters, updates, lr, weight_decay, use_nvlamb, found_inf, param_norms=None,
@@ -164,7 +174,7 @@ def _lamb_stage2(p, masters, updates, lr, weight_decay, use_nvlamb, found_inf, p
 def _lamb(g, p, m, v, masters, lr, beta1, beta2, epsilon, step, bias_correction, weight_decay,
           grad_averaging, mode, use_nvlamb, grad_divisor, found_inf=None):
     # The update is computed in float32 (Apex wrote it into the grads, in their dtype;
-    # the grads are left alone here).
+    # here the grads receive their unscaled, clipped values).
     weights = masters or p
     updates = [torch.empty_like(w, dtype=state_dtype(w.dtype)) for w in weights]
     _lamb_stage1(g, p, m, v, masters, updates, step, beta1, beta2, epsilon, weight_decay, mode,

@@ -20,9 +20,13 @@ def weights_in_state_dtype(param, master_params, i):
 
 
 def scaled_grad(grad, dtype, grad_scale, maximize):
+    """The grad the update reads, in ``dtype``: divided by ``grad_scale`` (then written
+    back into ``grad``, Note [Grads written back unscaled] in
+    csrc/include/core_ops/optimizer_args.h) and negated for maximize."""
     g = grad.to(dtype)
     if grad_scale is not None:
         g = g / grad_scale.to(dtype)
+        grad.copy_(g)
     return -g if maximize else g
 
 

@@ -111,9 +111,12 @@ def test_multi_tensor_lamb_mp_unscales_clips_and_skips_on_noop():
     assert all(torch.equal(a, b) for a, b in zip((*masters, *params, *m, *v), before))
 
     noop.zero_()
+    scaled = [t.clone() for t in g]
     multi_tensor_applier(amp_C.multi_tensor_lamb_mp, noop, lists, *args)
-    unscaled = [t.double() / scale for t in g]
+    unscaled = [t.double() / scale for t in scaled]
     norm = float(gnorm) / scale
+    for now, u in zip(g, unscaled):  # the grads the update used: unscaled and clipped
+        assert_close(now.double(), u / max(norm, 1.0), rtol=2**-8, atol=0)
     expect = apex_lamb_reference(unscaled, [t.clone() for t in before[:3]], [torch.zeros_like(t) for t in masters],
                                  [torch.zeros_like(t) for t in masters], lr=0.1, beta1=0.9, beta2=0.999,
                                  eps=1e-6, step=1, bias_correction=True, wd=0.01, grad_averaging=True,

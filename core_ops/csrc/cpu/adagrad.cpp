@@ -9,24 +9,24 @@ namespace core_ops::cpu {
 namespace {
 
 template <bool kWMode, bool kMaster, typename param_t>
-void adagrad_chunk(void* param, const void* grad, void* state_sum, void* master, int64_t begin,
-                   int64_t end, const AdagradCoeffs<state_t<param_t>>& c, double grad_div) {
+void adagrad_chunk(void* param, void* grad, void* state_sum, void* master, int64_t begin,
+                   int64_t end, const AdagradCoeffs<state_t<param_t>>& c,
+                   const GradUnscale& unscale) {
   using acc_t = state_t<param_t>;
   auto* p = static_cast<param_t*>(param);
-  auto* g = static_cast<const param_t*>(grad);
+  auto* g = static_cast<param_t*>(grad);
   auto* s = static_cast<acc_t*>(state_sum);
   auto* w = static_cast<acc_t*>(master);
-  const acc_t div = static_cast<acc_t>(grad_div);
+  const GradReader<acc_t> grads(unscale);
   int64_t i = begin;
   if constexpr (!std::is_same_v<param_t, double>) {
-    const fVec vdiv(div);
     for (; i + kWidth <= end; i += kWidth) {
       fVec p0, p1, g0, g1, s0, s1;
       if constexpr (kMaster) load2(w + i, p0, p1); else load2(p + i, p0, p1);
-      load2(g + i, g0, g1);
+      grads.load(g + i, g0, g1);
       load2(s + i, s0, s1);
-      adagrad_math<kWMode>(p0, g0 / vdiv, s0, c);
-      adagrad_math<kWMode>(p1, g1 / vdiv, s1, c);
+      adagrad_math<kWMode>(p0, g0, s0, c);
+      adagrad_math<kWMode>(p1, g1, s1, c);
       store2(s + i, s0, s1);
       if constexpr (kMaster) store2(w + i, p0, p1);
       store2(p + i, p0, p1);
@@ -34,7 +34,7 @@ void adagrad_chunk(void* param, const void* grad, void* state_sum, void* master,
   }
   for (; i < end; ++i) {
     acc_t pv = kMaster ? w[i] : static_cast<acc_t>(p[i]);
-    adagrad_math<kWMode>(pv, static_cast<acc_t>(g[i]) / div, s[i], c);
+    adagrad_math<kWMode>(pv, grads.load(g + i), s[i], c);
     if constexpr (kMaster) w[i] = pv;
     p[i] = static_cast<param_t>(pv);
   }
@@ -53,8 +53,7 @@ void fused_adagrad_(at::TensorList params, at::TensorList grads, at::TensorList 
   if (flag_is_set(found_inf)) return;
 
   lr = value_or(lr_tensor, lr);
-  const double scale = value_or(grad_scale, 1.0);
-  const double grad_div = maximize ? -scale : scale;
+  const GradUnscale unscale(grad_scale, maximize);
   const std::vector<double> step = advance_steps(steps);
   const bool master = !master_params.empty();
   const std::vector<at::Tensor> gs = grads_like_params(params, grads);
@@ -74,9 +73,10 @@ void fused_adagrad_(at::TensorList params, at::TensorList grads, at::TensorList 
       adagrad_chunk<wmode, has_master, param_t>(params[t].data_ptr(), gs[t].data_ptr(),
                                                 state_sums[t].data_ptr(),
                                                 master ? master_params[t].data_ptr() : nullptr,
-                                                ch.begin, ch.end, c, grad_div);
+                                                ch.begin, ch.end, c, unscale);
     });
   });
+  if (unscale.write) copy_back_grads(grads, gs);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@ namespace {
 
 struct AdamPtrs {
   void* param;
-  const void* grad;
+  void* grad;
   void* exp_avg;
   void* exp_avg_sq;
   void* max_exp_avg_sq;  // amsgrad only
@@ -19,30 +19,28 @@ struct AdamPtrs {
 
 // One chunk [begin, end) of one tensor. The weights the math updates are the fp32
 // master copy when there is one, else the param itself (in the state type).
-// kUnscale is false when grad_div is 1: g / 1 == g exactly, and a vector division is
-// the costliest instruction of the loop (bf16 params leave it compute-bound).
+// kUnscale is false when the grads are divided by 1: g / 1 == g exactly, and a vector
+// division is the costliest instruction of the loop (bf16 params leave it compute-bound).
 template <bool kAdamW, bool kAmsgrad, bool kMaster, bool kUnscale, typename param_t>
 void adam_chunk(const AdamPtrs& t, int64_t begin, int64_t end,
-                const AdamCoeffs<state_t<param_t>>& c, double grad_div) {
+                const AdamCoeffs<state_t<param_t>>& c, const GradUnscale& unscale) {
   using acc_t = state_t<param_t>;
   auto* p = static_cast<param_t*>(t.param);
-  auto* g = static_cast<const param_t*>(t.grad);
+  auto* g = static_cast<param_t*>(t.grad);
   auto* m = static_cast<acc_t*>(t.exp_avg);
   auto* v = static_cast<acc_t*>(t.exp_avg_sq);
   auto* vmax = static_cast<acc_t*>(t.max_exp_avg_sq);
   auto* w = static_cast<acc_t*>(t.master);
-  const acc_t div = static_cast<acc_t>(grad_div);
+  const GradReader<acc_t> grads(unscale);
   int64_t i = begin;
   if constexpr (!std::is_same_v<param_t, double>) {
-    const fVec vdiv(div);
     for (; i + kWidth <= end; i += kWidth) {
       fVec p0, p1, g0, g1, m0, m1, v0, v1, x0, x1;
       if constexpr (kMaster) load2(w + i, p0, p1); else load2(p + i, p0, p1);
-      load2(g + i, g0, g1);
+      if constexpr (kUnscale) grads.load(g + i, g0, g1); else load2(g + i, g0, g1);
       load2(m + i, m0, m1);
       load2(v + i, v0, v1);
       if constexpr (kAmsgrad) load2(vmax + i, x0, x1);
-      if constexpr (kUnscale) g0 = g0 / vdiv, g1 = g1 / vdiv;
       adam_math<kAdamW, kAmsgrad>(p0, g0, m0, v0, x0, c);
       adam_math<kAdamW, kAmsgrad>(p1, g1, m1, v1, x1, c);
       store2(m + i, m0, m1);
@@ -55,7 +53,8 @@ void adam_chunk(const AdamPtrs& t, int64_t begin, int64_t end,
   for (; i < end; ++i) {
     acc_t pv = kMaster ? w[i] : static_cast<acc_t>(p[i]);
     acc_t xv = kAmsgrad ? vmax[i] : acc_t(0);
-    adam_math<kAdamW, kAmsgrad>(pv, static_cast<acc_t>(g[i]) / div, m[i], v[i], xv, c);
+    const acc_t gv = kUnscale ? grads.load(g + i) : static_cast<acc_t>(g[i]);
+    adam_math<kAdamW, kAmsgrad>(pv, gv, m[i], v[i], xv, c);
     if constexpr (kAmsgrad) vmax[i] = xv;
     if constexpr (kMaster) w[i] = pv;
     p[i] = static_cast<param_t>(pv);
@@ -81,8 +80,7 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
   if (flag_is_set(found_inf)) return;  // a skipped step changes nothing, steps included
 
   lr = value_or(lr_tensor, lr);
-  const double scale = value_or(grad_scale, 1.0);
-  const double grad_div = maximize ? -scale : scale;  // division by -s also negates: exact
+  const GradUnscale unscale(grad_scale, maximize);
   const std::vector<double> step = advance_steps(steps);
   const bool master = !master_params.empty();
 
@@ -99,18 +97,19 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
   }
   bool_switch(adam_w_mode, [&](auto adamw) {
     bool_switch(amsgrad, [&](auto ams) {
-      bool_switch(grad_div != 1.0, [&](auto unscale) {
+      bool_switch(unscale.div() != 1.0, [&](auto divide) {
         for_each_param_chunk(params, master, [&](auto tag, auto has_master, const Chunk& ch) {
           using param_t = decltype(tag);
           const auto& c = [&]() -> const auto& {
             if constexpr (std::is_same_v<param_t, double>) return cd[ch.tensor]; else return cf[ch.tensor];
           }();
-          adam_chunk<adamw, ams, has_master, unscale, param_t>(ptrs[ch.tensor], ch.begin, ch.end,
-                                                               c, grad_div);
+          adam_chunk<adamw, ams, has_master, divide, param_t>(ptrs[ch.tensor], ch.begin, ch.end,
+                                                              c, unscale);
         });
       });
     });
   });
+  if (unscale.write) copy_back_grads(grads, gs);
 }
 
 }  // namespace

@@ -11,28 +11,27 @@ namespace core_ops::cpu {
 namespace {
 
 template <bool kAdamW, bool kMaster, typename param_t>
-void stage1_chunk(const void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
+void stage1_chunk(const void* param, void* grad, void* exp_avg, void* exp_avg_sq,
                   const void* master, void* update, int64_t begin, int64_t end,
-                  const LambCoeffs<state_t<param_t>>& c, double grad_div) {
+                  const LambCoeffs<state_t<param_t>>& c, const GradUnscale& unscale) {
   using acc_t = state_t<param_t>;
   auto* p = static_cast<const param_t*>(param);
-  auto* g = static_cast<const param_t*>(grad);
+  auto* g = static_cast<param_t*>(grad);
   auto* m = static_cast<acc_t*>(exp_avg);
   auto* v = static_cast<acc_t*>(exp_avg_sq);
   auto* w = static_cast<const acc_t*>(master);
   auto* u = static_cast<acc_t*>(update);
-  const acc_t div = static_cast<acc_t>(grad_div);
+  const GradReader<acc_t> grads(unscale);
   int64_t i = begin;
   if constexpr (!std::is_same_v<param_t, double>) {
-    const fVec vdiv(div);
     for (; i + kWidth <= end; i += kWidth) {
       fVec p0, p1, g0, g1, m0, m1, v0, v1;
       if constexpr (kMaster) load2(w + i, p0, p1); else load2(p + i, p0, p1);
-      load2(g + i, g0, g1);
+      grads.load(g + i, g0, g1);
       load2(m + i, m0, m1);
       load2(v + i, v0, v1);
-      const fVec u0 = lamb_stage1_math<kAdamW>(p0, g0 / vdiv, m0, v0, c);
-      const fVec u1 = lamb_stage1_math<kAdamW>(p1, g1 / vdiv, m1, v1, c);
+      const fVec u0 = lamb_stage1_math<kAdamW>(p0, g0, m0, v0, c);
+      const fVec u1 = lamb_stage1_math<kAdamW>(p1, g1, m1, v1, c);
       store2(m + i, m0, m1);
       store2(v + i, v0, v1);
       store2(u + i, u0, u1);
@@ -40,7 +39,7 @@ void stage1_chunk(const void* param, const void* grad, void* exp_avg, void* exp_
   }
   for (; i < end; ++i) {
     const acc_t pv = kMaster ? w[i] : static_cast<acc_t>(p[i]);
-    u[i] = lamb_stage1_math<kAdamW>(pv, static_cast<acc_t>(g[i]) / div, m[i], v[i], c);
+    u[i] = lamb_stage1_math<kAdamW>(pv, grads.load(g + i), m[i], v[i], c);
   }
 }
 
@@ -60,8 +59,7 @@ void fused_lamb_stage1_(at::TensorList params, at::TensorList grads, at::TensorL
                          {updates, "updates"}, {master_params, "master_params"}});
   if (flag_is_set(found_inf)) return;
 
-  const double scale = value_or(grad_scale, 1.0);
-  const double grad_div = maximize ? -scale : scale;
+  const GradUnscale unscale(grad_scale, maximize);
   const std::vector<double> step = advance_steps(steps);
   const bool master = !master_params.empty();
   const std::vector<at::Tensor> gs = grads_like_params(params, grads);
@@ -74,9 +72,10 @@ void fused_lamb_stage1_(at::TensorList params, at::TensorList grads, at::TensorL
       stage1_chunk<adamw, has_master, param_t>(
           params[t].data_ptr(), gs[t].data_ptr(), exp_avgs[t].data_ptr(), exp_avg_sqs[t].data_ptr(),
           master ? master_params[t].data_ptr() : nullptr, updates[t].data_ptr(), ch.begin, ch.end,
-          c, grad_div);
+          c, unscale);
     });
   });
+  if (unscale.write) copy_back_grads(grads, gs);
 }
 
 template <bool kMaster, typename param_t>

@@ -11,24 +11,24 @@ namespace core_ops::cpu {
 namespace {
 
 template <bool kRegInside, bool kMaster, typename param_t>
-void novograd_chunk(void* param, const void* grad, void* exp_avg, void* master, int64_t begin,
-                    int64_t end, const NovoGradCoeffs<state_t<param_t>>& c, double grad_div) {
+void novograd_chunk(void* param, void* grad, void* exp_avg, void* master, int64_t begin,
+                    int64_t end, const NovoGradCoeffs<state_t<param_t>>& c,
+                    const GradUnscale& unscale) {
   using acc_t = state_t<param_t>;
   auto* p = static_cast<param_t*>(param);
-  auto* g = static_cast<const param_t*>(grad);
+  auto* g = static_cast<param_t*>(grad);
   auto* m = static_cast<acc_t*>(exp_avg);
   auto* w = static_cast<acc_t*>(master);
-  const acc_t div = static_cast<acc_t>(grad_div);
+  const GradReader<acc_t> grads(unscale);
   int64_t i = begin;
   if constexpr (!std::is_same_v<param_t, double>) {
-    const fVec vdiv(div);
     for (; i + kWidth <= end; i += kWidth) {
       fVec p0, p1, g0, g1, m0, m1;
       if constexpr (kMaster) load2(w + i, p0, p1); else load2(p + i, p0, p1);
-      load2(g + i, g0, g1);
+      grads.load(g + i, g0, g1);
       load2(m + i, m0, m1);
-      novograd_math<kRegInside>(p0, g0 / vdiv, m0, c);
-      novograd_math<kRegInside>(p1, g1 / vdiv, m1, c);
+      novograd_math<kRegInside>(p0, g0, m0, c);
+      novograd_math<kRegInside>(p1, g1, m1, c);
       store2(m + i, m0, m1);
       if constexpr (kMaster) store2(w + i, p0, p1);
       store2(p + i, p0, p1);
@@ -36,7 +36,7 @@ void novograd_chunk(void* param, const void* grad, void* exp_avg, void* master, 
   }
   for (; i < end; ++i) {
     acc_t pv = kMaster ? w[i] : static_cast<acc_t>(p[i]);
-    novograd_math<kRegInside>(pv, static_cast<acc_t>(g[i]) / div, m[i], c);
+    novograd_math<kRegInside>(pv, grads.load(g + i), m[i], c);
     if constexpr (kMaster) w[i] = pv;
     p[i] = static_cast<param_t>(pv);
   }
@@ -81,8 +81,8 @@ void fused_novograd_(at::TensorList params, at::TensorList grads, at::TensorList
   if (flag_is_set(found_inf)) return;
 
   lr = value_or(lr_tensor, lr);
-  const double scale = value_or(grad_scale, 1.0);
-  const double grad_div = maximize ? -scale : scale;
+  const GradUnscale unscale(grad_scale, maximize);
+  const double scale = unscale.scale;
   const std::vector<double> step = advance_steps(steps);
   const bool master = !master_params.empty();
   const bool is_double = params[0].scalar_type() == at::kDouble;
@@ -117,9 +117,10 @@ void fused_novograd_(at::TensorList params, at::TensorList grads, at::TensorList
       novograd_chunk<reg_inside, has_master, param_t>(params[t].data_ptr(), gs[t].data_ptr(),
                                                       exp_avgs[t].data_ptr(),
                                                       master ? master_params[t].data_ptr() : nullptr,
-                                                      ch.begin, ch.end, c, grad_div);
+                                                      ch.begin, ch.end, c, unscale);
     });
   });
+  if (unscale.write) copy_back_grads(grads, gs);
 }
 
 }  // namespace

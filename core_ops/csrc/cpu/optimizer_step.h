@@ -61,4 +61,45 @@ inline void load2(const T* p, fVec& a, fVec& b) { VecIO<T>::load(p, a, b); }
 template <typename T>
 inline void store2(T* p, const fVec& a, const fVec& b) { VecIO<T>::store(p, a, b); }
 
+// How a step reads its grads: divided by grad_scale (by -grad_scale for maximize, which
+// also negates, exactly) and, when the scale is not 1, written back unscaled
+// (Note [Grads written back unscaled] in optimizer_args.h).
+struct GradUnscale {
+  double scale;
+  bool maximize;
+  bool write;
+
+  GradUnscale(const std::optional<at::Tensor>& grad_scale, bool maximize_)
+      : scale(value_or(grad_scale, 1.0)), maximize(maximize_), write(writes_grads(grad_scale, scale)) {}
+
+  double div() const { return maximize ? -scale : scale; }
+};
+
+// GradUnscale's reads for one chunk, in the math type acc_t: a vector pair or one element.
+template <typename acc_t>
+struct GradReader {
+  acc_t div, sign;
+  bool write;
+  fVec vdiv, vsign;
+
+  explicit GradReader(const GradUnscale& u)
+      : div(static_cast<acc_t>(u.div())), sign(u.maximize ? -1 : 1), write(u.write),
+        vdiv(static_cast<float>(u.div())), vsign(u.maximize ? -1.f : 1.f) {}
+
+  template <typename T>
+  void load(T* g, fVec& g0, fVec& g1) const {
+    load2(g, g0, g1);
+    g0 = g0 / vdiv;
+    g1 = g1 / vdiv;
+    if (write) store2(g, g0 * vsign, g1 * vsign);  // x * -1 is exact
+  }
+
+  template <typename T>
+  acc_t load(T* g) const {
+    const acc_t v = static_cast<acc_t>(*g) / div;
+    if (write) *g = static_cast<T>(v * sign);
+    return v;
+  }
+};
+
 }  // namespace core_ops::cpu

@@ -9,24 +9,23 @@ namespace core_ops::cpu {
 namespace {
 
 template <bool kMomentum, bool kNesterov, bool kMaster, typename param_t>
-void sgd_chunk(void* param, const void* grad, void* buffer, void* master, int64_t begin,
-               int64_t end, const SgdCoeffs<state_t<param_t>>& c, double grad_div) {
+void sgd_chunk(void* param, void* grad, void* buffer, void* master, int64_t begin,
+               int64_t end, const SgdCoeffs<state_t<param_t>>& c, const GradUnscale& unscale) {
   using acc_t = state_t<param_t>;
   auto* p = static_cast<param_t*>(param);
-  auto* g = static_cast<const param_t*>(grad);
+  auto* g = static_cast<param_t*>(grad);
   auto* b = static_cast<acc_t*>(buffer);
   auto* w = static_cast<acc_t*>(master);
-  const acc_t div = static_cast<acc_t>(grad_div);
+  const GradReader<acc_t> grads(unscale);
   int64_t i = begin;
   if constexpr (!std::is_same_v<param_t, double>) {
-    const fVec vdiv(div);
     for (; i + kWidth <= end; i += kWidth) {
       fVec p0, p1, g0, g1, b0, b1;
       if constexpr (kMaster) load2(w + i, p0, p1); else load2(p + i, p0, p1);
-      load2(g + i, g0, g1);
+      grads.load(g + i, g0, g1);
       if constexpr (kMomentum) load2(b + i, b0, b1);
-      sgd_math<kMomentum, kNesterov>(p0, g0 / vdiv, b0, c);
-      sgd_math<kMomentum, kNesterov>(p1, g1 / vdiv, b1, c);
+      sgd_math<kMomentum, kNesterov>(p0, g0, b0, c);
+      sgd_math<kMomentum, kNesterov>(p1, g1, b1, c);
       if constexpr (kMomentum) store2(b + i, b0, b1);
       if constexpr (kMaster) store2(w + i, p0, p1);
       store2(p + i, p0, p1);
@@ -35,7 +34,7 @@ void sgd_chunk(void* param, const void* grad, void* buffer, void* master, int64_
   for (; i < end; ++i) {
     acc_t pv = kMaster ? w[i] : static_cast<acc_t>(p[i]);
     acc_t bv = kMomentum ? b[i] : acc_t(0);
-    sgd_math<kMomentum, kNesterov>(pv, static_cast<acc_t>(g[i]) / div, bv, c);
+    sgd_math<kMomentum, kNesterov>(pv, grads.load(g + i), bv, c);
     if constexpr (kMomentum) b[i] = bv;
     if constexpr (kMaster) w[i] = pv;
     p[i] = static_cast<param_t>(pv);
@@ -61,8 +60,7 @@ void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList mome
   if (flag_is_set(found_inf)) return;
 
   lr = value_or(lr_tensor, lr);
-  const double scale = value_or(grad_scale, 1.0);
-  const double grad_div = maximize ? -scale : scale;
+  const GradUnscale unscale(grad_scale, maximize);
   const bool master = !master_params.empty();
   const std::vector<at::Tensor> gs = grads_like_params(params, grads);
   const auto cf = sgd_coeffs<float>(lr, momentum, dampening, weight_decay, first_step, wd_after_momentum);
@@ -77,10 +75,11 @@ void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList mome
         const int64_t t = ch.tensor;
         sgd_chunk<mom, nest && mom, has_master, param_t>(
             params[t].data_ptr(), gs[t].data_ptr(), mom ? momentum_buffers[t].data_ptr() : nullptr,
-            master ? master_params[t].data_ptr() : nullptr, ch.begin, ch.end, c, grad_div);
+            master ? master_params[t].data_ptr() : nullptr, ch.begin, ch.end, c, unscale);
       });
     });
   });
+  if (unscale.write) copy_back_grads(grads, gs);
 }
 
 }  // namespace

@@ -48,11 +48,10 @@ struct AdagradOp {
     const float step = *static_cast<const float*>(meta.addresses[kDepth][t]) + 1.f;
     const AdagradCoeffs<acc_t> c = adagrad_coeffs<acc_t>(s.lr_tensor.get(s.lr), s.lr_decay, s.eps,
                                                          s.weight_decay, static_cast<double>(step));
-    const double scale = s.grad_scale.get(1.0);
-    const acc_t div = static_cast<acc_t>(s.maximize ? -scale : scale);  // / -s also negates: exact
+    const GradReader<acc_t> grads(s.grad_scale, s.maximize);
 
     param_t* p = static_cast<param_t*>(meta.addresses[0][t]) + begin;
-    const param_t* g = static_cast<const param_t*>(meta.addresses[1][t]) + begin;
+    param_t* g = static_cast<param_t*>(meta.addresses[1][t]) + begin;
     acc_t* sum = static_cast<acc_t*>(meta.addresses[2][t]) + begin;
     acc_t* w = nullptr;  // master weights
     bool vec = pack_aligned(p) && pack_aligned(g) && pack_aligned(sum);
@@ -69,12 +68,12 @@ struct AdagradOp {
       } else {
         load_pack(x, p + i, n, vec);
       }
-      load_pack(gr, g + i, n, vec);
+      grads.load(gr, g + i, n, vec);
       load_pack(ss, sum + i, n, vec);
 #pragma unroll
       for (int k = 0; k < kILP; ++k) {
         // Padding beyond n is computed on zeros and never stored.
-        adagrad_math<kWMode>(x[k], gr[k] / div, ss[k], c);
+        adagrad_math<kWMode>(x[k], gr[k], ss[k], c);
       }
       store_pack(sum + i, ss, n, vec);
       if constexpr (kMaster) store_pack(w + i, x, n, vec);
@@ -137,6 +136,7 @@ void fused_adagrad_(at::TensorList params, at::TensorList grads, at::TensorList 
         (launch_adagrad<param_t, float, decltype(wmode)::value, decltype(has_master)::value>(lists, s)));
     });
   });
+  if (grad_scale.has_value()) copy_back_grads(grads, gs);  // values the kernel wrote, or the same
   advance_steps(steps, s.found_inf);
 }
 

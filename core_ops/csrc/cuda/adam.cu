@@ -59,11 +59,10 @@ struct AdamOp {
     const AdamCoeffs<acc_t> c = adam_coeffs<acc_t>(s.lr_tensor.get(s.lr), s.beta1, s.beta2, s.eps,
                                                    s.weight_decay, static_cast<double>(step),
                                                    s.bias_correction);
-    const double scale = s.grad_scale.get(1.0);
-    const acc_t div = static_cast<acc_t>(s.maximize ? -scale : scale);  // / -s also negates: exact
+    const GradReader<acc_t> grads(s.grad_scale, s.maximize);
 
     param_t* p = static_cast<param_t*>(meta.addresses[0][t]) + begin;
-    const param_t* g = static_cast<const param_t*>(meta.addresses[1][t]) + begin;
+    param_t* g = static_cast<param_t*>(meta.addresses[1][t]) + begin;
     acc_t* m = static_cast<acc_t*>(meta.addresses[2][t]) + begin;
     acc_t* v = static_cast<acc_t*>(meta.addresses[3][t]) + begin;
     acc_t* vm = nullptr;  // max_exp_avg_sq
@@ -88,14 +87,14 @@ struct AdamOp {
       } else {
         load_pack(x, p + i, n, vec);
       }
-      load_pack(gr, g + i, n, vec);
+      grads.load(gr, g + i, n, vec);
       load_pack(ea, m + i, n, vec);
       load_pack(eas, v + i, n, vec);
       if constexpr (kAmsgrad) load_pack(mx, vm + i, n, vec);
 #pragma unroll
       for (int k = 0; k < kILP; ++k) {
         // Padding beyond n is computed on zeros and never stored.
-        adam_math<kAdamW, kAmsgrad>(x[k], gr[k] / div, ea[k], eas[k], mx[k], c);
+        adam_math<kAdamW, kAmsgrad>(x[k], gr[k], ea[k], eas[k], mx[k], c);
       }
       store_pack(m + i, ea, n, vec);
       store_pack(v + i, eas, n, vec);
@@ -173,6 +172,7 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
       });
     });
   });
+  if (grad_scale.has_value()) copy_back_grads(grads, gs);  // values the kernel wrote, or the same
   advance_steps(steps, s.found_inf);
 }
 

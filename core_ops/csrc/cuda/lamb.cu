@@ -60,11 +60,10 @@ struct LambStage1Op {
     const LambCoeffs<acc_t> c = lamb_coeffs<acc_t>(s.beta1, s.beta2, s.eps, s.weight_decay,
                                                    static_cast<double>(step), s.bias_correction,
                                                    s.grad_averaging);
-    const double scale = s.grad_scale.get(1.0);
-    const acc_t div = static_cast<acc_t>(s.maximize ? -scale : scale);  // / -s also negates: exact
+    const GradReader<acc_t> grads(s.grad_scale, s.maximize);
 
     const param_t* p = static_cast<const param_t*>(meta.addresses[0][t]) + begin;
-    const param_t* g = static_cast<const param_t*>(meta.addresses[1][t]) + begin;
+    param_t* g = static_cast<param_t*>(meta.addresses[1][t]) + begin;
     acc_t* m = static_cast<acc_t*>(meta.addresses[2][t]) + begin;
     acc_t* v = static_cast<acc_t*>(meta.addresses[3][t]) + begin;
     acc_t* u = static_cast<acc_t*>(meta.addresses[4][t]) + begin;
@@ -84,13 +83,13 @@ struct LambStage1Op {
       } else {
         load_pack(x, p + i, n, vec);
       }
-      load_pack(gr, g + i, n, vec);
+      grads.load(gr, g + i, n, vec);
       load_pack(ea, m + i, n, vec);
       load_pack(eas, v + i, n, vec);
 #pragma unroll
       for (int k = 0; k < kILP; ++k) {
         // Padding beyond n is computed on zeros and never stored.
-        up[k] = lamb_stage1_math<kAdamW>(x[k], gr[k] / div, ea[k], eas[k], c);
+        up[k] = lamb_stage1_math<kAdamW>(x[k], gr[k], ea[k], eas[k], c);
       }
       store_pack(m + i, ea, n, vec);
       store_pack(v + i, eas, n, vec);
@@ -158,6 +157,7 @@ void fused_lamb_stage1_(at::TensorList params, at::TensorList grads, at::TensorL
         (launch_stage1<param_t, float, decltype(adamw)::value, decltype(has_master)::value>(lists, s)));
     });
   });
+  if (grad_scale.has_value()) copy_back_grads(grads, gs);  // values the kernel wrote, or the same
   advance_steps(steps, s.found_inf);
 }
 

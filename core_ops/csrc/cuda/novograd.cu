@@ -81,11 +81,10 @@ struct NovoGradOp {
     const NovoGradCoeffs<acc_t> c = novograd_coeffs<acc_t>(
         s.lr_tensor.get(s.lr), s.beta1, s.beta2, s.eps, s.weight_decay, static_cast<double>(step),
         v, s.norm_type, s.bias_correction, s.grad_averaging);
-    const double scale = s.grad_scale.get(1.0);
-    const acc_t div = static_cast<acc_t>(s.maximize ? -scale : scale);  // / -s also negates: exact
+    const GradReader<acc_t> grads(s.grad_scale, s.maximize);
 
     param_t* p = static_cast<param_t*>(meta.addresses[0][t]) + begin;
-    const param_t* g = static_cast<const param_t*>(meta.addresses[1][t]) + begin;
+    param_t* g = static_cast<param_t*>(meta.addresses[1][t]) + begin;
     acc_t* m = static_cast<acc_t*>(meta.addresses[2][t]) + begin;
     acc_t* w = nullptr;  // master weights
     bool vec = pack_aligned(p) && pack_aligned(g) && pack_aligned(m);
@@ -102,12 +101,12 @@ struct NovoGradOp {
       } else {
         load_pack(x, p + i, n, vec);
       }
-      load_pack(gr, g + i, n, vec);
+      grads.load(gr, g + i, n, vec);
       load_pack(ea, m + i, n, vec);
 #pragma unroll
       for (int k = 0; k < kILP; ++k) {
         // Padding beyond n is computed on zeros and never stored.
-        novograd_math<kRegInside>(x[k], gr[k] / div, ea[k], c);
+        novograd_math<kRegInside>(x[k], gr[k], ea[k], c);
       }
       store_pack(m + i, ea, n, vec);
       if constexpr (kMaster) store_pack(w + i, x, n, vec);
@@ -206,6 +205,7 @@ void fused_novograd_(at::TensorList params, at::TensorList grads, at::TensorList
         (launch_novograd<param_t, float, decltype(reg_inside)::value, decltype(has_master)::value>(lists, s)));
     });
   });
+  if (grad_scale.has_value()) copy_back_grads(grads, gs);  // values the kernel wrote, or the same
   advance_steps(steps, s.found_inf);
 }
 

@@ -53,6 +53,36 @@ inline DeviceScalar device_scalar_arg(const std::optional<at::Tensor>& t, at::Te
   return {keep.data_ptr(), keep.scalar_type() == at::kDouble};
 }
 
+// How a step reads its grads, on the device: divided by grad_scale (by -grad_scale for
+// maximize, which also negates, exactly) and, when a scale other than 1 was given,
+// written back unscaled (Note [Grads written back unscaled] in optimizer_args.h).
+template <typename acc_t>
+struct GradReader {
+  acc_t div;
+  bool maximize, write;
+
+  __device__ GradReader(const DeviceScalar& grad_scale, bool maximize_) {
+    const double scale = grad_scale.get(1.0);
+    div = static_cast<acc_t>(maximize_ ? -scale : scale);
+    maximize = maximize_;
+    write = grad_scale.ptr != nullptr && scale != 1.0;
+  }
+
+  // r = g[0, n) / div; each thread writes back only the elements it read.
+  template <typename T>
+  __device__ __forceinline__ void load(acc_t (&r)[kILP], T* g, int n, bool vec) const {
+    load_pack(r, g, n, vec);
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) r[k] = r[k] / div;
+    if (write) {
+      acc_t out[kILP];
+#pragma unroll
+      for (int k = 0; k < kILP; ++k) out[k] = maximize ? -r[k] : r[k];
+      store_pack(g, out, n, vec);
+    }
+  }
+};
+
 // steps[i] += 1 (in float, as the CPU kernels) unless found_inf is set. Launched after
 // the update kernels on the same stream, so it runs once every block that read the
 // old counts has finished. The step pointers travel in the kernel argument, a batch of

@@ -44,11 +44,10 @@ struct SgdOp {
 
     const SgdCoeffs<acc_t> c = sgd_coeffs<acc_t>(s.lr_tensor.get(s.lr), s.momentum, s.dampening,
                                                  s.weight_decay, s.first_step, s.wd_after_momentum);
-    const double scale = s.grad_scale.get(1.0);
-    const acc_t div = static_cast<acc_t>(s.maximize ? -scale : scale);  // / -s also negates: exact
+    const GradReader<acc_t> grads(s.grad_scale, s.maximize);
 
     param_t* p = static_cast<param_t*>(meta.addresses[0][t]) + begin;
-    const param_t* g = static_cast<const param_t*>(meta.addresses[1][t]) + begin;
+    param_t* g = static_cast<param_t*>(meta.addresses[1][t]) + begin;
     acc_t* b = nullptr;  // momentum buffer
     acc_t* w = nullptr;  // master weights
     bool vec = pack_aligned(p) && pack_aligned(g);
@@ -69,12 +68,12 @@ struct SgdOp {
       } else {
         load_pack(x, p + i, n, vec);
       }
-      load_pack(gr, g + i, n, vec);
+      grads.load(gr, g + i, n, vec);
       if constexpr (kMomentum) load_pack(bf, b + i, n, vec);
 #pragma unroll
       for (int k = 0; k < kILP; ++k) {
         // Padding beyond n is computed on zeros and never stored.
-        sgd_math<kMomentum, kNesterov>(x[k], gr[k] / div, bf[k], c);
+        sgd_math<kMomentum, kNesterov>(x[k], gr[k], bf[k], c);
       }
       if constexpr (kMomentum) store_pack(b + i, bf, n, vec);
       if constexpr (kMaster) store_pack(w + i, x, n, vec);
@@ -148,6 +147,7 @@ void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList mome
       });
     });
   });
+  if (grad_scale.has_value()) copy_back_grads(grads, gs);  // values the kernel wrote, or the same
 }
 
 }  // namespace

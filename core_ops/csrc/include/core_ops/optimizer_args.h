@@ -70,6 +70,24 @@ inline std::vector<at::Tensor> grads_like_params(at::TensorList params, at::Tens
   return out;
 }
 
+// Note [Grads written back unscaled]: an op given a grad_scale divides the grads by it
+// for the update and, as torch's fused optimizers do, stores the divided grads back
+// (without maximize's sign), so after a GradScaler step p.grad holds the grads the
+// update used, not `scale` times them. A skipped step (found_inf) writes nothing; a
+// scale of exactly 1 writes nothing either (g / 1 == g). The write is the only extra
+// traffic: the grads are read anyway.
+inline bool writes_grads(const std::optional<at::Tensor>& grad_scale, double scale) {
+  return grad_scale.has_value() && scale != 1.0;
+}
+
+// The kernels wrote the copies grads_like_params made (grads laid out unlike their
+// params): the grads get those values too.
+inline void copy_back_grads(at::TensorList grads, const std::vector<at::Tensor>& used) {
+  for (size_t i = 0; i < used.size(); ++i) {
+    if (!used[i].is_same(grads[i])) grads[i].copy_(used[i]);
+  }
+}
+
 // Each param needs a step count of its own: the CPU kernels would advance a shared one
 // once per param, the CUDA ones race on it.
 inline void check_distinct_steps(at::TensorList steps) {

@@ -1,0 +1,228 @@
+"""After a step given a grad scale, the grads hold the unscaled values the update used,
+as torch's fused optimizers leave them (Note [Grads written back unscaled] in
+csrc/include/core_ops/optimizer_args.h); a skipped step leaves them as they were.
+
+Every fused optimizer on the native kernels (CPU, and CUDA when present) and on the
+reference kernels; torch.amp.GradScaler against torch's own fused=True optimizers;
+core_ops' LossScaler; and the amp_C kernels that take a grad scale.
+
+Expected grads are computed as the kernels compute them: the scaled grad in the state
+dtype, divided by the scale, rounded to the grad's dtype, so the comparisons are exact."""
+
+import copy
+
+import pytest
+import torch
+from conftest import DEVICES, dtype_id
+
+import core_ops.optimizers.fused_adagrad
+import core_ops.optimizers.fused_adam
+import core_ops.optimizers.fused_lamb
+import core_ops.optimizers.fused_novograd
+import core_ops.optimizers.fused_sgd
+from core_ops import _build
+from core_ops.amp import LossScaler
+from core_ops.multi_tensor_apply import amp_C
+from core_ops.optimizers import FusedAdagrad, FusedAdam, FusedLAMB, FusedNovoGrad, FusedSGD
+from core_ops.reference import KERNELS as REF
+
+MAKERS = {
+    "adam": (core_ops.optimizers.fused_adam, lambda ps, **kw: FusedAdam(ps, lr=1e-2, weight_decay=0.01, **kw)),
+    "sgd": (core_ops.optimizers.fused_sgd, lambda ps, **kw: FusedSGD(ps, lr=0.1, momentum=0.9, **kw)),
+    "adagrad": (core_ops.optimizers.fused_adagrad, lambda ps, **kw: FusedAdagrad(ps, lr=0.1, **kw)),
+    # max_grad_norm=0: no clipping, so the written grads are the unscaled ones.
+    "lamb": (core_ops.optimizers.fused_lamb, lambda ps, **kw: FusedLAMB(ps, lr=1e-2, max_grad_norm=0, **kw)),
+    "novograd": (core_ops.optimizers.fused_novograd, lambda ps, **kw: FusedNovoGrad(ps, lr=1e-2, **kw)),
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+
+def make_params(device, dtype):
+    """A vector over three CPU chunks, an odd size, and a channels_last conv weight:
+    its grad is contiguous, so the kernels work on a copy laid out as the param."""
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(2 * 16384 + 3, generator=g), torch.randn(17, generator=g),
+          torch.randn(8, 3, 5, 5, generator=g).to(memory_format=torch.channels_last)]
+    return [t.to(device, dtype).requires_grad_() for t in ts]
+
+
+def scaled_grads(params, scale, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(p.shape, generator=g) * scale).to(p.device, p.dtype) for p in params]
+
+
+def unscaled(grad, scale):
+    math = torch.float64 if grad.dtype == torch.float64 else torch.float32
+    return (grad.to(math) / scale).to(grad.dtype)
+
+
+def backend(kind, which, monkeypatch):
+    module, make = MAKERS[kind]
+    if which == "reference":
+        monkeypatch.setattr(module, "op", lambda name: REF[name])
+    else:
+        assert _build.ensure("cpu").native
+    return make
+
+
+@pytest.mark.parametrize("maximize", [False, True], ids=["min", "max"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("which", ["native", "reference"])
+@pytest.mark.parametrize("kind", list(MAKERS))
+def test_grads_hold_the_unscaled_values_after_the_step(kind, which, device, dtype, maximize, monkeypatch):
+    if device == "cuda" and which == "native":
+        assert _build.ensure("cuda").native
+    make = backend(kind, which, monkeypatch)
+    params = make_params(device, dtype)
+    opt = make(params, maximize=maximize)
+    for seed, scale in ((1, 3.0), (2, 1024.0)):  # 3: a rounding in every dtype; 1024: exact
+        grads = scaled_grads(params, scale, seed)
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt.step(grad_scale=torch.tensor([scale], device=device))
+        for p, g in zip(params, grads):
+            assert p.grad.stride() == g.stride()  # the user's grad tensor, written in place
+            assert torch.equal(p.grad, unscaled(g, scale))
+
+
+@pytest.mark.parametrize("which", ["native", "reference"])
+@pytest.mark.parametrize("kind", list(MAKERS))
+def test_a_skipped_step_and_a_scale_of_one_leave_the_grads_alone(kind, which, monkeypatch):
+    make = backend(kind, which, monkeypatch)
+    params = make_params("cpu", torch.float32)
+    opt = make(params)
+    grads = scaled_grads(params, 1024.0)
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    opt.step(grad_scale=torch.tensor([1024.0]), found_inf=torch.ones(1))
+    assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
+    opt.step(grad_scale=torch.tensor([1.0]))
+    assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
+
+
+def test_clipping_leaves_the_grads_clipped_as_clip_grad_norm_does():
+    params = make_params("cpu", torch.float32)
+    opt = FusedAdam(params, lr=1e-2)
+    grads = scaled_grads(params, 1024.0)
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    opt.step(grad_scale=torch.tensor([1024.0]), max_grad_norm=1.0)
+    twins = [torch.zeros_like(p).requires_grad_() for p in params]
+    for t, g in zip(twins, grads):
+        t.grad = g / 1024.0
+    norm = torch.nn.utils.clip_grad_norm_(twins, 1.0)
+    torch.testing.assert_close(opt.last_grad_norm, norm, rtol=1e-5, atol=0)
+    for p, t in zip(params, twins):
+        torch.testing.assert_close(p.grad, t.grad, rtol=1e-5, atol=1e-9)  # norms summed in another order
+
+
+# torch's fused=True optimizers write the unscaled grads back too: the same run under
+# torch.amp.GradScaler leaves the same grads, and an overflowed step leaves both alone.
+TWINS = {
+    "adam": (lambda ps: FusedAdam(ps, lr=1e-2, adam_w_mode=False),
+             lambda ps: torch.optim.Adam(ps, lr=1e-2, fused=True)),
+    "adamw": (lambda ps: FusedAdam(ps, lr=1e-2, weight_decay=0.01),
+              lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01, fused=True)),
+    "sgd": (lambda ps: FusedSGD(ps, lr=0.1, momentum=0.9),
+            lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True)),
+    "adagrad": (lambda ps: FusedAdagrad(ps, lr=0.1),
+                lambda ps: torch.optim.Adagrad(ps, lr=0.1, fused=True)),
+}
+
+
+@pytest.mark.parametrize("kind", list(TWINS))
+def test_grad_scaler_leaves_the_grads_as_torch_fused_leaves_them(kind):
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))]
+    models.append(copy.deepcopy(models[0]))
+    opts = [make(list(m.parameters())) for make, m in zip(TWINS[kind], models)]
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**10) for _ in models]
+    x, y = torch.randn(16, 32), torch.randn(16, 4)
+    for step in range(4):
+        kept = []
+        for model, opt, scaler in zip(models, opts, scalers):
+            opt.zero_grad()
+            scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+            if step == 2:  # an overflow: both skip and keep the scaled grads
+                model[0].weight.grad[0, 0] = float("inf")
+            before = [p.grad.clone() for p in model.parameters()]
+            scaler.step(opt)
+            scaler.update()
+            kept.append((before, [p.grad for p in model.parameters()]))
+        (ours_before, ours), (theirs_before, theirs) = kept
+        for a, b, was_a, was_b in zip(ours, theirs, ours_before, theirs_before):
+            if step == 2:
+                assert torch.equal(a, was_a) and torch.equal(b, was_b)
+            else:
+                assert not torch.equal(a, was_a)  # unscaled
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)  # params a few ulps apart
+    assert scalers[0].get_scale() == scalers[1].get_scale() == 2.0**9
+    for p, q in zip(*(m.parameters() for m in models)):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def test_loss_scaler_leaves_the_grads_unscaled():
+    params = make_params("cpu", torch.bfloat16)
+    opt = FusedAdam(params, lr=1e-2, master_weights=True)
+    scaler = LossScaler(init_scale=2.0**12)
+    grads = scaled_grads(params, 2.0**12)
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    scaler.step(opt)
+    scaler.update()
+    assert all(torch.equal(p.grad, unscaled(g, 2.0**12)) for p, g in zip(params, grads))
+    grads[1][3] = float("nan")
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 2.0**11  # skipped: the grads are left scaled
+    for p, g in zip(params, grads):
+        torch.testing.assert_close(p.grad, g, rtol=0, atol=0, equal_nan=True)
+
+
+# ---- amp_C: every kernel taking a grad scale (Apex's capturable Adam wrote the
+# unscaled grads back; core_ops' kernels all do) ----------------------------------
+
+
+def adam_lists(dtype=torch.float32, master=False):
+    params = make_params("cpu", dtype)[:2]
+    grads = scaled_grads(params, 8.0)
+    lists = [[g.clone() for g in grads], [p.detach() for p in params],
+             [torch.zeros_like(p, dtype=torch.float32) for p in params],
+             [torch.zeros_like(p, dtype=torch.float32) for p in params]]
+    if master:
+        lists.append([p.detach().float() for p in params])
+    return grads, lists
+
+
+@pytest.mark.parametrize("kernel", ["multi_tensor_adam", "multi_tensor_adam_capturable",
+                                    "multi_tensor_adam_capturable_master"])
+def test_amp_C_adam_kernels_write_the_unscaled_grads_back(kernel):
+    master = kernel.endswith("master")
+    grads, lists = adam_lists(torch.float16 if master else torch.float32, master)
+    noop = torch.zeros(1, dtype=torch.int32)
+    lr, step = (torch.tensor(1e-3), torch.tensor(1)) if "capturable" in kernel else (1e-3, 1)
+    getattr(amp_C, kernel)(2048 * 32, noop, lists, lr, 0.9, 0.999, 1e-8, step, 1, 1, 0.0,
+                           torch.tensor(1 / 8.0))
+    assert all(torch.equal(g, unscaled(s, 8.0)) for g, s in zip(lists[0], grads))
+
+
+def test_amp_C_sgd_writes_the_unscaled_grads_back_in_their_own_dtype():
+    params = make_params("cpu", torch.float32)[:2]
+    grads = [g.half() for g in scaled_grads(params, 8.0)]  # fp16 grads of fp32 params
+    lists = [[g.clone() for g in grads], [p.detach() for p in params],
+             [torch.zeros_like(p) for p in params]]
+    amp_C.multi_tensor_sgd(2048 * 32, torch.zeros(1, dtype=torch.int32), lists, 0.0, 0.9, 0.0,
+                           0.1, False, True, False, 1 / 8.0)
+    assert all(g.dtype == torch.float16 and torch.equal(g, (s.float() / 8.0).half())
+               for g, s in zip(lists[0], grads))
+
+
+def test_amp_C_lamb_mp_writes_the_unscaled_grads_back():
+    grads, lists = adam_lists()
+    amp_C.multi_tensor_lamb_mp(2048 * 32, torch.zeros(1, dtype=torch.int32), lists, torch.tensor(1e-3),
+                               0.9, 0.999, 1e-6, torch.tensor(1), 1, 0.0, 1, 1, torch.tensor(1.0),
+                               torch.tensor(1e9), False, torch.zeros(1), torch.tensor(1 / 8.0))
+    assert all(torch.equal(g, unscaled(s, 8.0)) for g, s in zip(lists[0], grads))
