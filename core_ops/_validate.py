@@ -220,8 +220,8 @@ def check_batch_norm_args(input, *, grad_out=None, stats=(), weight=None, bias=N
 
 def loss_scale_args(growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale):
     """The checks of a dynamic loss scale's settings (``update_scale``, ``LossScaler``)."""
-    if not growth_factor > 1.0:
-        raise ValueError(f"growth_factor must be > 1, got {growth_factor}")
+    if not growth_factor >= 1.0:  # 1: a scale that never grows (Apex allows it)
+        raise ValueError(f"growth_factor must be >= 1, got {growth_factor}")
     if not 0.0 < backoff_factor < 1.0:
         raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor}")
     if int(growth_interval) < 1 or int(hysteresis) < 1:

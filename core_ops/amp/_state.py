@@ -6,7 +6,44 @@ logging idiom ``amp._amp_state.loss_scalers[0].loss_scale()``."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+
+
+class O1Handle:
+    """Apex's ``amp._amp_state.handle`` after an O1 ``initialize``. Apex's patched
+    torch's functions and put them back on ``_deactivate()``; core_ops' O1 runs each
+    model's forward under ``torch.autocast``, so ``_deactivate()`` ends that for the
+    models of this call (their forwards then run in float32, as Apex's did once the
+    functions were restored) and ``_disable_casts()`` pauses it for a block."""
+
+    def __init__(self):
+        self._is_active = True
+        self._deactivated = False
+
+    def is_active(self):
+        return self._is_active and not self._deactivated
+
+    @contextlib.contextmanager
+    def _disable_casts(self):
+        was, self._is_active = self._is_active, False
+        try:
+            yield
+        finally:
+            self._is_active = was
+
+    def _deactivate(self):
+        self._deactivated = True
+
+
+class NoOpHandle(O1Handle):
+    """The handle of every other level (and before ``initialize``): nothing to switch."""
+
+    def is_active(self):
+        return False
+
+    def _deactivate(self):
+        pass
 
 
 @dataclasses.dataclass
@@ -15,6 +52,7 @@ class AmpState:
     loss_scalers: list
     models: list  # weak references (see frontend.initialize)
     optimizers: list  # weak references
+    handle: O1Handle = dataclasses.field(default_factory=NoOpHandle)
 
 
 _current: AmpState | None = None
@@ -33,7 +71,11 @@ def current():
 
 
 class _ApexAmpState:
-    """Apex's ``amp._amp_state`` object, reading the current call's state."""
+    """Apex's ``amp._amp_state`` object, reading the current call's state.
+    ``allow_incoming_model_not_fp32 = True`` lets ``initialize`` take models whose
+    params are already half, as in Apex (its tests set it around the call)."""
+
+    allow_incoming_model_not_fp32 = False
 
     @property
     def loss_scalers(self):
@@ -42,6 +84,10 @@ class _ApexAmpState:
     @property
     def opt_properties(self):
         return None if _current is None else _current.properties
+
+    @property
+    def handle(self):
+        return NoOpHandle() if _current is None else _current.handle
 
     def __repr__(self):
         return f"_amp_state(opt_properties={self.opt_properties}, loss_scalers={self.loss_scalers})"

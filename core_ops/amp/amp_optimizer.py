@@ -7,7 +7,11 @@ the model's float32 weights before the model is cast, so nothing is rounded at
 start-up); the model holds the half params. After each backward the half grads are
 unscaled into the masters' grads in one multi-tensor pass (which also checks for
 inf/nan) and dropped, so half grads never accumulate behind the optimizer's back.
-After each step the masters are copied into the half params in one pass.
+After each step the masters are copied into the half params in one pass, and the
+masters' grads are spent: the next backward overwrites them (a master whose half
+param gets no grad there loses its grad), as Apex cleared them after each step. So
+zeroing the model's grads by hand (``p.grad = None`` on the half params, which never
+reach the masters) cannot leave stale master grads behind; their memory is reused.
 
 Skipping (Note [Host syncs of loss scaling]): an optimizer that takes ``found_inf``
 in its kernel (``_step_supports_amp_scaling``) gets the flag and skips by itself;
@@ -67,6 +71,7 @@ class AmpOptimizer:
         self.found_inf = None  # overflow flag of the backward passes since the last step
         self._old_nonfinite = None  # inf / nan in grads rescaled by prepare_backward
         self._adopted_written = False
+        self._stepped = False  # the masters' grads are from before the last step
         # Apex's names, which training scripts reach into (NVIDIA's BERT resumes with
         # optimizer._lazy_init_maybe_master_weights(); _amp_stash.lazy_init_called = True):
         # masters exist from initialize on, so the lazy init has nothing left to do.
@@ -201,12 +206,21 @@ class AmpOptimizer:
             return torch.maximum(found, flag.to(found.device))
 
         with torch.no_grad():
+            if self._stepped:  # the first backward since a step (Note [O2 master weights])
+                for p, m in self.pairs:
+                    if p.grad is None or p.grad.is_sparse or (m.grad is not None and m.grad.is_sparse):
+                        m.grad = None
+                self._stepped = False
+                spent = {id(m) for _, m in self.pairs}
+            else:
+                spent = set()
             halves = [(p, m) for p, m in self.pairs if p.grad is not None and not p.grad.is_sparse]
             for group in _group((p.grad, m) for p, m in halves):
-                fresh = [(g, m) for g, m in group if m.grad is None]
-                added = [(g, m) for g, m in group if m.grad is not None]  # accumulating
+                fresh = [(g, m) for g, m in group if m.grad is None or id(m) in spent]
+                added = [(g, m) for g, m in group if m.grad is not None and id(m) not in spent]
                 for _, m in fresh:
-                    m.grad = torch.empty_like(m)
+                    if m.grad is None:
+                        m.grad = torch.empty_like(m)
                 if fresh:
                     found = unscale([g for g, _ in fresh], [m.grad for _, m in fresh])
                 if added:
@@ -271,6 +285,7 @@ class AmpOptimizer:
                 p.grad = g
             self._held_grads = None
         self.found_inf = None
+        self._stepped = True
         with torch.no_grad():
             for group in _group((m, p) for p, m in self.pairs):
                 multi_tensor_scale([m for m, _ in group], [p for _, p in group], 1.0)

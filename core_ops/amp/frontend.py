@@ -10,10 +10,10 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..optimizers.larc import LARC
-from . import _state, opt_levels
+from . import _state, opt_levels, torch_ddp
 from .amp_optimizer import AmpOptimizer
 from .loss_scaler import LossScaler
-from .masters import MasterWeights
+from .masters import HALF, MasterWeights
 from .model_casting import (cast_module_tensors, keep_state_dict_fp32, module_device_type,
                             patch_forward)
 
@@ -43,9 +43,11 @@ def _check_models(models):
                                "model once (to resume, build a fresh model, initialize it, then "
                                "load the checkpoint)")
         for name, p in model.named_parameters():
-            if p.is_floating_point() and p.dtype != torch.float32:
+            if (p.is_floating_point() and p.dtype != torch.float32
+                    and not _state._amp_state.allow_incoming_model_not_fp32):
                 raise TypeError(f"models[{i}] parameter '{name}' is {p.dtype}; pass the model in "
-                                "float32 and let amp.initialize cast it")
+                                "float32 and let amp.initialize cast it (or set Apex's "
+                                "amp._amp_state.allow_incoming_model_not_fp32 = True)")
         device_types.add(module_device_type(model))
     if len(device_types) > 1:
         raise ValueError(f"the models are on different device types {sorted(device_types)}")
@@ -107,30 +109,35 @@ def _check_half_supported(device_type, props):
 
 
 def _make_masters(models, props):
-    """fp32 masters of the params the cast will turn half, from their float32 values."""
+    """fp32 masters of the params that will be half: those the cast turns half, from
+    their values before it, or, when the model is not cast, those that came in half."""
     registry = MasterWeights()
+    cast = props.cast_model_type
     for model in models:
         for module in model.modules():
-            if props.keep_batchnorm_fp32 and isinstance(module, _BatchNorm):
+            if cast is not None and props.keep_batchnorm_fp32 and isinstance(module, _BatchNorm):
                 continue
             for p in module.parameters(recurse=False):
-                if p.is_floating_point() and registry.get(p) is None:
-                    registry.add(p, torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))
+                half = p.is_floating_point() if cast in HALF else (cast is None and p.dtype in HALF)
+                if half and registry.get(p) is None:
+                    registry.add(p, torch.nn.Parameter(p.detach().to(torch.float32, copy=True),
+                                                       requires_grad=p.requires_grad))
     return registry
 
 
-def _prepare_model(model, props, registry):
-    half = props.cast_model_type in (torch.float16, torch.bfloat16)
+def _prepare_model(model, props, registry, handle):
+    half = props.cast_model_type in HALF
     if props.cast_model_type is not None:
         cast_module_tensors(model, props.cast_model_type, half and props.keep_batchnorm_fp32)
     # O1 keeps autocast whatever cast_model_type says (Apex still patched torch's
     # functions with cast_model_type=torch.float32).
     autocast = props.half_dtype if props.patch_torch_functions else None
     if props.cast_model_type is not None or autocast is not None:
-        patch_forward(model, props.cast_model_type, props.cast_model_outputs or torch.float32, autocast)
+        patch_forward(model, props.cast_model_type, props.cast_model_outputs or torch.float32, autocast,
+                      handle)
     elif props.cast_model_outputs is not None:
         patch_forward(model, None, props.cast_model_outputs, None)
-    if half:
+    if half or len(registry):
         keep_state_dict_fp32(model, registry)
     model._core_ops_amp = props
 
@@ -186,10 +193,12 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     _check_optimizers(opt_list, model_list)
     _check_half_supported(device_type, props)
 
-    half = props.cast_model_type in (torch.float16, torch.bfloat16)
-    registry = _make_masters(model_list, props) if half and props.master_weights else MasterWeights()
+    registry = _make_masters(model_list, props) if props.master_weights else MasterWeights()
+    if len(registry):
+        torch_ddp.install()  # masters follow torch DDP's broadcast (Note [Masters follow DDP's broadcast])
+    handle = _state.O1Handle() if props.patch_torch_functions else _state.NoOpHandle()
     for model in model_list:
-        _prepare_model(model, props, registry)
+        _prepare_model(model, props, registry, handle)
     if props.dynamic:
         scalers = [LossScaler(init_scale=2.0**16, dynamic=True, min_scale=min_loss_scale or 0.0,
                               max_scale=max_loss_scale) for _ in range(int(num_losses))]
@@ -199,7 +208,7 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     # Weak references: the state must not keep a finished run's models and optimizers
     # alive (a sweep initializes fresh ones again and again).
     state = _state.AmpState(props, scalers, [weakref.ref(m) for m in model_list],
-                            [weakref.ref(o) for o in opt_list])
+                            [weakref.ref(o) for o in opt_list], handle)
     for opt in opt_list:
         opt._core_ops_amp = AmpOptimizer(opt, registry if props.master_weights else None, state)
     _publish(state)

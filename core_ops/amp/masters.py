@@ -60,3 +60,38 @@ class MasterWeights:
 def of(module):
     """The registry of an initialized model (an empty one for a model without masters)."""
     return getattr(module, "_core_ops_amp_masters", None) or MasterWeights()
+
+
+def named_in(module, skip=()):
+    """[(name, master)] of ``module``'s params that have fp32 masters, found through the
+    registries of ``module`` and its submodules (the initialized model may be a part of
+    the one given), params named in ``skip`` left out."""
+    registries = [r for m in module.modules() if (r := getattr(m, "_core_ops_amp_masters", None))]
+    found = []
+    for name, p in module.named_parameters():
+        master = next((m for r in registries if (m := r.get(p)) is not None), None)
+        if master is not None and name not in skip:
+            found.append((name, master))
+    return found
+
+
+def broadcast(module, group, src, skip=()):
+    """Gives every rank of ``group`` the fp32 masters of global rank ``src``, exactly,
+    for the params of ``module`` a data-parallel wrapper has just broadcast (Note
+    [Masters follow DDP's broadcast]). One flat broadcast; nothing without masters."""
+    found = named_in(module, skip)
+    if found:
+        from ..parallel.buckets import flat_broadcast
+        with torch.no_grad():
+            flat_broadcast([m.data for _, m in found], group, src)
+
+
+# Note [Masters follow DDP's broadcast]: a DistributedDataParallel makes every rank
+# start from rank 0's weights by broadcasting the params, which at O2 are the half
+# weights; the fp32 masters, made by initialize from each rank's own float32 weights,
+# stay as they were (Apex made its masters lazily from the broadcast half weights, and
+# so rounded rank 0's weights through half). Every rank then steps from different
+# masters and the run stops being data-parallel: one half ulp apart at step 0, more
+# with every step. So the masters are broadcast too, once, right after the params:
+# by core_ops' DistributedDataParallel in its construction, and for torch's
+# DistributedDataParallel by the hook of torch_ddp.py.

@@ -79,17 +79,17 @@ def cast_module_tensors(model, dtype, keep_batchnorm_fp32):
     return cast
 
 
-def patch_forward(model, input_dtype, output_dtype, autocast_dtype):
+def patch_forward(model, input_dtype, output_dtype, autocast_dtype, handle=None):
     """``model.forward`` with inputs cast to ``input_dtype``, the body under
-    ``torch.autocast(autocast_dtype)`` and outputs cast to ``output_dtype`` (each
-    optional)."""
+    ``torch.autocast(autocast_dtype)`` while ``handle`` is active (O1's
+    ``_amp_state.handle``) and outputs cast to ``output_dtype`` (each optional)."""
     device_type = module_device_type(model)
 
     def forward(self, *args, **kwargs):
         if input_dtype is not None:
             args = cast_tree(args, input_dtype, batch_objects=True)
             kwargs = cast_tree(kwargs, input_dtype, batch_objects=True)
-        if autocast_dtype is not None:
+        if autocast_dtype is not None and (handle is None or handle.is_active()):
             with torch.autocast(device_type, dtype=autocast_dtype):
                 out = type(self).forward(self, *args, **kwargs)
         else:

@@ -14,7 +14,8 @@ HALF_DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.fl
 @dataclasses.dataclass
 class Properties:
     """What ``initialize`` does; ``cast_model_type`` and ``cast_model_outputs`` are
-    dtypes or None, ``loss_scale`` a float or ``"dynamic"``."""
+    dtypes or None (None: the model is not cast), ``loss_scale`` a float or
+    ``"dynamic"``."""
 
     opt_level: str
     enabled: bool = True
@@ -89,6 +90,11 @@ def resolve(opt_level, half_dtype=torch.float16, enabled=True, **overrides):
         raise ValueError(f"unknown opt_level {opt_level!r}{hint}; expected one of {', '.join(levels)}")
     props = Properties(opt_level=opt_level, enabled=enabled, half_dtype=half, **levels[opt_level])
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    # Apex's cast_model_type=False: leave the model's dtypes as they are, at any level
+    # (its multi-model tests pass it; None there means "the level's default").
+    no_cast = overrides.get("cast_model_type") is False
+    if no_cast:
+        del overrides["cast_model_type"]
     if "keep_batchnorm_fp32" in overrides:
         overrides["keep_batchnorm_fp32"] = _bool_or_none("keep_batchnorm_fp32",
                                                          overrides["keep_batchnorm_fp32"])
@@ -97,7 +103,8 @@ def resolve(opt_level, half_dtype=torch.float16, enabled=True, **overrides):
     for key in ("cast_model_type", "cast_model_outputs"):
         if key in overrides and not (isinstance(overrides[key], torch.dtype)
                                      and overrides[key].is_floating_point):
-            raise ValueError(f"{key} must be a floating torch.dtype, got {overrides[key]!r}")
+            raise ValueError(f"{key} must be a floating torch.dtype"
+                             f"{' or False' if key == 'cast_model_type' else ''}, got {overrides[key]!r}")
 
     if opt_level == "O1":
         if overrides.get("cast_model_type") not in (None, torch.float32):
@@ -115,7 +122,11 @@ def resolve(opt_level, half_dtype=torch.float16, enabled=True, **overrides):
 
     for key, value in overrides.items():
         setattr(props, key, value)
-    if props.master_weights and props.cast_model_type in (None, torch.float32):
+    if no_cast:
+        # master_weights then applies to the params that arrive half (Apex made masters
+        # for its fp16 params only), with allow_incoming_model_not_fp32.
+        props.cast_model_type = None
+    elif props.master_weights and props.cast_model_type in (None, torch.float32):
         raise ValueError("master_weights=True needs a model cast to a half dtype (O2, or "
                          "cast_model_type=torch.float16 / torch.bfloat16)")
     if props.cast_model_type in (torch.float16, torch.bfloat16):

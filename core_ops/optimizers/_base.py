@@ -14,7 +14,8 @@ from torch.optim import Optimizer
 
 from .. import _build, _validate
 from ..multi_tensor_apply import multi_tensor_l2norm
-from ._checks import check_dense, check_group_keys, check_hyperparameters, check_scale_args
+from ._checks import (check_dense, check_given, check_group_keys, check_hyperparameters,
+                      check_scale_args)
 from ._sharded import is_sharded, refuse_sharded
 
 HALF = (torch.float16, torch.bfloat16)
@@ -90,6 +91,7 @@ class FusedOptimizer(Optimizer):
         """Rejects a group (its options merged over the defaults) before it is added;
         subclasses add their own rules."""
         check_group_keys(group, self.defaults, where, type(self).__name__)
+        check_given(group, where)
         # Only what this optimizer reads: an SGD group copied from an Adam one may carry
         # an eps that nothing uses. "step" is Apex's per-group count, read by all.
         check_hyperparameters({k: v for k, v in group.items() if k in self.defaults or k == "step"}, where)

@@ -12,6 +12,7 @@ import numbers
 import warnings
 
 import torch
+from torch.optim.optimizer import required
 
 from .._validate import dense
 
@@ -27,14 +28,25 @@ TORCH_GROUP_KEYS = ("params", "initial_lr", "param_names")
 
 def check_hyperparameters(values, where=""):
     """Each known hyperparameter in the dict ``values``; ``where`` prefixes the name in
-    the error ("param group 1: lr must be >= 0, got -1.0")."""
+    the error ("param group 1: lr must be >= 0, got -1.0"). torch.optim's ``required``
+    (Apex's ``FusedSGD(params, lr=required)``) passes here: each group must then give
+    the value (``check_given``)."""
     if "lr" in values and values["lr"] is None:  # the others may be None (max_grad_norm: no clipping)
         raise TypeError(f"{where}lr must be a number or a one-element tensor, got None")
     for key in NON_NEGATIVE:
-        if values.get(key) is not None:
+        if values.get(key) is not None and not isinstance(values[key], type(required)):
             _check_non_negative(values[key], where + key)
     if "betas" in values:
         _check_betas(values["betas"], where + "betas")
+
+
+def check_given(group, where):
+    """A param group (merged over the defaults) holds no ``required`` left unset."""
+    for key, value in group.items():
+        if isinstance(value, type(required)):  # (a pickled one is a new instance)
+            raise ValueError(f"{where}parameter group didn't specify a value of required "
+                             f"optimization parameter {key}: give {key}= to the constructor or "
+                             f"in every param group")
 
 
 def check_group_keys(group, allowed, where, owner):

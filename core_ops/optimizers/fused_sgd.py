@@ -1,6 +1,8 @@
 """FusedSGD: Apex's constructor, torch.optim.SGD numerics, one fused kernel call per
 (device, dtype) group."""
 
+from torch.optim.optimizer import required
+
 from .._library import op
 from ._base import FusedOptimizer
 from ._sharded import elementwise
@@ -12,11 +14,12 @@ class FusedSGD(FusedOptimizer):
     momentum update, as Apex). State dicts interoperate with ``torch.optim.SGD``
     (``state['momentum_buffer']``). ``materialize_master_grads`` is accepted for
     Apex compatibility and has no effect: master weights, when asked for with
-    ``master_weights=True``, live in the optimizer and need no separate grads."""
+    ``master_weights=True``, live in the optimizer and need no separate grads. As in
+    Apex and torch.optim.SGD, ``lr`` may be left out when every param group gives it."""
 
     _state_keys = ("momentum_buffer",)
 
-    def __init__(self, params, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
+    def __init__(self, params, lr=required, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
                  wd_after_momentum=False, materialize_master_grads=True, set_grad_none=False,
                  master_weights=False, maximize=False):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,

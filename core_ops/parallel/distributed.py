@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..amp import masters as amp_masters
 from . import buckets as _buckets
 from ._groups import all_gather_flat, comm_device, global_src, require_initialized
 from .ddp_checks import (OWNED, check_unowned, is_count, ready_twice_error, sparse_grad_error,
@@ -259,8 +260,11 @@ class DistributedDataParallel(nn.Module):
         self.needs_refresh = False
 
     def _broadcast_state(self):
+        """Rank 0's params, buffers and amp O2 fp32 masters, on every rank (Note
+        [Masters follow DDP's broadcast] in core_ops/amp/masters.py)."""
         with torch.no_grad():
             tensors = [t for t in list(self.module.parameters()) + list(self.module.buffers())]
+            tensors += [m for _, m in amp_masters.named_in(self.module)]
             if tensors:
                 _buckets.flat_broadcast([t.data for t in tensors], self.process_group,
                                         global_src(self.process_group))

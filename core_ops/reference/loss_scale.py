@@ -5,7 +5,10 @@ hysteresis tracker counts down; the scale backs off (never below ``min_scale``) 
 the hysteresis tracker reaches zero. Without it, the hysteresis tracker is refilled
 and the growth tracker counts up; after ``growth_interval`` clean steps in a row the
 scale grows (never above ``max_scale``, and not at all if growing would overflow).
-With ``hysteresis=1`` and no bounds this is ATen's ``_amp_update_scale_``. The native
+A backed-off scale below float32's smallest normal becomes 0 (then ``min_scale``), as
+in Apex, whose kernel flushed denormals (built with --use_fast_math): a denormal
+scale would only lose bits. With ``hysteresis=1`` and no bounds (and a scale that
+stays normal) this is ATen's ``_amp_update_scale_``. The native
 kernels call ``update_scale_math`` in ``csrc/include/core_ops/loss_scale_math.h``.
 """
 
@@ -17,7 +20,9 @@ def update_scale_(scale, growth_tracker, hysteresis_tracker, found_inf, growth_f
     # Branch-free tensor algebra so the host never waits for the device.
     inf = found_inf.reshape(()) > 0
     hyst = torch.where(inf, hysteresis_tracker - 1, torch.full_like(hysteresis_tracker, hysteresis))
-    backed_off = torch.clamp(scale * backoff_factor, min=min_scale)
+    backed_off = scale * backoff_factor
+    backed_off = torch.where(backed_off < torch.finfo(torch.float32).tiny, 0.0, backed_off)
+    backed_off = torch.clamp(backed_off, min=min_scale)
     count = growth_tracker + 1
     grow = (~inf) & (count >= growth_interval)
     grown = scale * growth_factor

@@ -200,8 +200,8 @@ def test_misuse_raises():
         scaler.scale(3.0)
     with pytest.raises(TypeError, match="scale\\(\\) expects a tensor or a list/tuple of tensors, got dict"):
         scaler.scale({"loss": torch.ones(())})
-    with pytest.raises(ValueError, match="growth_factor must be > 1"):
-        LossScaler(growth_factor=1.0)
+    with pytest.raises(ValueError, match="growth_factor must be >= 1"):
+        LossScaler(growth_factor=0.5)
     with pytest.raises(ValueError, match="init_scale must be a finite number > 0"):
         LossScaler(init_scale=0)
 

@@ -50,6 +50,20 @@ def test_module_form_and_usage(tmp_path):
     assert proc.returncode == 2 and "no such script: missing.py" in proc.stderr
 
 
+def test_a_launcher_s_local_rank_reaches_the_script(tmp_path):
+    """``python -m torch.distributed.launch ... -m core_ops.compat.apex train.py`` puts
+    ``--local-rank=N`` before the script, as the argument it gives a script it runs."""
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nprint(sys.argv[1:])\n")
+    (tmp_path / "mod.py").write_text("import sys\nprint(sys.argv[1:])\n")
+    for args, want in ((["--local-rank=1", str(script), "--lr", "1"], "['--local-rank=1', '--lr', '1']"),
+                       (["--local_rank", "0", str(script)], "['--local_rank', '0']"),
+                       (["--local-rank=1", "-m", "mod", "--x"], "['--local-rank=1', '--x']")):
+        proc = subprocess.run([sys.executable, "-m", "core_ops.compat.apex", *args], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+        assert proc.stdout.strip() == want, proc.stderr
+
+
 def test_spawned_children_import_apex(tmp_path):
     # Before, the children of `python -m core_ops.compat.apex` had no alias finder:
     # ModuleNotFoundError: No module named 'apex', and spawn exited with code 1.

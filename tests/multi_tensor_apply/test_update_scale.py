@@ -67,3 +67,32 @@ def test_int32_found_inf_flag(device):
     scale, tracker, _ = state(device)
     core_ops.update_scale(scale, tracker, torch.ones(1, dtype=torch.int32, device=device))
     assert scale.item() == 2.0 ** 15
+
+
+@pytest.mark.parametrize("kernel", ["native", "reference"])
+def test_a_growth_factor_of_one_never_grows_and_still_backs_off(device, kernel):
+    """Apex's update_scale_hysteresis takes growth_factor=1.0 (a scale that only backs
+    off); the Python model above says what each step leaves."""
+    from core_ops.multi_tensor_apply import amp_C
+    scale, tracker, hyst = state(device, 2.0 ** 15, 2)
+    expected = python_model(PATTERN, 2.0 ** 15, 3, 2, 0.0, float("inf"), growth=1.0)
+    for inf, want in zip(PATTERN, expected):
+        found = torch.tensor([float(inf)], device=device)
+        if kernel == "native":
+            amp_C.update_scale_hysteresis(scale, tracker, hyst, found, 1.0, 0.5, 3, 2)
+        else:
+            REF["update_scale_"](scale, tracker, hyst, found, 1.0, 0.5, 3, 2, 0.0, float("inf"))
+        assert (scale.item(), tracker.item(), hyst.item()) == want
+    assert scale.item() == 2.0 ** 12  # three back-offs, no growth
+
+
+@pytest.mark.parametrize("kernel", ["native", "reference"])
+def test_a_scale_backed_off_below_the_smallest_normal_becomes_zero(device, kernel):
+    """As Apex's kernel (built with fast math, so denormals flush): 2^-126 is float32's
+    smallest normal, half of it becomes 0, and min_scale still bounds it from below."""
+    for min_scale, want in ((0.0, 0.0), (2.0 ** -130, 2.0 ** -130)):
+        scale, tracker, hyst = state(device, 2.0 ** -125)
+        for expected in (2.0 ** -126, want):
+            args = (scale, tracker, hyst, torch.ones(1, device=device), 2.0, 0.5, 3, 1, min_scale, 1.0)
+            (torch.ops.core_ops.update_scale_ if kernel == "native" else REF["update_scale_"])(*args)
+            assert scale.item() == expected

@@ -109,8 +109,17 @@ def test_sgd_bad_input():
         FusedSGD([p], lr=0.1, nesterov=True)
     with pytest.raises(ValueError, match="momentum"):
         FusedSGD([p], lr=0.1, momentum=-1)
-    with pytest.raises(TypeError):
-        FusedSGD([p])  # lr is required, as in Apex
+    with pytest.raises(ValueError, match="param group 0: .* required optimization parameter lr"):
+        FusedSGD([p])  # lr is required (from the constructor or every group), as in Apex
+    q = torch.zeros(2, requires_grad=True)
+    opt = FusedSGD([{"params": [p], "lr": 0.5}])  # Apex's lr=required: the groups give it
+    with pytest.raises(ValueError, match="param group 1: .* required optimization parameter lr"):
+        opt.add_param_group({"params": [q]})
+    assert len(opt.param_groups) == 1
+    opt.add_param_group({"params": [q], "lr": 0.25})
+    p.grad, q.grad = torch.ones(3), torch.ones(2)
+    opt.step()
+    assert p.tolist() == [-0.5] * 3 and q.tolist() == [-0.25] * 2
     opt = FusedAdagrad([p])
     p.grad = torch.zeros(3).to_sparse()
     with pytest.raises(RuntimeError, match="sparse"):

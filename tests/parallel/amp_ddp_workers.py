@@ -112,3 +112,44 @@ def o1_accumulation_with_ddp(rank, world):
         parts.append(torch.cat([g.flatten() for g in _grads(single)]))
     out["no_sync_expected"] = parts
     return out
+
+
+def _model_with_batchnorm(seed):
+    model = mlp(seed, width=16)
+    return torch.nn.Sequential(model[0], torch.nn.BatchNorm1d(16), *list(model)[1:])
+
+
+def o2_ranks_seeded_apart(rank, world):
+    """Each rank builds its model from its own seed (the usual case), initializes O2,
+    then wraps it in core_ops' or torch's DistributedDataParallel; Note [Masters follow
+    DDP's broadcast]. Returns, per wrapper and optimizer, rank 0's float32 weights
+    before initialize, the masters and half weights right after the wrapping, and both
+    after each step."""
+    wrappers = {"core_ops": DistributedDataParallel,
+                "torch": lambda m: torch.nn.parallel.DistributedDataParallel(m)}
+    optimizers = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+                  "fused_adam": lambda ps: FusedAdam(ps, lr=1e-2)}
+    out = {}
+    for wrap_name, wrap in wrappers.items():
+        for opt_name, make_opt in optimizers.items():
+            model = _model_with_batchnorm(100 + rank)
+            fp32 = [p.detach().clone() for p in model.parameters()]
+            model, opt = amp.initialize(model, make_opt(model.parameters()), opt_level="O2",
+                                        verbosity=0)
+            ddp = wrap(model)
+
+            def snapshot():
+                return ([p.detach().clone() for p in model.parameters()],
+                        [m.detach().clone() for m in amp.master_params(opt)])
+
+            steps = [snapshot()]
+            for i in range(3):
+                x, y = data(i)
+                opt.zero_grad()
+                loss = F.mse_loss(ddp(local(x, rank, world)).float(), local(y, rank, world))
+                with amp.scale_loss(loss, opt) as scaled:
+                    scaled.backward()
+                opt.step()
+                steps.append(snapshot())
+            out[wrap_name, opt_name] = dict(fp32=fp32, steps=steps)
+    return out

@@ -35,3 +35,23 @@ def test_o1_grads_accumulated_across_backwards_are_reduced_once_each():
     # one synced backward of that micro-batch, the same on every rank).
     expected = r0["no_sync_expected"][0] + r0["no_sync_expected"][1]
     torch.testing.assert_close(r0["no_sync_ranks"][0], expected, rtol=1e-5, atol=1e-7)
+
+
+def test_o2_masters_follow_the_broadcast_of_either_ddp():
+    """Ranks seeded apart: after core_ops' or torch's DistributedDataParallel is built,
+    every rank's fp32 masters are rank 0's, bit for bit (rank 0's own float32 weights,
+    never rounded through half), and model and masters stay identical at every step
+    (Apex's tests/distributed/amp_master_params)."""
+    r0, r1 = run_ranks("amp_ddp_workers:o2_ranks_seeded_apart", timeout=180)
+    assert set(r0) == {(w, o) for w in ("core_ops", "torch") for o in ("sgd", "fused_adam")}
+    for case, a in r0.items():
+        b = r1[case]
+        assert not all(x.equal(y) for x, y in zip(a["fp32"], b["fp32"])), "ranks were seeded alike"
+        params, masters = a["steps"][0]  # masters: the optimizer's params, BatchNorm's included
+        assert [p.dtype for p in params].count(torch.float16) == 6 and len(masters) == len(params) == 8
+        assert all(m.dtype == torch.float32 and m.equal(w) for m, w in zip(masters, a["fp32"])), \
+            f"{case}: rank 0's masters are not its float32 weights"
+        for step, ((pa, ma), (pb, mb)) in enumerate(zip(a["steps"], b["steps"])):
+            for x, y in zip(pa + ma, pb + mb):
+                assert x.equal(y), f"{case}: ranks differ after step {step}"
+        assert not a["steps"][-1][1][0].equal(masters[0])  # it trained

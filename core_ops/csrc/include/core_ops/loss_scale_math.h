@@ -23,6 +23,7 @@ CORE_OPS_HD void update_scale_math(
     *hysteresis_tracker = left > 0 ? left : 0;
     if (left <= 0) {
       float backed_off = *scale * backoff_factor;
+      if (backed_off < 1.17549435e-38f) backed_off = 0.f;  // FLT_MIN: flushed, as Apex's kernel
       *scale = backed_off < min_scale ? min_scale : backed_off;
     }
     return;
