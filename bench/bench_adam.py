@@ -11,6 +11,10 @@ Cases (targets on CPU, from the fused-optimizer issue):
   mixed-precision step: unscale + inf check + clip + AdamW, one call
                                             <= 0.6 x GradScaler.unscale_ + clip_grad_norm_
                                                  (foreach) + scaler.step(AdamW fused) + update
+  GradScaler.step, fp32 (both write the unscaled grads back)
+                                            <= 1.0 x the same with AdamW(fused=True)
+  the grad write-back's cost: FusedAdam.step(grad_scale=s) against FusedAdam.step(),
+  no target (Note [Grads written back unscaled])
 Each case first checks that both sides compute the same update.
 """
 
@@ -98,15 +102,53 @@ class CoreOpsStep:
         self.core_ops.update_scale(self.scale, self.tracker, found_inf, growth_interval=10 ** 9)
 
 
+def scaled_grads(params_lists):
+    """Scales every grad by 2^10, as a scaled loss leaves them, and returns the untimed
+    refresh that puts them back before each call (the steps unscale them in place)."""
+    params = [p for ps in params_lists for p in ps]
+    for p in params:
+        p.grad.mul_(2.0 ** 10)
+    saved = [p.grad.clone() for p in params]
+    return lambda: torch._foreach_copy_([p.grad for p in params], saved)
+
+
 def case_mixed_step(args):
     ours, theirs = twin(args.numel, args.tensors, torch.float32, args.device)
-    for p in ours + theirs:
-        p.grad.mul_(2.0 ** 10)  # grads as a scaled loss leaves them
+    refresh = scaled_grads([ours, theirs])
     base, core = TorchIdiom(theirs, args.device), CoreOpsStep(ours, args.device)
     base(), core()
     for a, b in zip(ours, theirs):
         assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
-    return base, core, base.refresh  # core_ops never writes the grads
+    return base, core, refresh
+
+
+def scaler_step(opt, device):
+    scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 10, growth_interval=10 ** 9)
+    scaler.scale(torch.ones((), device=device))  # creates its scale tensor, as a loss would
+
+    def step():
+        scaler.step(opt)
+        scaler.update()
+    return step
+
+
+def case_grad_scaler(args):
+    ours, theirs = twin(args.numel, args.tensors, torch.float32, args.device)
+    refresh = scaled_grads([ours, theirs])
+    base = scaler_step(torch.optim.AdamW(theirs, fused=True, **HYPER), args.device)
+    core = scaler_step(FusedAdam(ours, **HYPER), args.device)
+    base(), core()
+    for a, b in zip(ours, theirs):
+        assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
+        assert_close(a.grad, b.grad, rtol=0, atol=0)  # both wrote the unscaled grads back
+    return base, core, refresh
+
+
+def case_write_back(args):
+    params = with_grads(make(args.numel, args.tensors, torch.float32, args.device))
+    refresh = scaled_grads([params])
+    opt, scale = FusedAdam(params, **HYPER), torch.full((1,), 2.0 ** 10, device=args.device)
+    return opt.step, lambda: opt.step(grad_scale=scale), refresh
 
 
 def main():
@@ -123,6 +165,8 @@ def main():
          lambda: case_plain(args, args.tensors, torch.bfloat16, master=True, baseline_dtype=torch.float32), 1.1),
         ("mixed-precision step", "unscale_+clip_grad_norm_+step+update",
          lambda: case_mixed_step(args), 0.6),
+        ("GradScaler.step, fp32", "GradScaler.step(AdamW(fused=True))", lambda: case_grad_scaler(args), 1.0),
+        ("grad write-back, fp32", "FusedAdam.step() (no scale)", lambda: case_write_back(args), None),
     ]
     rows = []
     for label, base_name, make_case, target in cases:
