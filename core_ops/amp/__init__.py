@@ -18,12 +18,13 @@ from ._state import _amp_state  # noqa: F401  (Apex's name, for its logging idio
 from .frontend import initialize
 from .handle import (disable_casts, load_state_dict, loss_scale, master_params, scale_loss,
                      skipped_steps, state_dict)
+from .loop import AmpLoop
 from .loss_scaler import GradScaler, LossScaler
 from .opt_levels import OPT_LEVELS, Properties
 from .registry import (float_function, half_function, promote_function, register_float_function,
                        register_half_function, register_promote_function)
 
-__all__ = ["GradScaler", "LossScaler", "OPT_LEVELS", "Properties", "disable_casts",
+__all__ = ["AmpLoop", "GradScaler", "LossScaler", "OPT_LEVELS", "Properties", "disable_casts",
            "float_function", "half_function", "initialize", "load_state_dict", "loss_scale",
            "master_params", "promote_function", "register_float_function",
            "register_half_function", "register_promote_function", "scale_loss", "skipped_steps",

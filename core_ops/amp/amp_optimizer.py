@@ -69,6 +69,7 @@ class AmpOptimizer:
         for group in self.inner.param_groups:
             self._adopt(group)
         self.found_inf = None  # overflow flag of the backward passes since the last step
+        self.last_found_inf = None  # the flag the last step was given
         self._old_nonfinite = None  # inf / nan in grads rescaled by prepare_backward
         self._adopted_written = False
         self._stepped = False  # the masters' grads are from before the last step
@@ -284,6 +285,7 @@ class AmpOptimizer:
             for p, g in self._held_grads:
                 p.grad = g
             self._held_grads = None
+        self.last_found_inf = self.found_inf  # what the step just taken was told (None: clear)
         self.found_inf = None
         self._stepped = True
         with torch.no_grad():

@@ -108,10 +108,11 @@ def _check_half_supported(device_type, props):
             raise RuntimeError(f"torch.autocast on {device_type} does not support {dtype}; {advice}")
 
 
-def _make_masters(models, props):
+def _make_masters(models, props, registry=None):
     """fp32 masters of the params that will be half: those the cast turns half, from
-    their values before it, or, when the model is not cast, those that came in half."""
-    registry = MasterWeights()
+    their values before it, or, when the model is not cast, those that came in half
+    (added to ``registry`` when given)."""
+    registry = MasterWeights() if registry is None else registry
     cast = props.cast_model_type
     for model in models:
         for module in model.modules():

@@ -3,6 +3,7 @@
 from . import amp_C
 from .applier import MultiTensorApply, multi_tensor_applier
 from .ops import (
+    clip_grad_norm_,
     multi_tensor_axpby,
     multi_tensor_check_finite,
     multi_tensor_l2norm,
@@ -12,7 +13,7 @@ from .ops import (
 )
 
 __all__ = [
-    "MultiTensorApply", "amp_C", "multi_tensor_applier", "multi_tensor_axpby",
+    "MultiTensorApply", "amp_C", "clip_grad_norm_", "multi_tensor_applier", "multi_tensor_axpby",
     "multi_tensor_check_finite", "multi_tensor_l2norm", "multi_tensor_scale",
     "multi_tensor_unscale_l2norm", "update_scale",
 ]

@@ -68,6 +68,29 @@ def multi_tensor_l2norm(tensors, per_tensor=False):
     return op("multi_tensor_l2norm")(tensors, bool(per_tensor))
 
 
+def clip_grad_norm_(grads, max_norm, eps=1e-6):
+    """Scales ``grads`` in place by ``min(1, max_norm / (norm + eps))``, ``norm`` their
+    global L2 norm, as ``torch.nn.utils.clip_grad_norm_`` does to the grads of its
+    params: one multi-tensor norm pass and one scaling pass per (device, dtype) group,
+    no host sync. Returns the norm (0-d float32, float64 if any grad is; on the first
+    grad's device); it is inf or nan when a grad is."""
+    if not max_norm > 0:
+        raise ValueError(f"max_norm must be > 0, got {max_norm}")
+    groups = {}
+    for g in grads:
+        groups.setdefault((g.device, g.dtype), []).append(g)
+    if not groups:
+        return torch.zeros(())
+    norms = [multi_tensor_l2norm(gs)[0] for gs in groups.values()]
+    device = norms[0].device
+    dtype = torch.float64 if any(n.dtype == torch.float64 for n in norms) else torch.float32
+    total = torch.linalg.vector_norm(torch.stack([n.to(device, dtype) for n in norms]))
+    clip = torch.clamp(max_norm / (total + eps), max=1.0)
+    for (group_device, _), gs in groups.items():
+        multi_tensor_scale(gs, gs, clip.to(group_device))
+    return total
+
+
 def per_tensor_norms(tensors, norm_type, dtype):
     """One norm per tensor, L2 (``norm_type`` 2) or max|t| (0), as a ``dtype`` tensor on
     the tensors' device (no host sync): NovoGrad's layer norms."""

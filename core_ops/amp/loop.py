@@ -1,0 +1,230 @@
+"""``AmpLoop``: core_ops.amp for a training loop that a framework owns (Lightning's
+Trainer and Fabric, Accelerate). The model is prepared first, before any data-parallel
+wrapping; the optimizers are attached once they exist; each step then follows
+torch.amp.GradScaler's protocol, with Apex's opt levels and fp32 master weights::
+
+    loop = AmpLoop("O2", half_dtype=torch.float16)
+    model = loop.prepare_model(model)         # cast, fp32 masters (before DDP wraps it)
+    optimizer = loop.attach(optimizer)         # the optimizer now steps the masters
+    (loop.scale(loss)).backward()              # grads of the half params, scaled
+    loop.unscale_(optimizer)                   # into the masters' grads; inf/nan check
+    loop.clip_grad_norm_(optimizer, 1.0)       # optional: the true norm, one pass
+    loop.step(optimizer)                       # skipped on overflow, nothing changed
+    loop.update()                              # the loss scale, on the device
+
+It runs on the pieces of ``initialize`` / ``scale_loss`` (the model preparation,
+``AmpOptimizer``, ``LossScaler``), so both behave alike: the same casts, masters, skips
+and accumulation rules. ``unscale_`` may run after every backward (grads then
+accumulate in float32 in the masters, as under ``scale_loss``) or once before the step
+(they accumulate scaled, in the half dtype, as Apex's ``delay_unscale``: what a
+backward inside DDP's ``no_sync()`` needs, since only reduced grads may reach the
+masters). With a fused optimizer nothing syncs the host, as under ``scale_loss``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+
+from ..multi_tensor_apply import clip_grad_norm_ as _clip_grads
+from . import _state, opt_levels, torch_ddp
+from .amp_optimizer import AmpOptimizer
+from .frontend import _check_half_supported, _check_models, _make_masters, _prepare_model, _publish
+from .loss_scaler import LossScaler
+from .masters import HALF, MasterWeights
+from .model_casting import cast_tree
+
+OPTIONS = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights",
+           "loss_scale", "cast_model_outputs", "min_loss_scale", "max_loss_scale")
+
+
+class AmpLoop:
+    """Apex's ``opt_level`` (O0-O3) and ``half_dtype`` (fp16 or bf16), with the options
+    of ``initialize`` (``OPTIONS``), for a loop driven by ``scale`` / ``unscale_`` /
+    ``step`` / ``update``. Bad options raise here, at construction."""
+
+    def __init__(self, opt_level="O2", half_dtype=torch.float16, **options):
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise TypeError(f"AmpLoop got unknown options {unknown}; the options are "
+                            f"{', '.join(OPTIONS)}")
+        min_scale = options.pop("min_loss_scale", None)
+        max_scale = options.pop("max_loss_scale", 2.0**24)
+        self.properties = props = opt_levels.resolve(opt_level, half_dtype, True, **options)
+        if props.dynamic:
+            self.scaler = LossScaler(init_scale=2.0**16, dynamic=True, min_scale=min_scale or 0.0,
+                                     max_scale=max_scale)
+        else:
+            self.scaler = LossScaler(init_scale=props.loss_scale, dynamic=False)
+        self.registry = MasterWeights()
+        self.handle = _state.O1Handle() if props.patch_torch_functions else _state.NoOpHandle()
+        self.state = _state.AmpState(props, [self.scaler], [], [], self.handle)
+        self._found = None  # overflow flag of the unscales since the last update()
+        self._scaled_since_update = False  # grads of an optimizer attached late are scaled too
+        self._device_type = None
+
+    @property
+    def opt_level(self):
+        return self.properties.opt_level
+
+    @property
+    def half_dtype(self):
+        return self.properties.half_dtype
+
+    @property
+    def casts_model(self):
+        """Whether the model's weights are half (O2, O3)."""
+        return self.properties.cast_model_type in HALF
+
+    # ---- setting up ---------------------------------------------------------------
+
+    def prepare_model(self, model):
+        """Casts ``model`` in place as ``initialize`` would (O2: half weights, BatchNorm
+        kept float32, fp32 masters made from the float32 weights first; O1: forward
+        under autocast) and returns it. Call it before any DDP wrapping: the masters
+        then follow DDP's broadcast (Note [Masters follow DDP's broadcast])."""
+        if any(ref() is model for ref in self.state.models):
+            return model
+        device_type = _check_models([model])
+        _check_half_supported(device_type, self.properties)
+        self._device_type = self._device_type or device_type
+        if self.properties.master_weights:
+            _make_masters([model], self.properties, self.registry)
+            if len(self.registry):
+                torch_ddp.install()
+        _prepare_model(model, self.properties, self.registry, self.handle)
+        self.state.models.append(weakref.ref(model))
+        return model
+
+    def attach(self, optimizer):
+        """Makes ``optimizer`` step the masters of the prepared models' half params (its
+        param groups take them in place) and skip overflowed steps; returns it. Once
+        per optimizer; params of models this loop did not prepare stay as they are."""
+        amp = getattr(optimizer, "_core_ops_amp", None)
+        if amp is not None:
+            if amp.state is not self.state:
+                raise RuntimeError("this optimizer already belongs to another amp.initialize or "
+                                   "AmpLoop; give each optimizer to one")
+            return optimizer
+        masters = self.registry if self.properties.master_weights else None
+        amp = optimizer._core_ops_amp = AmpOptimizer(optimizer, masters, self.state)
+        # Fabric attaches an optimizer at its first step, after the backward passes.
+        amp.params_have_scaled_gradients = self._scaled_since_update and self.scaling
+        self.state.optimizers.append(weakref.ref(optimizer))
+        _publish(self.state)  # amp.loss_scale(), amp._amp_state read this loop
+        return optimizer
+
+    def _amps(self):
+        return [opt._core_ops_amp for ref in self.state.optimizers if (opt := ref()) is not None]
+
+    def _amp(self, optimizer):
+        return self.attach(optimizer)._core_ops_amp
+
+    # ---- inputs and forward ---------------------------------------------------------
+
+    def cast_inputs(self, data):
+        """A batch as the half model takes it: at O2 / O3 its floating tensors in the
+        half dtype (nested containers too; integer targets untouched), else as it is."""
+        return cast_tree(data, self.half_dtype, batch_objects=True) if self.casts_model else data
+
+    def autocast(self, device_type=None):
+        """O1's ``torch.autocast`` for a block (a whole training step); elsewhere nothing."""
+        if not self.properties.patch_torch_functions or not self.handle.is_active():
+            return contextlib.nullcontext()
+        return torch.autocast(device_type or self._device_type or "cpu", dtype=self.half_dtype)
+
+    # ---- one iteration -------------------------------------------------------------
+
+    @property
+    def scaling(self):
+        """Whether losses are scaled (dynamic or a static scale other than 1) or grads
+        go through masters; O0 and O3 with loss scale 1 do neither, as in Apex."""
+        return self.properties.master_weights or self.scaler.dynamic or self.scaler.fixed_scale != 1.0
+
+    def scale(self, loss):
+        """``loss`` in float32 times the loss scale, to call ``backward`` on. The first
+        backward since the last ``unscale_`` scales the float32 grads already there
+        (Note [Accumulating under amp])."""
+        if not self.scaling:
+            return loss
+        scale = self.scaler.scale_tensor(loss.device)
+        self._scaled_since_update = True
+        for amp in self._amps():
+            amp.adopt_written_weights()
+            if not amp.params_have_scaled_gradients:
+                amp.prepare_backward(scale)
+                amp.params_have_scaled_gradients = True
+        return loss.float() * scale
+
+    def unscale_(self, optimizer):
+        """The grads of ``optimizer``'s params unscaled (O2: the half grads into the
+        masters' float32 grads, then dropped) and checked for inf / nan, once per
+        backward; returns the overflow flag of this iteration (on the device)."""
+        amp = self._amp(optimizer)
+        if self.scaling and amp.params_have_scaled_gradients:
+            scale = self.scaler.scale_tensor()
+            found = amp.post_backward(scale)
+            amp.params_have_scaled_gradients = False
+            self._found = found if self._found is None else torch.maximum(self._found, found)
+        return amp.found_inf
+
+    def clip_grad_norm_(self, optimizer, max_norm):
+        """Clips ``optimizer``'s grads (the masters' at O2), unscaled first, by their
+        global L2 norm in one norm pass (``core_ops.clip_grad_norm_``); returns the
+        true norm. A norm that overflows float32 although every grad is finite skips
+        the step, as an overflow does."""
+        self.unscale_(optimizer)
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"]
+                 if p.grad is not None and not p.grad.is_sparse]
+        if not grads:
+            return torch.zeros(())
+        norm = _clip_grads(grads, max_norm)
+        if self.scaling:
+            bad = (~torch.isfinite(norm)).float().reshape(1).to(self.scaler.scale_tensor().device)
+            amp = self._amp(optimizer)
+            amp.found_inf = bad if amp.found_inf is None else torch.maximum(amp.found_inf, bad)
+            self._found = bad if self._found is None else torch.maximum(self._found, bad)
+        return norm
+
+    def step(self, optimizer, *args, **kwargs):
+        """``optimizer.step(*args, **kwargs)`` after ``unscale_``; an overflow this
+        iteration makes it change nothing (params, masters, state, step counts)."""
+        self.unscale_(optimizer)
+        return optimizer.step(*args, **kwargs)
+
+    def step_was_skipped(self, optimizer):
+        """Whether ``optimizer``'s last step was skipped for overflow (a host sync)."""
+        flag = self._amp(optimizer).last_found_inf
+        return bool(flag is not None and flag.item() > 0)
+
+    def update(self):
+        """Backs the loss scale off after an overflowed iteration, grows it after
+        ``growth_interval`` clean ones (on the device, no sync)."""
+        if self._found is not None and self.scaling:
+            self.scaler.update_from(self._found)
+        self._found = None
+        self._scaled_since_update = False
+
+    # ---- reading and saving ---------------------------------------------------------
+
+    @property
+    def loss_scale(self):
+        """The current loss scale as a float (a host sync)."""
+        return self.scaler.get_scale()
+
+    @property
+    def skipped_steps(self):
+        """Iterations skipped for overflow so far (a host sync)."""
+        return self.scaler.skipped_steps
+
+    def state_dict(self):
+        return {"opt_level": self.opt_level, "loss_scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state_dict):
+        if state_dict.get("opt_level", self.opt_level) != self.opt_level:
+            raise ValueError(f"the state dict is of opt_level {state_dict['opt_level']!r}, this "
+                             f"AmpLoop runs {self.opt_level!r}")
+        if state_dict.get("loss_scaler"):
+            self.scaler.load_state_dict(state_dict["loss_scaler"])

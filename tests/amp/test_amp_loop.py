@@ -1,0 +1,164 @@
+"""AmpLoop: amp for a loop a framework owns (the engine of the Lightning and Accelerate
+plugins). Checked against amp.initialize + scale_loss on the same model and data
+(bit for bit: the same kernels in the same order), and for what the protocol adds:
+optimizers attached after the backward, unscaling once per step, clipping by the true
+norm, skipped steps, its state dict."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from amp_cases import HALVES, batches, conv_net
+from conftest import dtype_id
+from core_ops import amp
+from core_ops.amp import AmpLoop
+from core_ops.optimizers import FusedAdam
+
+DATA = batches(6)
+OPTIMIZERS = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+              "fused_adam": lambda ps: FusedAdam(ps, lr=3e-3)}
+
+
+def apex_run(level, half, make_opt, data=DATA):
+    model = conv_net()
+    model, opt = amp.initialize(model, make_opt(model.parameters()), opt_level=level,
+                                half_dtype=half, verbosity=0)
+    for x, y in data:
+        opt.zero_grad()
+        with amp.scale_loss(F.cross_entropy(model(x), y), opt) as scaled:
+            scaled.backward()
+        opt.step()
+    return model, opt
+
+
+def loop_run(level, half, make_opt, data=DATA, attach_late=False, unscale_each_backward=True):
+    loop = AmpLoop(level, half_dtype=half)
+    model = loop.prepare_model(conv_net())
+    opt = make_opt(model.parameters())
+    if not attach_late:
+        loop.attach(opt)
+    for x, y in data:
+        opt.zero_grad()
+        with loop.autocast("cpu"):
+            loss = F.cross_entropy(model(loop.cast_inputs(x)), y)
+        loop.scale(loss).backward()
+        if unscale_each_backward:
+            loop.unscale_(opt)
+        loop.step(opt)
+        loop.update()
+    return model, opt, loop
+
+
+@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+@pytest.mark.parametrize("half", HALVES, ids=dtype_id)
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_the_loop_trains_as_initialize_and_scale_loss(level, half, opt_name):
+    ours, ours_opt, loop = loop_run(level, half, OPTIMIZERS[opt_name])
+    theirs, theirs_opt = apex_run(level, half, OPTIMIZERS[opt_name])
+    for p, q in zip(ours.parameters(), theirs.parameters()):
+        assert p.dtype == q.dtype and torch.equal(p, q)
+    for m, n in zip(amp.master_params(ours_opt), amp.master_params(theirs_opt)):
+        assert torch.equal(m, n)
+    assert loop.loss_scale == amp.loss_scale() == (2.0**16 if level != "O3" else 1.0)
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_an_optimizer_attached_after_the_backward_trains_the_same(level):
+    """Fabric's order: the plugin meets the optimizer at its first step."""
+    a, _, _ = loop_run(level, torch.float16, OPTIMIZERS["sgd"])
+    b, _, _ = loop_run(level, torch.float16, OPTIMIZERS["sgd"], attach_late=True)
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_grads_accumulate_scaled_until_one_unscale_before_the_step():
+    """Inside DDP's no_sync the backward passes must not reach the masters: unscaling
+    once before the step sums the micro-batches' grads (scaled, in fp16) first. The
+    sum equals per-backward unscaling into the fp32 masters up to fp16 rounding."""
+    results = []
+    for each in (True, False):
+        loop = AmpLoop("O2", half_dtype=torch.float16)
+        model = loop.prepare_model(conv_net())
+        opt = loop.attach(torch.optim.SGD(model.parameters(), lr=0.05))
+        for x, y in DATA[:3]:  # three micro-batches, one step
+            loop.scale(F.cross_entropy(model(loop.cast_inputs(x)), y) / 3).backward()
+            if each:
+                loop.unscale_(opt)
+        loop.unscale_(opt)
+        results.append([m.grad.clone() for m in amp.master_params(opt)])
+        loop.step(opt)
+        loop.update()
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=1e-5)  # fp16 sums: a few fp16 ulps
+
+
+def test_an_overflow_skips_the_step_and_backs_the_scale_off():
+    loop = AmpLoop("O2", half_dtype=torch.float16)
+    model = loop.prepare_model(conv_net())
+    opt = loop.attach(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    x, y = DATA[0]
+    for step in range(3):
+        opt.zero_grad()
+        loop.scale(F.cross_entropy(model(loop.cast_inputs(x)), y)).backward()
+        if step == 1:
+            model[0].weight.grad[0, 0, 0, 0] = float("inf")
+            before = ([p.detach().clone() for p in model.parameters()],
+                      copy.deepcopy(opt.state_dict()))
+        loop.step(opt)
+        loop.update()
+        assert loop.step_was_skipped(opt) == (step == 1)
+        if step == 1:
+            assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before[0]))
+            assert str(opt.state_dict()) == str(before[1])
+    assert loop.loss_scale == 2.0**15 and loop.skipped_steps == 1
+
+
+def test_clipping_sees_the_unscaled_master_grads_and_returns_the_true_norm():
+    loop = AmpLoop("O2", half_dtype=torch.bfloat16)
+    model = loop.prepare_model(conv_net())
+    opt = loop.attach(torch.optim.SGD(model.parameters(), lr=0.05))
+    x, y = DATA[0]
+    loop.scale(F.cross_entropy(model(loop.cast_inputs(x)), y)).backward()
+    loop.unscale_(opt)
+    grads = [p.grad.clone() for p in amp.master_params(opt)]
+    true_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
+    norm = loop.clip_grad_norm_(opt, 0.1)
+    torch.testing.assert_close(norm, true_norm, rtol=1e-5, atol=0)
+    assert norm > 0.1  # it clipped
+    for p, g in zip(amp.master_params(opt), grads):
+        torch.testing.assert_close(p.grad, g * (0.1 / (true_norm + 1e-6)), rtol=1e-5, atol=1e-9)
+    loop.step(opt)
+    assert not loop.step_was_skipped(opt)
+
+
+def test_the_state_dict_round_trips_and_names_its_level():
+    _, _, loop = loop_run("O2", torch.float16, OPTIMIZERS["sgd"], data=DATA[:2])
+    loop.scaler.update(2.0**10)
+    state = loop.state_dict()
+    fresh = AmpLoop("O2", half_dtype=torch.float16)
+    fresh.load_state_dict(state)
+    assert fresh.loss_scale == 2.0**10 and fresh.state_dict() == state
+    with pytest.raises(ValueError, match="opt_level 'O2', this AmpLoop runs 'O1'"):
+        AmpLoop("O1").load_state_dict(state)
+
+
+def test_bad_options_and_foreign_optimizers_are_refused():
+    with pytest.raises(TypeError, match="unknown options \\['loss_scal'\\]; the options are"):
+        AmpLoop("O2", loss_scal=128)
+    with pytest.raises(ValueError, match="unknown opt_level 'O7'"):
+        AmpLoop("O7")
+    model = conv_net()
+    model, opt = amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O2",
+                                verbosity=0)
+    with pytest.raises(RuntimeError, match="already belongs to another amp.initialize or AmpLoop"):
+        AmpLoop("O2").attach(opt)
+
+
+def test_cast_inputs_leave_integer_targets_alone():
+    loop = AmpLoop("O2", half_dtype=torch.bfloat16)
+    x, y = DATA[0]
+    cx, cy = loop.cast_inputs((x, y))
+    assert cx.dtype == torch.bfloat16 and cy.dtype == torch.int64 and torch.equal(cy, y)
+    assert AmpLoop("O1").cast_inputs(x) is x
