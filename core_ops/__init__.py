@@ -9,6 +9,7 @@ has a pure-PyTorch reference to fall back on.
 from . import _library, reference  # noqa: F401  (op schemas, then reference kernels)
 from ._info import backend_report
 from .multi_tensor_apply import (
+    clip_grad_norm_,
     multi_tensor_axpby,
     multi_tensor_check_finite,
     multi_tensor_l2norm,
@@ -20,6 +21,6 @@ from .multi_tensor_apply import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "backend_report", "multi_tensor_axpby", "multi_tensor_check_finite", "multi_tensor_l2norm",
+    "backend_report", "clip_grad_norm_", "multi_tensor_axpby", "multi_tensor_check_finite", "multi_tensor_l2norm",
     "multi_tensor_scale", "multi_tensor_unscale_l2norm", "update_scale",
 ]

@@ -199,6 +199,18 @@ class AmpLoop:
         flag = self._amp(optimizer).last_found_inf
         return bool(flag is not None and flag.item() > 0)
 
+    def follow_skips(self, scheduler):
+        """Makes ``scheduler.step()`` do nothing right after a skipped step of its
+        optimizer, so that an overflow does not advance the schedule (torch's AMP
+        advances it anyway). Its class is swapped for a subclass that checks first (one
+        host sync per scheduler step); its state dict is unchanged, and a copy or a
+        pickle of it is the plain scheduler. Returns it."""
+        cls = type(scheduler)
+        if not getattr(cls, "_core_ops_follows_skips", False):
+            scheduler.__class__ = _following(cls)
+        _FOLLOWED[scheduler] = self
+        return scheduler
+
     def update(self):
         """Backs the loss scale off after an overflowed iteration, grows it after
         ``growth_interval`` clean ones (on the device, no sync)."""
@@ -228,3 +240,31 @@ class AmpLoop:
                              f"AmpLoop runs {self.opt_level!r}")
         if state_dict.get("loss_scaler"):
             self.scaler.load_state_dict(state_dict["loss_scaler"])
+
+
+# Schedulers that follow an AmpLoop's skips (weakly: a scheduler ends with its loop run).
+_FOLLOWED = weakref.WeakKeyDictionary()
+_FOLLOWING = {}
+
+
+def _following(cls):
+    """``cls`` with a step() that skips after a skipped optimizer step (one per class)."""
+    if cls not in _FOLLOWING:
+        def step(self, *args, **kwargs):
+            loop = _FOLLOWED.get(self)
+            if loop is not None and loop.step_was_skipped(self.optimizer):
+                return None
+            return cls.step(self, *args, **kwargs)
+
+        def __reduce_ex__(self, protocol):
+            # A copy or a pickle (torch.save of the scheduler) is the plain scheduler.
+            following, self.__class__ = self.__class__, cls
+            try:
+                return cls.__reduce_ex__(self, protocol)
+            finally:
+                self.__class__ = following
+
+        _FOLLOWING[cls] = type(cls.__name__, (cls,), {
+            "step": step, "__reduce_ex__": __reduce_ex__, "_core_ops_follows_skips": True,
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    return _FOLLOWING[cls]

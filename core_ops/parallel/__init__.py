@@ -2,10 +2,10 @@
 ``from apex.parallel import X`` becomes ``from core_ops.parallel import X``."""
 
 from ..optimizers import LARC
-from .convert import convert_syncbn_model, create_syncbn_process_group
+from .convert import convert_syncbn_model, create_syncbn_process_group, revert_syncbn_model
 from .distributed import DistributedDataParallel
 from .reducer import Reducer
 from .sync_batchnorm import SyncBatchNorm
 
 __all__ = ["DistributedDataParallel", "LARC", "Reducer", "SyncBatchNorm", "convert_syncbn_model",
-           "create_syncbn_process_group"]
+           "create_syncbn_process_group", "revert_syncbn_model"]

@@ -25,6 +25,7 @@ def convert_syncbn_model(module, process_group=None, channel_last=False):
                 converted.running_var = module.running_var
                 converted.num_batches_tracked = module.num_batches_tracked
         converted.train(module.training)
+        converted._core_ops_reverts_to = type(module)  # for revert_syncbn_model
         if hasattr(module, "qconfig"):  # quantization-aware training config, as torch keeps it
             converted.qconfig = module.qconfig
         if module.affine:
@@ -32,6 +33,38 @@ def convert_syncbn_model(module, process_group=None, channel_last=False):
         return converted
     for name, child in module.named_children():
         new = convert_syncbn_model(child, process_group, channel_last)
+        if new is not child:
+            setattr(module, name, new)
+    return module
+
+
+class BatchNormAnyDim(_BatchNorm):
+    """A plain batch norm of any input rank >= 2: what a SyncBatchNorm that was not
+    converted from another batch norm reverts to (as Lightning's own revert does)."""
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError(f"expected an input of at least 2 dimensions (N, C, ...), got {input.dim()}")
+
+
+def revert_syncbn_model(module):
+    """The inverse of ``convert_syncbn_model``: every core_ops ``SyncBatchNorm`` back to
+    the batch norm class it was converted from (``BatchNormAnyDim`` if it was built
+    directly), sharing its weights, running stats and training flag. Lightning's
+    strategies call it at the end of ``fit``."""
+    if isinstance(module, SyncBatchNorm):
+        cls = getattr(module, "_core_ops_reverts_to", BatchNormAnyDim)
+        plain = cls(module.num_features, module.eps, module.momentum, module.affine,
+                    module.track_running_stats)
+        if module.affine:
+            plain.weight, plain.bias = module.weight, module.bias
+        if module.track_running_stats:
+            plain.running_mean, plain.running_var = module.running_mean, module.running_var
+            plain.num_batches_tracked = module.num_batches_tracked
+        plain.train(module.training)
+        return plain
+    for name, child in module.named_children():
+        new = revert_syncbn_model(child)
         if new is not child:
             setattr(module, name, new)
     return module

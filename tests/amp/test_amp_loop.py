@@ -162,3 +162,50 @@ def test_cast_inputs_leave_integer_targets_alone():
     cx, cy = loop.cast_inputs((x, y))
     assert cx.dtype == torch.bfloat16 and cy.dtype == torch.int64 and torch.equal(cy, y)
     assert AmpLoop("O1").cast_inputs(x) is x
+
+
+def test_a_followed_scheduler_does_not_advance_after_a_skipped_step():
+    loop = AmpLoop("O2", half_dtype=torch.float16)
+    model = loop.prepare_model(conv_net())
+    opt = loop.attach(torch.optim.SGD(model.parameters(), lr=0.1))
+    sched = loop.follow_skips(torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5))
+    plain = torch.optim.lr_scheduler.StepLR(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), 1, 0.5)
+    assert isinstance(sched, torch.optim.lr_scheduler.StepLR) and sched.state_dict().keys() == plain.state_dict().keys()
+    x, y = DATA[0]
+    lrs = []
+    for step in range(3):
+        opt.zero_grad()
+        loop.scale(F.cross_entropy(model(loop.cast_inputs(x)), y)).backward()
+        if step == 1:
+            model[0].weight.grad[0, 0, 0, 0] = float("nan")
+        loop.step(opt)
+        loop.update()
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == [0.05, 0.05, 0.025]  # the skipped step 1 left the schedule where it was
+    assert torch.load(_saved(sched), weights_only=False).__class__ is torch.optim.lr_scheduler.StepLR
+
+
+def _saved(obj):
+    import io
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
+
+
+def test_core_ops_clip_grad_norm_matches_torch():
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(n, generator=g) for n in (3, 1000, 17)] + [torch.randn(5, generator=g).double()]
+    params = [torch.zeros_like(t, requires_grad=True) for t in grads]
+    for p, t in zip(params, grads):
+        p.grad = t.clone()
+    want = torch.nn.utils.clip_grad_norm_(params, 0.5)
+    from core_ops import clip_grad_norm_
+    got = clip_grad_norm_(grads, 0.5)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want.double(), rtol=1e-6, atol=0)
+    for p, t in zip(params, grads):
+        torch.testing.assert_close(t, p.grad, rtol=1e-6, atol=1e-9)
+    with pytest.raises(ValueError, match="max_norm must be > 0"):
+        clip_grad_norm_(grads, 0.0)

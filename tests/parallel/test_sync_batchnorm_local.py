@@ -180,3 +180,19 @@ def test_a_module_pickled_before_fuse_relu_existed_still_runs():
     x = torch.randn(4, 3, 2)
     torch.testing.assert_close(bn(x), nn.functional.batch_norm(x, None, None, training=True))
     assert "fuse_relu=False" in repr(bn)
+
+
+def test_revert_gives_back_the_batch_norms_it_was_converted_from():
+    from core_ops.parallel import SyncBatchNorm, revert_syncbn_model
+    from core_ops.parallel.convert import BatchNormAnyDim
+    model = torch.nn.Sequential(torch.nn.Conv1d(2, 3, 1), torch.nn.BatchNorm1d(3), torch.nn.Conv2d(3, 3, 1),
+                                torch.nn.BatchNorm2d(3), SyncBatchNorm(3))
+    model[3].eval()
+    weight = model[3].weight
+    converted = convert_syncbn_model(model)
+    assert all(isinstance(converted[i], SyncBatchNorm) for i in (1, 3, 4))
+    back = revert_syncbn_model(converted)
+    assert [type(back[i]) for i in (1, 3, 4)] == [torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, BatchNormAnyDim]
+    assert back[3].weight is weight and not back[3].training and back[1].training
+    x = torch.randn(4, 3, 5, 5)
+    assert torch.equal(back[4](x), torch.nn.functional.batch_norm(x, None, None, training=True))
