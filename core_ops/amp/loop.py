@@ -258,13 +258,15 @@ def _following(cls):
 
         def __reduce_ex__(self, protocol):
             # A copy or a pickle (torch.save of the scheduler) is the plain scheduler.
-            following, self.__class__ = self.__class__, cls
-            try:
-                return cls.__reduce_ex__(self, protocol)
-            finally:
-                self.__class__ = following
+            return _plain, (cls, self.__dict__)
 
         _FOLLOWING[cls] = type(cls.__name__, (cls,), {
             "step": step, "__reduce_ex__": __reduce_ex__, "_core_ops_follows_skips": True,
             "__module__": cls.__module__, "__qualname__": cls.__qualname__})
     return _FOLLOWING[cls]
+
+
+def _plain(cls, state):
+    scheduler = cls.__new__(cls)
+    scheduler.__dict__.update(state)
+    return scheduler
