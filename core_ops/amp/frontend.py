@@ -13,7 +13,7 @@ from ..optimizers.larc import LARC
 from . import _state, opt_levels, torch_ddp
 from .amp_optimizer import AmpOptimizer
 from .loss_scaler import LossScaler
-from .masters import HALF, MasterWeights
+from .masters import HALF, MasterWeights, follow_moves
 from .model_casting import (cast_module_tensors, keep_state_dict_fp32, module_device_type,
                             patch_forward)
 
@@ -140,6 +140,7 @@ def _prepare_model(model, props, registry, handle):
         patch_forward(model, None, props.cast_model_outputs, None)
     if half or len(registry):
         keep_state_dict_fp32(model, registry)
+        follow_moves(model)
     model._core_ops_amp = props
 
 

@@ -231,6 +231,14 @@ class AmpLoop:
         """Iterations skipped for overflow so far (a host sync)."""
         return self.scaler.skipped_steps
 
+    def counters(self):
+        """(loss scale, skipped steps) as 0-d float32 device tensors, for loggers that
+        read them later: no host sync here."""
+        if self.scaler._scale is None:  # no loss scaled yet
+            return torch.tensor(self.scaler.get_scale()), torch.zeros(())
+        scale = self.scaler.scale_tensor().detach().reshape(()).clone()
+        return scale, self.scaler._skipped.detach().reshape(()).float()
+
     def state_dict(self):
         return {"opt_level": self.opt_level, "loss_scaler": self.scaler.state_dict()}
 

@@ -13,6 +13,8 @@ the original's masters.
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 HALF = (torch.float16, torch.bfloat16)
@@ -60,6 +62,25 @@ class MasterWeights:
 def of(module):
     """The registry of an initialized model (an empty one for a model without masters)."""
     return getattr(module, "_core_ops_amp_masters", None) or MasterWeights()
+
+
+def follow_moves(model):
+    """After ``model.to(device)`` (any ``_apply``) the masters move to their half
+    params' devices too, in place: a framework prepares the model on the CPU and moves
+    it to its GPU afterwards (Lightning's strategies, Fabric). A bound method, so a
+    deepcopy's moves serve the copy."""
+    model._apply = types.MethodType(_apply_and_move_masters, model)
+
+
+def _apply_and_move_masters(self, fn, *args, **kwargs):
+    out = type(self)._apply(self, fn, *args, **kwargs)
+    with torch.no_grad():
+        for param, master in list(of(self)._by_id.values()):
+            if master.device != param.device:
+                master.data = master.data.to(param.device)
+                if master.grad is not None:
+                    master.grad = master.grad.to(param.device)
+    return out
 
 
 def named_in(module, skip=()):

@@ -29,6 +29,15 @@ def _check_args(module, message_size, num_allreduce_streams, gradient_predivide_
     if isinstance(module, (DistributedDataParallel, nn.parallel.DistributedDataParallel)):
         raise ValueError(f"module is already wrapped in {type(module).__name__}; wrap the "
                          "inner module once")
+    check_options(message_size, num_allreduce_streams, gradient_predivide_factor,
+                  allreduce_always_fp32, allreduce_dtype)
+    return trainable(module)
+
+
+def check_options(message_size=10_000_000, num_allreduce_streams=1, gradient_predivide_factor=1.0,
+                  allreduce_always_fp32=False, allreduce_dtype=None):
+    """The checks of DistributedDataParallel's options that need no module, for a
+    framework's strategy to run at its own construction, long before the wrapping."""
     if not is_count(message_size):
         raise ValueError(f"message_size must be a positive number of elements, got {message_size!r}")
     if not isinstance(num_allreduce_streams, int) or num_allreduce_streams < 1:
@@ -41,7 +50,6 @@ def _check_args(module, message_size, num_allreduce_streams, gradient_predivide_
     if allreduce_always_fp32 and allreduce_dtype not in (None, torch.float32):
         raise ValueError(f"allreduce_always_fp32=True contradicts allreduce_dtype={allreduce_dtype}; "
                          "give one of them")
-    return trainable(module)
 
 
 def _group_timeout(group):
@@ -475,6 +483,12 @@ class DistributedDataParallel(nn.Module):
         if torch.is_grad_enabled() and self._backward_syncs:
             self._hook_outputs(output)
         return output
+
+    @property
+    def require_backward_grad_sync(self):
+        """torch's DistributedDataParallel attribute: False inside ``no_sync()`` (and
+        after ``disable_allreduce()``), when backward passes accumulate locally."""
+        return self._sync
 
     @contextlib.contextmanager
     def no_sync(self):

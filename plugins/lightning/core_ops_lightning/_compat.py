@@ -1,0 +1,165 @@
+"""Where the plugin reaches into Lightning, all in one place.
+
+Lightning checks ``precision=`` against a fixed list and has no registry for it, so the
+``apex-*`` names are made to work by one wrap of each connector's ``__init__`` (the
+Trainer's ``_AcceleratorConnector`` and Fabric's ``_Connector``, in every installed
+tree): an ``apex-*`` name becomes an ``ApexPrecision`` in ``plugins`` before Lightning
+reads the arguments, and once the connector is built it checks that its strategy can
+run Apex's precision. Strategies go through Lightning's public registries.
+
+Everything relied on is checked first (``problems``); if anything is off, nothing is
+patched and importing the plugin warns, pointing to ``plugins=[ApexPrecision(...)]``.
+The patch is idempotent (a marker on the wrapper, ``functools.wraps`` so
+``__wrapped__`` leads back) and undone by ``uninstall``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+
+from packaging.version import Version
+
+from . import names
+
+SUPPORTED = ("2.6", "2.7")  # [lowest, first unsupported) Lightning release
+_MARK = "_core_ops_apex_names"
+# Strategies that cannot run Apex's precision: their own precision plugins shard,
+# compile or cast differently (class names, so that an uninstalled one costs nothing).
+INCOMPATIBLE = ("FSDPStrategy", "DeepSpeedStrategy", "XLAStrategy", "SingleDeviceXLAStrategy",
+                "XLAFSDPStrategy", "ModelParallelStrategy")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+    """One of Lightning's package trees and the places the plugin uses in it."""
+
+    name: str
+    trainer: object  # lightning.pytorch or pytorch_lightning
+    fabric: object  # lightning.fabric or lightning_fabric
+    trainer_connector: type
+    fabric_connector: type
+
+
+_TREES = {"lightning": ("lightning.pytorch", "lightning.fabric"),
+          "pytorch_lightning": ("pytorch_lightning", "lightning_fabric")}
+
+
+def installed_trees():
+    """The trees importable here, as ``Tree``s (missing ones are left out)."""
+    found = []
+    for name, (trainer_name, fabric_name) in _TREES.items():
+        try:
+            trainer, fabric = importlib.import_module(trainer_name), importlib.import_module(fabric_name)
+            tc = importlib.import_module(f"{trainer_name}.trainer.connectors.accelerator_connector")
+            fc = importlib.import_module(f"{fabric_name}.connector")
+        except ImportError:
+            continue
+        found.append(Tree(name, trainer, fabric, tc._AcceleratorConnector, fc._Connector))
+    return found
+
+
+def problems(tree):
+    """What in ``tree`` differs from what the plugin relies on (empty: all is well)."""
+    found = []
+    version = Version(tree.trainer.__version__)
+    if not Version(SUPPORTED[0]) <= version < Version(SUPPORTED[1]):
+        found.append(f"{tree.name} {version} is outside the supported [{SUPPORTED[0]}, {SUPPORTED[1]})")
+    for cls in (tree.trainer_connector, tree.fabric_connector):
+        params = inspect.signature(cls.__init__).parameters
+        if not {"precision", "plugins", "strategy"} <= set(params):
+            found.append(f"{cls.__qualname__}.__init__ no longer takes precision / plugins / strategy")
+    ddp = tree.trainer.strategies.DDPStrategy
+    for attr in ("_setup_model", "_register_ddp_hooks", "block_backward_sync", "configure_ddp", "teardown"):
+        if not hasattr(ddp, attr):
+            found.append(f"the Trainer's DDPStrategy has no {attr}")
+    if not hasattr(tree.fabric.strategies.DDPStrategy, "setup_module"):
+        found.append("Fabric's DDPStrategy has no setup_module")
+    for registry in (tree.trainer.strategies.StrategyRegistry, tree.fabric.strategies.STRATEGY_REGISTRY):
+        if not callable(getattr(registry, "register", None)):
+            found.append(f"{tree.name}'s strategy registry has no register()")
+    return found
+
+
+def _plugins_list(plugins):
+    if plugins is None:
+        return []
+    return list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+
+
+def _wrap_connector(init, precision_cls, base_precision, plugin_attr, what):
+    """The connector's ``__init__``, taking ``apex-*`` names (see the module note);
+    ``plugin_attr`` is where the built connector keeps its precision plugin."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        precision, plugins = bound.arguments.get("precision"), _plugins_list(bound.arguments.get("plugins"))
+        ours = [p for p in plugins if isinstance(p, _apex_types())]
+        if names.is_ours(precision):
+            names.parse(precision)  # an unknown name: an error naming the valid ones
+            others = [p for p in plugins if isinstance(p, base_precision) and not isinstance(p, _apex_types())]
+            if others or ours:
+                raise ValueError(f"{what}(precision={precision!r}) and plugins={others + ours} both set the "
+                                 "precision; give one of them")
+            plugins.append(precision_cls(precision))
+            bound.arguments["precision"] = None
+        # An ApexPrecision of another tree or of the other class (Trainer / Fabric) is
+        # rebuilt as this one, with its options.
+        plugins = [precision_cls(**p.options) if isinstance(p, _apex_types()) and not isinstance(p, precision_cls)
+                   else p for p in plugins]
+        if ours or names.is_ours(precision):
+            bound.arguments["plugins"] = plugins
+        init(*bound.args, **bound.kwargs)
+        precision_plugin = getattr(self, plugin_attr, None)
+        if isinstance(precision_plugin, _apex_types()):
+            strategy = self.strategy
+            if type(strategy).__name__ in INCOMPATIBLE:
+                raise ValueError(f"{what}(precision={precision_plugin.precision!r}) cannot run with "
+                                 f"{type(strategy).__name__}: use a single device, 'ddp', 'ddp_spawn', "
+                                 "'apex-ddp' or 'apex-ddp_spawn'")
+
+    setattr(__init__, _MARK, True)
+    return __init__
+
+
+_APEX_TYPES = []
+
+
+def _apex_types():
+    return tuple(_APEX_TYPES)
+
+
+def install(classes_by_tree):
+    """Patches every tree of ``classes_by_tree`` ({Tree: namespace with ApexPrecision,
+    ApexFabricPrecision, ApexDDPStrategy, ApexFabricDDPStrategy}) and registers the
+    strategies; returns the problems that stopped it (nothing is patched then)."""
+    found = [p for tree in classes_by_tree for p in problems(tree)]
+    if found:
+        return found
+    for tree, ns in classes_by_tree.items():
+        _APEX_TYPES.extend(c for c in (ns.ApexPrecision, ns.ApexFabricPrecision) if c not in _APEX_TYPES)
+        for cls, precision_cls, base, attr, what in (
+                (tree.trainer_connector, ns.ApexPrecision, tree.trainer.plugins.precision.Precision,
+                 "precision_plugin", "Trainer"),
+                (tree.fabric_connector, ns.ApexFabricPrecision, tree.fabric.plugins.precision.Precision,
+                 "precision", "Fabric")):
+            if not getattr(cls.__init__, _MARK, False):
+                cls.__init__ = _wrap_connector(cls.__init__, precision_cls, base, attr, what)
+        ns.ApexDDPStrategy.register_strategies(tree.trainer.strategies.StrategyRegistry)
+        ns.ApexFabricDDPStrategy.register_strategies(tree.fabric.strategies.STRATEGY_REGISTRY)
+    return []
+
+
+def uninstall(classes_by_tree):
+    """Undoes ``install`` (for tests): the connectors' own ``__init__`` and registries back."""
+    for tree in classes_by_tree:
+        for cls in (tree.trainer_connector, tree.fabric_connector):
+            if getattr(cls.__init__, _MARK, False):
+                cls.__init__ = cls.__init__.__wrapped__
+        for registry in (tree.trainer.strategies.StrategyRegistry, tree.fabric.strategies.STRATEGY_REGISTRY):
+            for name in ("apex-ddp", "apex-ddp_spawn"):
+                registry.pop(name, None)

@@ -1,0 +1,7 @@
+"""The plugin's classes for the standalone ``lightning_fabric`` package."""
+
+from ._trees import classes
+
+_ns = classes("pytorch_lightning")
+ApexPrecision = _ns.ApexFabricPrecision
+ApexDDPStrategy = _ns.ApexFabricDDPStrategy

@@ -1,0 +1,168 @@
+"""``ApexPrecision``, written once for Lightning's Trainer and Fabric and for both of its
+package trees (``lightning.*`` and the standalone ``pytorch_lightning`` /
+``lightning_fabric``, whose classes are distinct): ``precision_classes(tree)`` makes the
+pair for one tree. Every hook hands off to ``core_ops.amp.AmpLoop``; nothing numeric
+lives here.
+
+The order of a training step (Trainer): ``convert_module`` casts the model and makes
+the fp32 masters before the strategy moves and wraps it; ``connect`` attaches the
+optimizers (their param groups take the masters) and holds the step-wise LR schedulers
+still after skipped steps; ``pre_backward`` scales the loss; after each backward that
+DDP synced the grads go into the masters at once (fp32 accumulation), inside
+``no_sync`` (``accumulate_grad_batches``) they stay scaled until the synced one;
+``optimizer_step`` unscales, lets Lightning clip (the true norm, one pass) and steps,
+skipped on overflow, then updates the loss scale and logs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from core_ops.amp import AmpLoop
+
+from .names import is_ours, name_of, parse
+
+
+class _Apex:
+    """What both classes share: the options and the AmpLoop."""
+
+    def __init__(self, opt_level="O2", half_dtype=None, **options):
+        """``opt_level``: O0-O3, or a name such as ``"apex-O2-bf16"``; ``half_dtype``:
+        torch.float16 (Apex's, the default) or torch.bfloat16; ``options``: those of
+        ``core_ops.amp.initialize`` (``loss_scale``, ``keep_batchnorm_fp32``,
+        ``master_weights``, ``min_loss_scale``, ...)."""
+        level, default = parse(opt_level) if is_ours(opt_level) else (opt_level, torch.float16)
+        self.loop = AmpLoop(level, half_dtype=default if half_dtype is None else half_dtype, **options)
+        self.options = dict(opt_level=level, half_dtype=self.loop.half_dtype, **options)
+        self.precision = name_of(level, self.loop.half_dtype)
+
+    def __repr__(self):
+        extra = "".join(f", {k}={v!r}" for k, v in self.options.items() if k not in ("opt_level", "half_dtype"))
+        return f"{type(self).__name__}({self.loop.opt_level!r}, half_dtype={self.loop.half_dtype}{extra})"
+
+    # ---- what users read ------------------------------------------------------------
+
+    @property
+    def loss_scale(self):
+        """The current loss scale, a float (a host sync)."""
+        return self.loop.loss_scale
+
+    @property
+    def skipped_steps(self):
+        """Steps skipped for inf / nan grads so far (a host sync)."""
+        return self.loop.skipped_steps
+
+    def step_was_skipped(self, optimizer):
+        return self.loop.step_was_skipped(getattr(optimizer, "optimizer", optimizer))
+
+    # ---- the model and its inputs ----------------------------------------------------
+
+    def convert_module(self, module):
+        return self.loop.prepare_model(module)
+
+    def convert_input(self, data):
+        return self.loop.cast_inputs(data)
+
+    @contextlib.contextmanager
+    def forward_context(self):
+        with self.loop.autocast():
+            yield
+
+    def state_dict(self):
+        return self.loop.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.loop.load_state_dict(state_dict)
+
+
+def _syncs(wrapper):
+    """Whether a backward through ``wrapper`` (a torch or core_ops DDP, or a bare
+    module) reduces the grads: False inside ``no_sync()``."""
+    return getattr(wrapper, "require_backward_grad_sync", True)
+
+
+class _TrainerApex(_Apex):
+    """The Trainer's hooks (lightning.pytorch's Precision)."""
+
+    def connect(self, model, optimizers, lr_schedulers):
+        for optimizer in optimizers:
+            self.loop.attach(optimizer)
+        for config in lr_schedulers:
+            if config.interval == "step":  # an epoch's schedule is not a step's to hold
+                self.loop.follow_skips(config.scheduler)
+        return model, optimizers, lr_schedulers
+
+    def pre_backward(self, tensor, module):
+        return super().pre_backward(self.loop.scale(tensor), module)
+
+    def backward(self, tensor, model, optimizer, *args, **kwargs):
+        model.backward(tensor, *args, **kwargs)
+        if optimizer is not None and _syncs(model.trainer.strategy.model):
+            self.loop.unscale_(optimizer)
+
+    def optimizer_step(self, optimizer, model, closure, **kwargs):
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise RuntimeError("apex-O* precision and the LBFGS optimizer are not compatible: LBFGS "
+                               "re-runs its closure inside step(), after the grads were unscaled")
+        closure_result = closure()
+        stepped = closure_result is not None or not model.automatic_optimization  # None: no backward
+        if stepped:
+            self.loop.unscale_(optimizer)
+        self._after_closure(model, optimizer)  # on_before_optimizer_step, then clipping
+        if not stepped:
+            return closure_result
+        out = self.loop.step(optimizer, **kwargs)
+        self.loop.update()
+        scale, skipped = self.loop.counters()
+        model.log("loss_scale", scale, on_step=True, on_epoch=False, rank_zero_only=True)
+        model.log("skipped_steps", skipped, on_step=True, on_epoch=False, rank_zero_only=True)
+        return out
+
+    def clip_gradients(self, optimizer, clip_val=0.0, gradient_clip_algorithm="norm"):
+        if clip_val <= 0:
+            return
+        if gradient_clip_algorithm == "value":
+            self.loop.unscale_(optimizer)
+            torch.nn.utils.clip_grad_value_(list(self.main_params(optimizer)), clip_val)
+        else:
+            self.loop.clip_grad_norm_(optimizer, clip_val)
+
+
+class _FabricApex(_Apex):
+    """Fabric's hooks (lightning.fabric's Precision). Fabric shows the plugin each
+    optimizer first at its step (or clip), so the backward passes before it leave the
+    grads scaled and that first step unscales them (``AmpLoop`` attaches it then)."""
+
+    def backward(self, tensor, model, *args, **kwargs):
+        self.loop.scale(tensor).backward(*args, **kwargs)
+
+    def unscale_gradients(self, optimizer):
+        self.loop.unscale_(optimizer)
+
+    def main_params(self, optimizer):
+        self.loop.attach(optimizer)  # the masters, once the param groups hold them
+        return super().main_params(optimizer)
+
+    def optimizer_step(self, optimizer, **kwargs):
+        if kwargs.get("closure") is not None:
+            raise RuntimeError("apex-O* precision takes no closure in optimizer.step(): the closure "
+                               "would run backward after the grads were unscaled")
+        out = self.loop.step(optimizer, **kwargs)
+        self.loop.update()
+        return out
+
+
+def precision_classes(trainer_pkg, fabric_pkg, module_name):
+    """(Trainer ApexPrecision, Fabric ApexPrecision) of one Lightning tree, named
+    ``module_name.ApexPrecision`` / ``module_name.ApexFabricPrecision`` (picklable:
+    ``ddp_spawn`` sends the plugin to its processes)."""
+    doc = ("Apex's opt levels for Lightning: ``Trainer(plugins=[ApexPrecision('O2', "
+           "half_dtype=torch.bfloat16, loss_scale='dynamic')])``, or ``precision='apex-O2'``.")
+    trainer = type("ApexPrecision", (_TrainerApex, trainer_pkg.plugins.precision.Precision),
+                   {"__module__": module_name, "__qualname__": "ApexPrecision", "__doc__": doc})
+    fabric = type("ApexFabricPrecision", (_FabricApex, fabric_pkg.plugins.precision.Precision),
+                  {"__module__": module_name, "__qualname__": "ApexFabricPrecision",
+                   "__doc__": doc.replace("Trainer(", "Fabric(")})
+    return trainer, fabric

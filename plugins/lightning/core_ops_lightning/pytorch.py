@@ -1,0 +1,8 @@
+"""The plugin's classes for ``lightning.pytorch`` (the Trainer of the ``lightning`` package)."""
+
+from ._trees import classes
+
+_ns = classes("lightning")
+ApexPrecision = _ns.ApexPrecision
+ApexDDPStrategy = _ns.ApexDDPStrategy
+CoreOpsSyncBatchNorm = _ns.CoreOpsSyncBatchNorm

@@ -1,0 +1,146 @@
+"""``ApexDDPStrategy`` (``strategy="apex-ddp"`` / ``"apex-ddp_spawn"``), written once for
+the Trainer and Fabric of both Lightning trees: Lightning's own DDP strategy with the
+model wrapped in core_ops' DistributedDataParallel (bucketed allreduce overlapped with
+backward, Apex's options) and, for ``sync_batchnorm=True``, core_ops' SyncBatchNorm,
+which runs on CPU (gloo) as well as CUDA. ``strategy_classes(tree)`` makes the pair."""
+
+from __future__ import annotations
+
+import contextlib
+
+from core_ops.parallel import DistributedDataParallel, convert_syncbn_model, revert_syncbn_model
+from core_ops.parallel.distributed import check_options
+
+# core_ops DistributedDataParallel's options, reachable on the strategy instance.
+DDP_OPTIONS = dict(message_size=10_000_000, delay_allreduce=False, allreduce_always_fp32=False,
+                   allreduce_dtype=None, gradient_average=True, gradient_predivide_factor=1.0,
+                   retain_allreduce_buffers=False, broadcast_buffers=True)
+# Lightning's own DDPStrategy arguments, passed through.
+STRATEGY_ARGS = ("accelerator", "parallel_devices", "cluster_environment", "checkpoint_io",
+                 "precision_plugin", "precision", "process_group_backend", "timeout", "start_method")
+
+
+def _split(options, where):
+    """(core_ops DDP options, Lightning strategy args) of ``options``; torch-DDP-only
+    arguments get an error that says what the strategy takes instead."""
+    ddp = {k: options.pop(k) for k in list(options) if k in DDP_OPTIONS}
+    # core_ops' DDP always finds unused params itself and always reduces into bucket
+    # views; these two torch flags have nothing left to choose.
+    for flag in ("find_unused_parameters", "gradient_as_bucket_view"):
+        options.pop(flag, None)
+    unknown = sorted(k for k in options if k not in STRATEGY_ARGS)
+    if unknown:
+        raise TypeError(f"{where} got {unknown}, arguments of torch's DistributedDataParallel; "
+                        f"core_ops' takes {', '.join(DDP_OPTIONS)} (use strategy='ddp' for torch's)")
+    check_options(**{k: ddp[k] for k in ("message_size", "allreduce_always_fp32", "allreduce_dtype",
+                                         "gradient_predivide_factor") if k in ddp})
+    return {**DDP_OPTIONS, **ddp}, options
+
+
+def _wrap(strategy, module):
+    return DistributedDataParallel(module, **strategy.apex_ddp_options)
+
+
+def _register(cls, registry, description):
+    for name, start_method in (("apex-ddp", "popen"), ("apex-ddp_spawn", "spawn")):
+        if name not in registry:
+            registry.register(name, cls, description=f"{description} (start_method {start_method!r})",
+                              start_method=start_method)
+
+
+def strategy_classes(trainer_pkg, fabric_pkg, module_name):
+    """(Trainer ApexDDPStrategy, Fabric ApexDDPStrategy, CoreOpsSyncBatchNorm) of one
+    tree, named in ``module_name`` (picklable for ``apex-ddp_spawn``)."""
+    TrainerDDP = trainer_pkg.strategies.DDPStrategy
+    FabricDDP = fabric_pkg.strategies.DDPStrategy
+    LayerSync = trainer_pkg.plugins.LayerSync
+    TorchSyncBatchNorm = trainer_pkg.plugins.TorchSyncBatchNorm
+    BackwardSyncControl = fabric_pkg.strategies.strategy._BackwardSyncControl
+
+    class CoreOpsSyncBatchNorm(LayerSync):
+        """``sync_batchnorm=True`` under ``apex-ddp``: core_ops' SyncBatchNorm."""
+
+        def apply(self, model):
+            return convert_syncbn_model(model)
+
+        def revert(self, model):
+            return revert_syncbn_model(model)
+
+    class ApexDDPStrategy(TrainerDDP):
+        """Lightning's DDPStrategy with core_ops' DistributedDataParallel: its options
+        (``message_size``, ``delay_allreduce``, ``allreduce_always_fp32``,
+        ``allreduce_dtype=torch.bfloat16``, ``gradient_predivide_factor``, ...) go
+        here, beside Lightning's own (``start_method``, ``timeout``, ...)."""
+
+        strategy_name = "apex-ddp"
+
+        def __init__(self, **options):
+            self.apex_ddp_options, options = _split(options, "ApexDDPStrategy")
+            super().__init__(**options)
+
+        @property
+        def _layer_sync(self):
+            return self.__dict__.get("_apex_layer_sync")
+
+        @_layer_sync.setter
+        def _layer_sync(self, value):  # the Trainer hands it torch's for sync_batchnorm=True
+            self.__dict__["_apex_layer_sync"] = (CoreOpsSyncBatchNorm() if isinstance(value, TorchSyncBatchNorm)
+                                                 else value)
+
+        def _setup_model(self, model):
+            return _wrap(self, model)
+
+        def _register_ddp_hooks(self):
+            pass  # torch DDP's comm hooks; core_ops' reduces in its own buckets
+
+        @contextlib.contextmanager
+        def block_backward_sync(self):
+            context = self.model.no_sync() if isinstance(self.model, DistributedDataParallel) else contextlib.nullcontext()
+            with context:
+                yield
+
+        def teardown(self):
+            if isinstance(self.model, DistributedDataParallel):
+                self.model = self.lightning_module  # unwrap, as Lightning does torch's
+            super().teardown()
+
+        @classmethod
+        def register_strategies(cls, strategy_registry):
+            _register(cls, strategy_registry, "core_ops' DistributedDataParallel")
+
+    class _NoSync(BackwardSyncControl):
+        def no_backward_sync(self, module, enabled):
+            if not enabled:
+                return contextlib.nullcontext()
+            if not isinstance(module, DistributedDataParallel):
+                raise TypeError("no_backward_sync needs the module set up by the apex-ddp strategy "
+                                f"(core_ops' DistributedDataParallel), got {type(module).__name__}")
+            return module.no_sync()
+
+    class ApexFabricDDPStrategy(FabricDDP):
+        """Fabric's DDPStrategy with core_ops' DistributedDataParallel (options as the
+        Trainer's ApexDDPStrategy); ``fabric.no_backward_sync`` and
+        ``fabric.clip_gradients`` work as with Lightning's own."""
+
+        def __init__(self, **options):
+            self.apex_ddp_options, options = _split(options, "ApexDDPStrategy")
+            super().__init__(**options)
+            self._backward_sync_control = _NoSync()
+
+        def setup_module(self, module):
+            return _wrap(self, module)
+
+        def clip_gradients_norm(self, module, optimizer, max_norm, norm_type=2.0, error_if_nonfinite=True):
+            loop = getattr(self.precision, "loop", None)
+            if loop is None or norm_type != 2.0:
+                return super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
+            return loop.clip_grad_norm_(optimizer, max_norm)  # one pass; an overflow skips the step
+
+        @classmethod
+        def register_strategies(cls, strategy_registry):
+            _register(cls, strategy_registry, "core_ops' DistributedDataParallel")
+
+    for cls, name in ((CoreOpsSyncBatchNorm, "CoreOpsSyncBatchNorm"), (ApexDDPStrategy, "ApexDDPStrategy"),
+                      (ApexFabricDDPStrategy, "ApexFabricDDPStrategy"), (_NoSync, "_NoSync")):
+        cls.__module__, cls.__qualname__, cls.__name__ = module_name, name, name
+    return ApexDDPStrategy, ApexFabricDDPStrategy, CoreOpsSyncBatchNorm
