@@ -121,9 +121,52 @@ def _wrap_connector(init, precision_cls, base_precision, plugin_attr, what):
                 raise ValueError(f"{what}(precision={precision_plugin.precision!r}) cannot run with "
                                  f"{type(strategy).__name__}: use a single device, 'ddp', 'ddp_spawn', "
                                  "'apex-ddp' or 'apex-ddp_spawn'")
+            if what == "Fabric":
+                strategy.__class__ = _attaching(type(strategy))
 
     setattr(__init__, _MARK, True)
     return __init__
+
+
+# Note [Fabric's optimizers]: Fabric shows a precision plugin no optimizer before its
+# first step, but an optimizer must step the masters before anything else touches it:
+# a fabric.load() into it would otherwise cast the saved fp32 state to the half
+# params' dtype. So the strategy of a Fabric with ApexPrecision gets, in place, a
+# subclass whose setup_optimizer() attaches the optimizer (and whose
+# setup_module_and_optimizers() makes a scheduler given with them hold still after a
+# skipped step); a pickle of it (ddp_spawn) rebuilds the same.
+_ATTACHING = {}
+
+
+def _attaching(cls):
+    if getattr(cls, "_core_ops_attaches", False):
+        return cls
+    if cls not in _ATTACHING:
+        def setup_optimizer(self, optimizer):
+            optimizer = cls.setup_optimizer(self, optimizer)
+            self.precision.loop.attach(optimizer)
+            return optimizer
+
+        def setup_module_and_optimizers(self, module, optimizers, scheduler=None):
+            out = cls.setup_module_and_optimizers(self, module, optimizers, scheduler)
+            if scheduler is not None:
+                self.precision.loop.follow_skips(scheduler)
+            return out
+
+        def __reduce_ex__(self, protocol):
+            return _rebuild_attaching, (cls, self.__dict__)
+
+        _ATTACHING[cls] = type(cls.__name__, (cls,), {
+            "setup_optimizer": setup_optimizer, "setup_module_and_optimizers": setup_module_and_optimizers,
+            "__reduce_ex__": __reduce_ex__, "_core_ops_attaches": True,
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    return _ATTACHING[cls]
+
+
+def _rebuild_attaching(cls, state):
+    strategy = cls.__new__(_attaching(cls))
+    strategy.__dict__.update(state)
+    return strategy
 
 
 _APEX_TYPES = []

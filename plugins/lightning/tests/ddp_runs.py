@@ -1,0 +1,161 @@
+"""Real 2-process runs of the Lightning plugin (CPU, gloo), one launch per suite, each
+fitting several times in the same processes so that the test pays for one start:
+
+    python ddp_runs.py trainer OUT       # lightning.pytorch.Trainer
+    python ddp_runs.py fabric OUT        # lightning.fabric.Fabric
+    python ddp_runs.py standalone OUT    # pytorch_lightning.Trainer
+
+Lightning's launcher starts rank 1 by running this script again; every rank saves its
+results to OUT/<suite>-rank<r>.pt for test_ddp_runs.py to compare. Ranks build their
+models from different seeds: DDP's broadcast must make them one.
+"""
+
+import copy
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+import lightning_cases as cases  # noqa: E402
+
+
+def trainer_kwargs(**kw):
+    return dict(accelerator="cpu", devices=2, logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False, **kw)
+
+
+def fit(pl, out_key, results, model=None, ckpt_path=None, data=None, **kw):
+    model = model or cases.make_module(pl)(seed=10 + int(os.environ.get("LOCAL_RANK", 0)))
+    trainer = pl.Trainer(**trainer_kwargs(**kw))
+    trainer.fit(model, data or cases.loader(), ckpt_path=ckpt_path)
+    results["rank"] = trainer.global_rank
+    results[out_key] = dict(history=model.history, params=cases.flat(model.parameters()),
+                            collectives=model.backward_collectives,
+                            types=sorted({type(m).__name__ for m in model.modules()}),
+                            dtypes=sorted({str(p.dtype) for p in model.parameters()}))
+    return trainer, model
+
+
+def trainer_suite(pl, out):
+    Net = cases.make_module(pl)
+    rank = int(os.environ.get("LOCAL_RANK", 0))
+    results = {}
+    # O2 + apex-ddp + SyncBN, with an inf on rank 1 only at step 2 and clipping.
+    fit(pl, "o2", results, model=Net(seed=10 + rank, inf_at=(2, 1)), precision="apex-O2",
+        strategy="apex-ddp", sync_batchnorm=True, max_epochs=1, gradient_clip_val=0.5)
+    # O0 + apex-ddp + SyncBN on half batches: the test compares with one process. The
+    # samples are dealt in order (rank r takes r, r + 2, ...: its half of each batch of
+    # 32); Lightning's own sampler would shuffle them.
+    ds = cases.dataset()
+    dealt = torch.utils.data.DataLoader(ds, batch_size=16, sampler=torch.utils.data.DistributedSampler(
+        ds, num_replicas=2, rank=rank, shuffle=False))
+    fit(pl, "o0_syncbn", results, model=Net(seed=0), precision="apex-O0", strategy="apex-ddp",
+        sync_batchnorm=True, max_epochs=1, data=dealt, use_distributed_sampler=False)
+    # Accumulation: no collective on the accumulating micro-batches.
+    with cases.AllReduceCounter() as counter:
+        fit(pl, "accumulate", results, model=Net(seed=10 + rank, counter=counter), precision="apex-O2-bf16",
+            strategy="apex-ddp", accumulate_grad_batches=2, max_epochs=1)
+    # Resume: an interrupted run continues exactly as the uninterrupted one.
+    ckpt = Path(out) / "epoch1.ckpt"
+    fit(pl, "whole", results, model=Net(seed=10 + rank, optimizer="fused_adam"), precision="apex-O2",
+        strategy="apex-ddp", max_epochs=2)
+    trainer, _ = fit(pl, "first", results, model=Net(seed=10 + rank, optimizer="fused_adam"),
+                     precision="apex-O2", strategy="apex-ddp", max_epochs=1)
+    trainer.save_checkpoint(ckpt)
+    fit(pl, "resumed", results, model=Net(seed=99, optimizer="fused_adam"), precision="apex-O2",
+        strategy="apex-ddp", max_epochs=2, ckpt_path=ckpt)
+    # Lightning's own DDP with Apex's precision; apex-ddp with Lightning's precision;
+    # manual optimization.
+    fit(pl, "torch_ddp", results, precision="apex-O2", strategy="ddp", max_epochs=1)
+    fit(pl, "lightning_precision", results, precision="bf16-mixed", strategy="apex-ddp", max_epochs=1)
+    fit(pl, "manual", results, model=Net(seed=10 + rank, manual=True), precision="apex-O2-bf16",
+        strategy="apex-ddp", max_epochs=1)
+    return results
+
+
+def fabric_suite(out):
+    import lightning as L
+    fabric = L.Fabric(precision="apex-O2", strategy="apex-ddp", accelerator="cpu", devices=2)
+    fabric.launch()
+    rank = fabric.global_rank
+    results = {}
+
+    def setup(seed):
+        model = cases.conv_net(seed)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        model, opt = fabric.setup(model, opt)
+        return model, opt
+
+    def train(model, opt, batches, inf_at=None, record=None):
+        for i, (x, y) in enumerate(batches):
+            with fabric.no_backward_sync(model, enabled=(i % 2 == 0)):  # 2 micro-batches a step
+                loss = F.cross_entropy(model(x), y)
+                if inf_at == (i, rank):
+                    loss = loss * float("inf")
+                fabric.backward(loss)
+            if i % 2 == 1:
+                norm = fabric.clip_gradients(model, opt, max_norm=0.5)
+                opt.step()
+                opt.zero_grad()
+                if record is not None:
+                    record.append(dict(params=cases.flat(model.parameters()), norm=float(norm),
+                                       skipped=fabric.strategy.precision.step_was_skipped(opt)))
+
+    batches = [(x, y) for x, y in cases.loader(batch=8)]
+    local = batches[rank::2]  # each rank its own micro-batches
+    amp = fabric.strategy.precision
+    fresh = copy.deepcopy(amp.state_dict())  # every run below starts from the first scale
+    model, opt = setup(10 + rank)
+    record = []
+    with cases.AllReduceCounter() as counter:
+        before = counter.count
+        with fabric.no_backward_sync(model):
+            fabric.backward(F.cross_entropy(model(local[0][0]), local[0][1]))
+        results["collectives_inside_no_sync"] = counter.count - before
+        opt.zero_grad()
+    train(model, opt, local, inf_at=(2, 1), record=record)
+    results["train"] = record
+    results["dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
+    # save / load with the precision plugin in the state: resumes exactly.
+    path = Path(out) / "fabric.ckpt"
+    amp.load_state_dict(fresh)
+    whole_model, whole_opt = setup(20 + rank)
+    train(whole_model, whole_opt, local)
+    amp.load_state_dict(fresh)
+    first_model, first_opt = setup(20 + rank)
+    train(first_model, first_opt, local[:4])
+    fabric.save(path, {"model": first_model, "optimizer": first_opt, "amp": amp})
+    fabric.barrier()
+    resumed_model, resumed_opt = setup(77)
+    fabric.load(path, {"model": resumed_model, "optimizer": resumed_opt, "amp": amp})
+    train(resumed_model, resumed_opt, local[4:])
+    results["whole"] = cases.flat(whole_model.parameters())
+    results["resumed"] = cases.flat(resumed_model.parameters())
+    results["rank"] = rank
+    results["saved_dtypes"] = sorted({str(v.dtype) for v in torch.load(path, weights_only=False)["model"].values()
+                                      if v.is_floating_point()})
+    return results
+
+
+def main():
+    suite, out = sys.argv[1], sys.argv[2]
+    if suite == "fabric":
+        import core_ops_lightning  # noqa: F401
+        results = fabric_suite(out)
+    else:
+        import core_ops_lightning  # noqa: F401
+        if suite == "standalone":
+            import pytorch_lightning as pl
+        else:
+            import lightning.pytorch as pl
+        results = trainer_suite(pl, out) if suite == "trainer" else {}
+        if suite == "standalone":
+            fit(pl, "o2", results, precision="apex-O2", strategy="apex-ddp", sync_batchnorm=True, max_epochs=1)
+    torch.save(results, Path(out) / f"{suite}-rank{results['rank']}.pt")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The model, data and recorders the Lightning plugin tests share, in-process and in the
+launched runs (ddp_runs.py): a small conv net with BatchNorm on a learnable 8x8 task."""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+N, BATCH = 128, 16
+
+
+def dataset(n=N, seed=1):
+    """The brightest quadrant of an 8x8 image is its class (4 classes)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 1, 8, 8, generator=g)
+    y = torch.randint(0, 4, (n,), generator=g)
+    for i, c in enumerate(y.tolist()):
+        r, s = divmod(c, 2)
+        x[i, :, 4 * r:4 * r + 4, 4 * s:4 * s + 4] += 1.5
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def loader(batch=BATCH, n=N):
+    return torch.utils.data.DataLoader(dataset(n), batch_size=batch, shuffle=False)
+
+
+def conv_net(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, 4))
+
+
+def flat(tensors):
+    return torch.cat([t.detach().float().flatten().cpu() for t in tensors])
+
+
+class AllReduceCounter:
+    """Counts torch.distributed.all_reduce calls (core_ops' DDP sends its buckets so)."""
+
+    def __init__(self):
+        self.count = 0
+        self._original = None
+
+    def __enter__(self):
+        self._original = dist.all_reduce
+
+        def counted(*args, **kwargs):
+            self.count += 1
+            return self._original(*args, **kwargs)
+
+        dist.all_reduce = counted
+        return self
+
+    def __exit__(self, *exc):
+        dist.all_reduce = self._original
+
+
+def make_module(pl):
+    """The LightningModule class for the ``pl`` tree (lightning.pytorch or pytorch_lightning)."""
+
+    class Net(pl.LightningModule):
+        """Records, per step, the params after it, the lr and what the plugin logged.
+        ``inf_at=(step, rank)`` makes that rank's loss inf at that step; ``manual``
+        trains with manual optimization."""
+
+        def __init__(self, seed=0, lr=0.05, inf_at=None, manual=False, optimizer="sgd", counter=None):
+            super().__init__()
+            self.net = conv_net(seed)
+            self.lr, self.inf_at, self.optimizer_name, self.counter = lr, inf_at, optimizer, counter
+            self.automatic_optimization = not manual
+            self.history, self.backward_collectives = [], []
+
+        def forward(self, x):
+            return self.net(x)
+
+        def _loss(self, batch):
+            x, y = batch
+            loss = F.cross_entropy(self(x), y)
+            if self.inf_at == (self.global_step, self.global_rank):
+                loss = loss * float("inf")
+            return loss
+
+        def training_step(self, batch, batch_idx):
+            if self.counter is not None:
+                self._before = self.counter.count
+            loss = self._loss(batch)
+            self.log("train_loss", loss, prog_bar=True)
+            if not self.automatic_optimization:
+                opt = self.optimizers()
+                opt.zero_grad()
+                self.manual_backward(loss)
+                opt.step()
+                return None
+            return loss
+
+        def on_after_backward(self):
+            if self.counter is not None:
+                self.backward_collectives.append(self.counter.count - self._before)
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            metrics = self.trainer.callback_metrics
+            self.history.append(dict(
+                step=self.global_step, params=flat(self.parameters()),
+                lr=self.trainer.optimizers[0].param_groups[0]["lr"],
+                loss_scale=float(metrics.get("loss_scale", float("nan"))),
+                skipped=float(metrics.get("skipped_steps", float("nan")))))
+
+        def configure_optimizers(self):
+            if self.optimizer_name == "fused_adam":
+                from core_ops.optimizers import FusedAdam
+                opt = FusedAdam(self.parameters(), lr=self.lr / 10)
+            else:
+                opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.95)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    return Net

@@ -1,0 +1,186 @@
+"""The Lightning plugin in one process (real Trainer and Fabric runs on the CPU): every
+name trains, the Trainer and Fabric give what a hand-written AmpLoop gives on the same
+model and data, checkpoints hold fp32 weights, and bad input fails at construction."""
+
+import copy
+
+import lightning as L
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.nn.functional as F
+
+import core_ops_lightning
+from core_ops.amp import AmpLoop
+from core_ops_lightning import NAMES, ApexPrecision
+from lightning_cases import conv_net, flat, loader, make_module
+
+Net = make_module(pl)
+QUIET = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+             enable_progress_bar=False, enable_model_summary=False)
+
+
+def fit(precision=None, plugins=None, epochs=1, model=None, **kw):
+    model = model or Net(seed=0)
+    trainer = pl.Trainer(precision=precision, plugins=plugins, max_epochs=epochs, **QUIET, **kw)
+    trainer.fit(model, loader())
+    return trainer, model
+
+
+@pytest.mark.parametrize("name", list(NAMES))
+def test_every_name_trains(name):
+    trainer, model = fit(name, epochs=3)
+    losses = [h for h in model.history]
+    assert trainer.precision == name
+    first, last = model.history[0], model.history[-1]
+    assert not torch.equal(first["params"], last["params"])
+    assert float(trainer.callback_metrics["train_loss"]) < 1.2  # from ~1.4: it learns
+    level, half = NAMES[name]
+    weights = {p.dtype for p in model.net[0].parameters()}
+    assert weights == ({half} if level in ("O2", "O3") else {torch.float32})
+    assert model.net[1].weight.dtype == (half if level == "O3" else torch.float32)  # BatchNorm kept at O2
+    assert losses
+
+
+def hand_written(opt_level, half_dtype, clip, torch_clip=False):
+    """The same training as Net under the Trainer, with AmpLoop by hand (clipping with
+    torch's clip_grad_norm_ where Lightning's own strategies clip so)."""
+    loop = AmpLoop(opt_level, half_dtype=half_dtype)
+    model = Net(seed=0)
+    loop.prepare_model(model)
+    opt = loop.attach(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    sched = loop.follow_skips(torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.95))
+    for x, y in loader():
+        x, y = loop.cast_inputs((x, y))
+        with loop.autocast("cpu"):
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loop.scale(loss).backward()
+        loop.unscale_(opt)
+        if clip and torch_clip:
+            loop.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], clip)
+        elif clip:
+            loop.clip_grad_norm_(opt, clip)
+        loop.step(opt)
+        loop.update()
+        sched.step()
+    return model, loop
+
+
+@pytest.mark.parametrize("name", ["apex-O1", "apex-O2", "apex-O2-bf16", "apex-O3"])
+def test_the_trainer_trains_as_a_hand_written_loop(name):
+    """Bit for bit: the plugin adds no numerics (clipping by norm included)."""
+    trainer, model = fit(name, gradient_clip_val=0.5)
+    theirs, loop = hand_written(*NAMES[name], clip=0.5)
+    assert torch.equal(flat(model.parameters()), flat(theirs.parameters()))
+    assert trainer.precision_plugin.loss_scale == loop.loss_scale
+    assert trainer.callback_metrics["skipped_steps"] == loop.skipped_steps
+
+
+def test_fabric_trains_as_a_hand_written_loop():
+    fabric = L.Fabric(precision="apex-O2", accelerator="cpu", devices=1)
+    model = Net(seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.95)
+    model, opt, sched = fabric.setup(model, opt, scheduler=sched)
+    for x, y in loader():
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        fabric.backward(loss)
+        fabric.clip_gradients(model, opt, max_norm=0.5, error_if_nonfinite=False)
+        opt.step()
+        sched.step()
+    # Fabric's single-device strategy clips with torch's clip_grad_norm_ (apex-ddp's
+    # with core_ops'); the Fabric plugin unscales at the clip.
+    theirs, loop = hand_written("O2", torch.float16, clip=0.5, torch_clip=True)
+    assert torch.equal(flat(model.parameters()), flat(theirs.parameters()))
+    assert fabric.strategy.precision.skipped_steps == loop.skipped_steps
+
+
+def test_the_checkpoint_holds_fp32_weights_for_a_plain_module(tmp_path):
+    trainer, model = fit("apex-O2")
+    path = tmp_path / "o2.ckpt"
+    trainer.save_checkpoint(path)
+    saved = torch.load(path, weights_only=False)
+    assert {v.dtype for k, v in saved["state_dict"].items() if v.is_floating_point()} == {torch.float32}
+    assert saved["ApexPrecision"]["opt_level"] == "O2"
+    plain = Net.load_from_checkpoint(path)  # no plugin: a float32 module for inference
+    assert {p.dtype for p in plain.parameters()} == {torch.float32}
+    masters = [m for g in trainer.optimizers[0].param_groups for m in g["params"]]
+    assert torch.equal(flat(plain.parameters()), flat(masters))
+
+
+def test_instance_form_and_the_other_tree():
+    """ApexPrecision takes initialize's options; one made for lightning works in
+    pytorch_lightning's Trainer and in Fabric (rebuilt there with its options)."""
+    plugin = ApexPrecision("O2", half_dtype=torch.bfloat16, loss_scale=128.0)
+    trainer, model = fit(plugins=[plugin])
+    assert trainer.precision == "apex-O2-bf16" and trainer.precision_plugin.loss_scale == 128.0
+    import pytorch_lightning
+    from core_ops_lightning.pytorch_lightning import ApexPrecision as StandaloneApex
+    other = pytorch_lightning.Trainer(plugins=[plugin], max_epochs=1, **QUIET)
+    assert isinstance(other.precision_plugin, StandaloneApex)
+    assert other.precision_plugin.options == plugin.options
+    fabric = L.Fabric(plugins=[plugin], accelerator="cpu", devices=1)
+    from core_ops_lightning.fabric import ApexPrecision as FabricApex
+    assert isinstance(fabric.strategy.precision, FabricApex)
+    import lightning_fabric
+
+    import core_ops_lightning.lightning_fabric
+    assert isinstance(lightning_fabric.Fabric(precision="apex-O3", accelerator="cpu").strategy.precision,
+                      core_ops_lightning.lightning_fabric.ApexPrecision)
+
+
+def test_manual_optimization_trains():
+    trainer, model = fit("apex-O2-bf16", model=Net(seed=0, manual=True), epochs=2)
+    assert float(trainer.callback_metrics["train_loss"]) < 1.3
+    assert trainer.precision_plugin.skipped_steps == 0
+
+
+def test_fused_optimizer_with_clipping_and_accumulation():
+    trainer, model = fit("apex-O2", model=Net(seed=0, optimizer="fused_adam"), epochs=2,
+                         gradient_clip_val=1.0, accumulate_grad_batches=2)
+    assert trainer.global_step == 8  # 8 batches an epoch, 2 per step
+    assert not torch.equal(model.history[0]["params"], model.history[-1]["params"])
+
+
+def test_bad_input_fails_at_construction():
+    with pytest.raises(ValueError, match="unknown precision 'apex-O7'; core_ops_lightning's are apex-O0, apex-O1"):
+        pl.Trainer(precision="apex-O7", **QUIET)
+    with pytest.raises(ValueError, match="unknown precision 'apex-O7'"):
+        L.Fabric(precision="apex-O7")
+    with pytest.raises(ValueError, match="both set the precision; give one of them"):
+        pl.Trainer(precision="apex-O2", plugins=[pl.plugins.MixedPrecision("bf16-mixed", "cpu")], **QUIET)
+    with pytest.raises(ValueError, match="both set the precision"):
+        pl.Trainer(precision="apex-O2", plugins=[ApexPrecision("O1")], **QUIET)
+    # FSDP, DeepSpeed and XLA refuse this CPU machine by themselves; ModelParallel does not.
+    with pytest.raises(ValueError, match="cannot run with ModelParallelStrategy: use a single device"):
+        pl.Trainer(plugins=[ApexPrecision("O2")], strategy=pl.strategies.ModelParallelStrategy(),
+                   accelerator="cpu", devices=2)
+    with pytest.raises(ValueError, match="Fabric\\(precision='apex-O3'\\) cannot run with ModelParallelStrategy"):
+        L.Fabric(precision="apex-O3", strategy=L.fabric.strategies.ModelParallelStrategy(lambda m, _: m),
+                 accelerator="cpu", devices=2)
+    with pytest.raises(TypeError, match="unknown options \\['loss_scal'\\]"):
+        ApexPrecision("O2", loss_scal=4)
+    with pytest.raises(TypeError, match="arguments of torch's DistributedDataParallel"):
+        core_ops_lightning.ApexDDPStrategy(bucket_cap_mb=25)
+    with pytest.raises(ValueError, match="message_size must be a positive number"):
+        core_ops_lightning.ApexDDPStrategy(message_size=0)
+
+
+def test_the_patch_is_idempotent_and_undone():
+    from core_ops_lightning import _compat, _trees
+    trees = _trees.ALL
+    connector = next(iter(trees)).trainer_connector
+    wrapped = connector.__init__
+    assert _compat.install(trees) == [] and connector.__init__ is wrapped  # again: nothing more
+    _compat.uninstall(trees)
+    try:
+        assert not getattr(connector.__init__, _compat._MARK, False)
+        with pytest.raises(ValueError, match="Precision 'apex-O2' is invalid"):
+            pl.Trainer(precision="apex-O2", **QUIET)
+        assert "apex-ddp" not in pl.strategies.StrategyRegistry
+    finally:
+        assert _compat.install(trees) == []
+    assert "apex-ddp" in pl.strategies.StrategyRegistry and copy.copy(connector.__init__) is connector.__init__
