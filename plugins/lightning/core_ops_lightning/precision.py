@@ -115,9 +115,10 @@ class _TrainerApex(_Apex):
             return closure_result
         out = self.loop.step(optimizer, **kwargs)
         self.loop.update()
-        scale, skipped = self.loop.counters()
-        model.log("loss_scale", scale, on_step=True, on_epoch=False, rank_zero_only=True)
-        model.log("skipped_steps", skipped, on_step=True, on_epoch=False, rank_zero_only=True)
+        if self.loop.scaling:  # O0 and O3 without loss scaling have nothing to report
+            scale, skipped = self.loop.counters()
+            model.log("loss_scale", scale, on_step=True, on_epoch=False, rank_zero_only=True)
+            model.log("skipped_steps", skipped, on_step=True, on_epoch=False, rank_zero_only=True)
         return out
 
     def clip_gradients(self, optimizer, clip_val=0.0, gradient_clip_algorithm="norm"):
