@@ -170,21 +170,32 @@ class AmpLoop:
             self._found = found if self._found is None else torch.maximum(self._found, found)
         return amp.found_inf
 
-    def clip_grad_norm_(self, optimizer, max_norm):
-        """Clips ``optimizer``'s grads (the masters' at O2), unscaled first, by their
-        global L2 norm in one norm pass (``core_ops.clip_grad_norm_``); returns the
-        true norm. A norm that overflows float32 although every grad is finite skips
-        the step, as an overflow does."""
-        self.unscale_(optimizer)
-        grads = [p.grad for g in optimizer.param_groups for p in g["params"]
-                 if p.grad is not None and not p.grad.is_sparse]
+    def main_params(self, target):
+        """The params that ``target`` (an optimizer, or params such as
+        ``model.parameters()``) trains: a half param's fp32 master in its place."""
+        if hasattr(target, "param_groups"):
+            return [p for g in target.param_groups for p in g["params"]]
+        return [p if (m := self.registry.get(p)) is None else m for p in target]
+
+    def clip_grad_norm_(self, target, max_norm):
+        """Clips the grads of ``target`` (an optimizer, or params such as
+        ``model.parameters()``: a half param's master stands in for it), unscaled first
+        (every attached optimizer's, for params), by their global L2 norm in one norm
+        pass (``core_ops.clip_grad_norm_``); returns the true norm. A norm that
+        overflows float32 although every grad is finite skips the step, as an overflow
+        does."""
+        on_optimizer = hasattr(target, "param_groups")
+        amps = [self._amp(target)] if on_optimizer else self._amps()
+        for amp in amps:
+            self.unscale_(amp.optimizer)
+        grads = [p.grad for p in self.main_params(target) if p.grad is not None and not p.grad.is_sparse]
         if not grads:
             return torch.zeros(())
         norm = _clip_grads(grads, max_norm)
         if self.scaling:
             bad = (~torch.isfinite(norm)).float().reshape(1).to(self.scaler.scale_tensor().device)
-            amp = self._amp(optimizer)
-            amp.found_inf = bad if amp.found_inf is None else torch.maximum(amp.found_inf, bad)
+            for amp in amps:
+                amp.found_inf = bad if amp.found_inf is None else torch.maximum(amp.found_inf, bad)
             self._found = bad if self._found is None else torch.maximum(self._found, bad)
         return norm
 

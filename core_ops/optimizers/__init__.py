@@ -7,6 +7,7 @@ from .fused_lamb import FusedLAMB, FusedMixedPrecisionLamb
 from .fused_novograd import FusedNovoGrad
 from .fused_sgd import FusedSGD
 from .larc import LARC
+from .twins import fused_twin
 
 __all__ = ["FusedAdagrad", "FusedAdam", "FusedLAMB", "FusedMixedPrecisionLamb", "FusedNovoGrad",
-           "FusedSGD", "LARC"]
+           "FusedSGD", "LARC", "fused_twin"]

@@ -1,5 +1,25 @@
-"""core-ops for Hugging Face Accelerate. ``ApexPlugin`` is not built yet: its engine,
-``core_ops.amp`` and ``core_ops.parallel``, exists; the plugin waits for its own issue.
-Until then this package only pins the supported Accelerate range."""
+"""core-ops for Hugging Face Accelerate: Apex's opt levels, fp32 master weights and
+core_ops' DistributedDataParallel in an unchanged Accelerate training loop::
+
+    from accelerate import Accelerator
+    from core_ops_accelerate import ApexPlugin
+    accelerator = Accelerator(kwargs_handlers=[ApexPlugin(opt_level="O2")])
+
+or, with no change to the script, from the environment::
+
+    CORE_OPS_OPT_LEVEL=O2 accelerate launch --config_file cfg.yaml -m core_ops_accelerate train.py
+"""
+
+import warnings
+
+from . import _compat
+from .plugin import FIELDS, ApexPlugin
 
 __version__ = "0.1.0"
+
+PROBLEMS = _compat.install()
+if PROBLEMS:
+    warnings.warn("core_ops_accelerate could not hook into this Accelerate (" + "; ".join(PROBLEMS) +
+                  "): Accelerator(kwargs_handlers=[ApexPlugin()]) will be refused", stacklevel=2)
+
+__all__ = ["ApexPlugin", "FIELDS"]

@@ -1,0 +1,118 @@
+"""Where the plugin reaches into Accelerate, all in one place.
+
+``Accelerator.__init__`` maps every kwargs handler class it knows to an attribute and
+rejects any other, and has no registry. So ``Accelerator.__init__`` is wrapped once
+(idempotent: a marker on the wrapper, ``functools.wraps`` so ``__wrapped__`` leads
+back; ``uninstall`` undoes it): an ``ApexPlugin`` is taken out of ``kwargs_handlers``
+before Accelerate reads them, and once the Accelerator is built it is checked
+(``mixed_precision`` must be "no"; DeepSpeed, FSDP, Megatron-LM, XLA and fp8 cannot run
+with it), its class becomes ``accelerator.with_apex(...)`` of its own, and the plugin
+is registered for checkpointing. Under ``python -m core_ops_accelerate`` an Accelerator
+built without one gets ``ApexPlugin()`` when ``CORE_OPS_OPT_LEVEL`` is set.
+
+The supported Accelerate range and every method relied on are checked first
+(``problems``); if anything differs nothing is patched, importing the plugin warns, and
+``Accelerator(kwargs_handlers=[ApexPlugin()])`` raises Accelerate's own error.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+
+import accelerate
+from accelerate import Accelerator
+from packaging.version import Version
+
+from .accelerator import _ApexMethods, with_apex
+from .plugin import ApexPlugin
+
+SUPPORTED = ("1.15", "2")  # [lowest, first unsupported) Accelerate release
+_MARK = "_core_ops_takes_apex"
+INCOMPATIBLE = ("DEEPSPEED", "FSDP", "MEGATRON_LM", "XLA")
+AUTO = {"on": False}  # set by ``python -m core_ops_accelerate``
+
+
+def problems():
+    """What in the installed Accelerate differs from what the plugin relies on."""
+    found = []
+    version = Version(accelerate.__version__)
+    if not Version(SUPPORTED[0]) <= version < Version(SUPPORTED[1]):
+        found.append(f"accelerate {version} is outside the supported [{SUPPORTED[0]}, {SUPPORTED[1]})")
+    if "kwargs_handlers" not in inspect.signature(Accelerator.__init__).parameters:
+        found.append("Accelerator.__init__ takes no kwargs_handlers")
+    for name, params in (("prepare", ("device_placement",)),
+                         ("prepare_model", ("model", "device_placement", "evaluation_mode")),
+                         ("prepare_optimizer", ("optimizer", "device_placement")),
+                         ("prepare_scheduler", ("scheduler",)), ("backward", ("loss",)),
+                         ("unscale_gradients", ("optimizer",)),
+                         ("clip_grad_norm_", ("parameters", "max_norm", "norm_type")),
+                         ("clip_grad_value_", ("parameters", "clip_value")),
+                         ("unwrap_model", ("model", "keep_fp32_wrapper", "keep_torch_compile")),
+                         ("autocast", ("autocast_handler",)), ("register_for_checkpointing", ())):
+        method = getattr(Accelerator, name, None)
+        if method is None or not set(params) <= set(inspect.signature(method).parameters):
+            found.append(f"Accelerator.{name} is not what the plugin knows")
+    for attr in ("_models", "_optimizers", "gradient_accumulation_steps", "use_distributed", "device_placement"):
+        if attr not in inspect.unwrap(Accelerator.__init__).__code__.co_names and not hasattr(Accelerator, attr):
+            found.append(f"Accelerator has no {attr}")
+    return found
+
+
+def _check(accelerator):
+    if str(accelerator.mixed_precision) != "no":
+        raise ValueError(f"ApexPlugin runs core_ops' mixed precision; Accelerate's own must be off: "
+                         f"mixed_precision={accelerator.mixed_precision!r} (from the argument, the config or "
+                         "ACCELERATE_MIXED_PRECISION) must be 'no'")
+    kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
+    if kind in INCOMPATIBLE:
+        raise ValueError(f"ApexPlugin cannot run with {kind} (it shards, casts or compiles the model its own "
+                         "way); use single-process or multi-GPU / multi-CPU data parallelism")
+    if getattr(accelerator, "has_fp8_handler", False):
+        raise ValueError("ApexPlugin cannot run with an fp8 recipe handler")
+
+
+def _enable(accelerator, plugin):
+    _check(accelerator)
+    accelerator.__class__ = with_apex(type(accelerator))
+    accelerator._core_ops_apex = plugin
+    accelerator._core_ops_twins = {}
+    accelerator.register_for_checkpointing(plugin)
+
+
+def _wrap(init):
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        handlers = list(bound.arguments.get("kwargs_handlers") or [])
+        ours = [h for h in handlers if isinstance(h, ApexPlugin)]
+        if len(ours) > 1:
+            raise ValueError("You can only pass one ApexPlugin in `kwargs_handlers`.")
+        if not ours and AUTO["on"] and os.environ.get("CORE_OPS_OPT_LEVEL") and not isinstance(self, _ApexMethods):
+            ours = [ApexPlugin()]
+        if ours:
+            bound.arguments["kwargs_handlers"] = [h for h in handlers if not isinstance(h, ApexPlugin)] or None
+        init(*bound.args, **bound.kwargs)
+        if ours:
+            _enable(self, ours[0])
+
+    setattr(__init__, _MARK, True)
+    return __init__
+
+
+def install():
+    """Wraps Accelerator.__init__ (once); returns the problems that stopped it."""
+    found = problems()
+    if found:
+        return found
+    if not getattr(Accelerator.__init__, _MARK, False):
+        Accelerator.__init__ = _wrap(Accelerator.__init__)
+    return []
+
+
+def uninstall():
+    if getattr(Accelerator.__init__, _MARK, False):
+        Accelerator.__init__ = Accelerator.__init__.__wrapped__
