@@ -75,7 +75,7 @@ def test_the_trainer_trains_as_a_hand_written_loop(name):
     theirs, loop = hand_written(*NAMES[name], clip=0.5)
     assert torch.equal(flat(model.parameters()), flat(theirs.parameters()))
     assert trainer.precision_plugin.loss_scale == loop.loss_scale
-    assert trainer.callback_metrics["skipped_steps"] == loop.skipped_steps
+    assert trainer.callback_metrics.get("skipped_steps", 0) == loop.skipped_steps  # O3: no scaling, no log
 
 
 def test_fabric_trains_as_a_hand_written_loop():

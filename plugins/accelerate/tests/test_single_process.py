@@ -1,0 +1,210 @@
+"""The Accelerate plugin in one process (a real Accelerator on the CPU): it trains as a
+hand-written AmpLoop on the same model and data (bit for bit: the plugin adds no
+numerics), clips by the true norm, skips overflowed steps and their schedule, saves and
+loads its state exactly, and refuses what it cannot run, at construction."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+
+import small_task as task
+from core_ops.amp import AmpLoop
+from core_ops.optimizers import FusedAdam
+from core_ops_accelerate import ApexPlugin, _compat
+
+HERE = Path(__file__).parent
+
+
+def accelerated(plugin, seed=0, scheduler=True, optimizer=None):
+    accelerator = Accelerator(kwargs_handlers=[plugin])
+    model = task.conv_net(seed)
+    opt = (optimizer or (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)))(model.parameters())
+    objects = [model, opt, task.loader()]
+    if scheduler:
+        objects.append(torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.95))
+    return (accelerator, *accelerator.prepare(*objects))
+
+
+def run(accelerator, model, opt, loader, sched=None, clip=0.5, inf_at=None):
+    norms, skipped = [], []
+    for i, (x, y) in enumerate(loader):
+        with accelerator.autocast():
+            loss = F.cross_entropy(model(x), y)
+        if inf_at == i:
+            loss = loss * float("inf")
+        accelerator.backward(loss)
+        norms.append(accelerator.clip_grad_norm_(model.parameters(), clip))
+        opt.step()
+        if sched is not None:
+            sched.step()
+        opt.zero_grad()
+        skipped.append(accelerator.optimizer_step_was_skipped)
+    return norms, skipped
+
+
+def hand_written(opt_level, half_dtype, clip=0.5):
+    loop = AmpLoop(opt_level, half_dtype=half_dtype)
+    model = loop.prepare_model(task.conv_net(0))
+    opt = loop.attach(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    sched = loop.follow_skips(torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.95))
+    norms = []
+    for x, y in task.loader():
+        with loop.autocast("cpu"):
+            loss = F.cross_entropy(model(x), y)
+        loop.scale(loss).backward()
+        loop.unscale_(opt)
+        norms.append(loop.clip_grad_norm_(opt, clip))
+        loop.step(opt)
+        loop.update()
+        sched.step()
+        opt.zero_grad()
+    return model, norms
+
+
+@pytest.mark.parametrize("level, half", [("O1", "fp16"), ("O2", "fp16"), ("O2", "bf16"), ("O3", "bf16")])
+def test_the_plugin_trains_as_a_hand_written_loop(level, half):
+    accelerator, model, opt, loader, sched = accelerated(ApexPlugin(opt_level=level, half_dtype=half))
+    norms, _ = run(accelerator, model, opt, loader, sched)
+    theirs, their_norms = hand_written(level, torch.float16 if half == "fp16" else torch.bfloat16)
+    assert torch.equal(task.flat(model.parameters()), task.flat(theirs.parameters()))
+    assert [float(n) for n in norms] == [float(n) for n in their_norms]
+
+
+def test_an_overflow_skips_the_step_and_the_scheduler():
+    accelerator, model, opt, loader, sched = accelerated(ApexPlugin(opt_level="O2"))
+    plugin = accelerator.core_ops_apex
+    lrs, params = [], []
+    for i, (x, y) in enumerate(loader):
+        loss = F.cross_entropy(model(x), y) * (float("inf") if i == 2 else 1.0)
+        accelerator.backward(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        lrs.append(opt.param_groups[0]["lr"])
+        params.append(task.flat(model.parameters()))
+        assert accelerator.optimizer_step_was_skipped == (i == 2)
+    assert lrs[1] == lrs[2] > lrs[3] and torch.equal(params[1], params[2])
+    assert plugin.skipped_steps == 1 and plugin.loss_scale_value == 2.0**15
+
+
+def test_save_state_and_load_state_resume_exactly(tmp_path):
+    batches = list(task.loader())
+    accelerator, whole, wopt, _, wsched = accelerated(ApexPlugin(opt_level="O2"), seed=3)
+    run(accelerator, whole, wopt, batches, wsched)
+    accelerator, first, fopt, _, fsched = accelerated(ApexPlugin(opt_level="O2"), seed=3)
+    run(accelerator, first, fopt, batches[:5], fsched)
+    accelerator.save_state(str(tmp_path / "state"))
+    accelerator, resumed, ropt, _, rsched = accelerated(ApexPlugin(opt_level="O2"), seed=9)
+    accelerator.load_state(str(tmp_path / "state"))
+    run(accelerator, resumed, ropt, batches[5:], rsched)
+    assert torch.equal(task.flat(whole.parameters()), task.flat(resumed.parameters()))
+
+
+def test_the_saved_model_is_fp32_and_a_plain_model_loads_it(tmp_path):
+    accelerator, model, opt, loader = accelerated(ApexPlugin(opt_level="O2"), scheduler=False)
+    run(accelerator, model, opt, loader)
+    state = accelerator.get_state_dict(model)
+    assert {v.dtype for v in state.values() if v.is_floating_point()} == {torch.float32}
+    assert accelerator.unwrap_model(model) is model
+    accelerator.save_model(model, str(tmp_path / "model"))
+    plain = task.conv_net(5)
+    from safetensors.torch import load_file
+    plain.load_state_dict(load_file(str(tmp_path / "model" / "model.safetensors")))
+    masters = [m for g in opt.param_groups for m in g["params"]]
+    assert torch.equal(task.flat(plain.parameters()), task.flat(masters))
+
+
+def test_fused_optimizer_swaps_in_the_twin_and_the_scheduler_follows():
+    accelerator, model, opt, loader, sched = accelerated(
+        ApexPlugin(opt_level="O2", fused_optimizer=True), optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-2))
+    assert type(opt.optimizer) is FusedAdam and sched.scheduler.optimizer is opt.optimizer
+    run(accelerator, model, opt, loader, sched)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.95 ** 8)
+    with pytest.warns(UserWarning, match="RMSprop has no core_ops twin"):
+        accelerated(ApexPlugin(opt_level="O2", fused_optimizer=True), optimizer=lambda ps: torch.optim.RMSprop(ps))
+
+
+def test_options_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CORE_OPS_OPT_LEVEL", "O1")
+    monkeypatch.setenv("CORE_OPS_HALF_DTYPE", "bf16")
+    monkeypatch.setenv("CORE_OPS_MESSAGE_SIZE", "1e6")
+    plugin = ApexPlugin(sync_bn=True)
+    assert (plugin.opt_level, plugin.half_dtype, plugin.message_size, plugin.sync_bn) == (
+        "O1", torch.bfloat16, 1_000_000, True)
+    assert ApexPlugin(opt_level="O3").opt_level == "O3"  # the argument wins
+    monkeypatch.setenv("CORE_OPS_OPT_LEVEL", "O7")
+    with pytest.raises(ValueError, match="CORE_OPS_OPT_LEVEL='O7': expected one of O0, O1, O2, O3"):
+        ApexPlugin()
+    monkeypatch.setenv("CORE_OPS_OPT_LEVEL", "O2")
+    monkeypatch.setenv("CORE_OPS_SYNC_BN", "maybe")
+    with pytest.raises(ValueError, match="CORE_OPS_SYNC_BN='maybe': expected one of 1, true"):
+        ApexPlugin()
+
+
+def test_bad_input_is_refused_with_a_clear_error():
+    with pytest.raises(ValueError, match="opt_level='O7': expected one of O0, O1, O2, O3"):
+        ApexPlugin(opt_level="O7")
+    with pytest.raises(ValueError, match="half_dtype='fp8': expected fp16 or bf16"):
+        ApexPlugin(half_dtype="fp8")
+    with pytest.raises(ValueError, match="message_size must be a positive number"):
+        ApexPlugin(message_size=0)
+    with pytest.raises(ValueError, match="You can only pass one ApexPlugin"):
+        Accelerator(kwargs_handlers=[ApexPlugin(), ApexPlugin()])
+    with pytest.raises(ValueError, match="mixed_precision='bf16' .* must be 'no'"):
+        Accelerator(mixed_precision="bf16", kwargs_handlers=[ApexPlugin()])
+
+
+def test_o2_needs_the_optimizer_prepared_with_the_model_and_once():
+    accelerator = Accelerator(kwargs_handlers=[ApexPlugin(opt_level="O2")])
+    model = task.conv_net(0)
+    loose = torch.optim.SGD(task.conv_net(1).parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="needs the model prepared before or together with its optimizer"):
+        accelerator.prepare(loose)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model = accelerator.prepare(model)
+    x, y = next(iter(task.loader()))
+    with pytest.raises(RuntimeError, match="prepare the optimizer too"):
+        accelerator.backward(F.cross_entropy(model(x), y))
+    prepared = accelerator.prepare(opt)
+    assert accelerator.prepare(prepared) is prepared  # the wrapper again: as Accelerate does
+    with pytest.raises(ValueError, match="this optimizer was prepared already"):
+        accelerator.prepare(opt)
+
+
+def test_a_call_may_list_the_optimizer_before_its_model():
+    accelerator = Accelerator(kwargs_handlers=[ApexPlugin(opt_level="O2")])
+    model = task.conv_net(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt, model = accelerator.prepare(opt, model)
+    assert opt.param_groups[0]["params"][0].dtype == torch.float32  # a master
+    assert model[0].weight.dtype == torch.float16
+
+
+def test_the_patch_is_idempotent_and_undone():
+    wrapped = Accelerator.__init__
+    assert _compat.install() == [] and Accelerator.__init__ is wrapped
+    _compat.uninstall()
+    try:
+        with pytest.raises((KeyError, AssertionError)):
+            Accelerator(kwargs_handlers=[ApexPlugin()])  # Accelerate's own refusal of a foreign handler
+    finally:
+        assert _compat.install() == []
+    assert getattr(Accelerator.__init__, _compat._MARK)
+
+
+@pytest.mark.parametrize("level", [None, "O2"])
+def test_the_runner_switches_the_plugin_on_only_with_its_variable(level, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_OPS_OPT")}
+    if level:
+        env["CORE_OPS_OPT_LEVEL"] = level
+    proc = subprocess.run([sys.executable, "-m", "core_ops_accelerate", str(HERE / "plain_train.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=dict(env, PYTHONWARNINGS="ignore"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = torch.load(tmp_path / "plain-rank0.pt", weights_only=False)
+    assert r["dtypes"] == (["torch.float16", "torch.float32"] if level else ["torch.float32"])
