@@ -1,0 +1,98 @@
+"""What the Accelerate plugin costs, in the same run, medians of per-step times:
+
+    python bench/bench_accelerate.py [--repeats 5] [--steps 40]
+
+  O2 step           accelerator.backward + optimizer.step under ApexPlugin("O2") against
+                    the same model and batches in a hand-written core_ops.amp O2 loop
+                    (amp.initialize + scale_loss + step), one process   target <= 1.05 x
+  O0, 2 ranks       the same step under ApexPlugin("O0") (core_ops' DDP) against
+                    Accelerate's fp32 with torch's DDP, 2 gloo processes x 1 thread
+                                                                        target <= 1.0 x
+
+A step is forward, loss, backward, optimizer step, zero_grad. The runs alternate and the
+ratio is the median over the alternations of each pair's ratio of median step times
+(bench_lightning.paired); the first 5 steps of each run are warm-up. The 2-rank case
+runs under ``accelerate launch`` (started here with ACCELERATE_USE_CPU=1).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+
+import harness
+from bench_lightning import WARMUP, batches, conv_net, hand_written_o2, mlp, paired
+from core_ops_accelerate import ApexPlugin
+
+
+def accelerate_run(net, data, plugin=None):
+    accelerator = Accelerator(kwargs_handlers=[plugin] if plugin else None)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    model, opt = accelerator.prepare(net, opt)
+    times = []
+    for x, y in data:
+        t0 = time.perf_counter()
+        accelerator.backward(F.cross_entropy(model(x), y))
+        opt.step()
+        opt.zero_grad()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times[WARMUP:], accelerator
+
+
+def case_o2(args):
+    data = batches(args.steps, (3, 8, 8), 32)
+    runs = []
+    for _ in range(args.repeats):
+        runs.append((hand_written_o2(conv_net(), data), accelerate_run(conv_net(), data, ApexPlugin(opt_level="O2"))[0]))
+    return paired(runs, "O2 step", "hand-written amp O2 loop", 1.05)
+
+
+def case_ddp(args):
+    data = batches(args.steps, (512,), 32)
+    runs, rank = [], 0
+    for _ in range(args.repeats):
+        theirs, accelerator = accelerate_run(mlp(), data)
+        ours, _ = accelerate_run(mlp(), data, ApexPlugin(opt_level="O0"))
+        runs.append((theirs, ours))
+        rank = accelerator.process_index
+    if rank == 0:
+        row = paired(runs, "O0, 2 ranks", "fp32 + torch DDP", 1.0)
+        print("ROW " + json.dumps({k: row[k] for k in ("baseline_ms", "baseline_iqr_ms", "core_ops_ms",
+                                                        "core_ops_iqr_ms", "ratio")}))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5, help="alternations of the two runs")
+    p.add_argument("--steps", type=int, default=40, help="steps per run")
+    p.add_argument("--case", choices=["all", "ddp"], default="all")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    if args.case == "ddp":
+        case_ddp(args)
+        return
+    rows = [case_o2(args)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONWARNINGS="ignore")
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    child = subprocess.run([accelerate, "launch", "--multi_gpu", "--num_processes", "2", __file__, "--case", "ddp",
+                            "--repeats", str(args.repeats), "--steps", str(args.steps)],
+                           capture_output=True, text=True, env=env)
+    line = next((ln for ln in child.stdout.splitlines() if ln.startswith("ROW ")), None)
+    if line is None:
+        raise SystemExit("the 2-rank case failed:\n" + child.stdout[-2000:] + child.stderr[-4000:])
+    r = json.loads(line[4:])
+    rows.append(dict(case="O0, 2 ranks", baseline="fp32 + torch DDP", target=1.0, passed=r["ratio"] <= 1.0, **r))
+    print(f"one thread per process, {args.repeats} alternations x {args.steps} steps "
+          f"({WARMUP} warm-up steps left out of each)\n")
+    harness.compare(rows)
+
+
+if __name__ == "__main__":
+    main()
