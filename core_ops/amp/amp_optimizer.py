@@ -26,7 +26,7 @@ from collections import defaultdict
 import torch
 
 from ..multi_tensor_apply import multi_tensor_scale
-from ..optimizers._base import increment_version
+from ..optimizers._base import _write_marks_of, increment_version
 from ..optimizers.larc import LARC
 
 
@@ -72,6 +72,7 @@ class AmpOptimizer:
         self.last_found_inf = None  # the flag the last step was given
         self._old_nonfinite = None  # inf / nan in grads rescaled by prepare_backward
         self._adopted_written = False
+        self._marks = {}  # id(half param) -> (version, data_ptr) after the last step wrote it
         self._stepped = False  # the masters' grads are from before the last step
         # Apex's names, which training scripts reach into (NVIDIA's BERT resumes with
         # optimizer._lazy_init_maybe_master_weights(); _amp_stash.lazy_init_called = True):
@@ -166,11 +167,22 @@ class AmpOptimizer:
     # delay_unscale=True for the micro-batches inside it.
 
     def adopt_written_weights(self):
-        """At the first scale_loss: half params written after ``initialize`` other
-        than by a state-dict load give their values to their masters
-        (``MasterWeights.adopt_written``), once, so the first step trains them."""
-        if not self._adopted_written and self.masters is not None:
-            self.masters.adopt_written()
+        """Before a backward: the elements of half params written since the last step
+        (or, the first time, since ``initialize``) go into their masters (Note [Writes
+        to O2 half params]); found by the params' version counters and storages, two
+        attribute reads a param."""
+        if self.masters is None or not self.pairs:
+            return
+        halves = [p for p, _ in self.pairs]
+        now = dict(zip(map(id, halves), _write_marks_of(halves)))
+        if not self._adopted_written:
+            written = None
+        else:
+            written = {key for key, mark in now.items() if self._marks.get(key) != mark}
+            if not written:
+                return
+        self.masters.adopt_written(written)
+        self._marks = now
         self._adopted_written = True
 
     def prepare_backward(self, scale):
@@ -294,3 +306,5 @@ class AmpOptimizer:
                 # A copy behind autograd's back: the version counters move on as for
                 # torch's copy_, so a backward through the old half weights fails.
                 increment_version([p for _, p in group])
+            halves = [p for p, _ in self.pairs]
+            self._marks = dict(zip(map(id, halves), _write_marks_of(halves)))  # what the step wrote

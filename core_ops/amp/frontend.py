@@ -14,8 +14,8 @@ from . import _state, opt_levels, torch_ddp
 from .amp_optimizer import AmpOptimizer
 from .loss_scaler import LossScaler
 from .masters import HALF, MasterWeights, follow_moves
-from .model_casting import (cast_module_tensors, keep_state_dict_fp32, module_device_type,
-                            patch_forward)
+from .model_casting import (cast_inputs_of_half_modules, cast_module_tensors, keep_state_dict_fp32,
+                            module_device_type, patch_forward)
 
 _WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
 
@@ -126,16 +126,21 @@ def _make_masters(models, props, registry=None):
     return registry
 
 
-def _prepare_model(model, props, registry, handle):
+def _prepare_model(model, props, registry, handle, inputs_per_module=False):
+    """Casts ``model`` for ``props``. Its inputs are cast at its forward, as Apex's
+    input caster did, or, with ``inputs_per_module`` (AmpLoop), at the entry of each
+    module holding half params (``cast_inputs_of_half_modules``)."""
     half = props.cast_model_type in HALF
     if props.cast_model_type is not None:
         cast_module_tensors(model, props.cast_model_type, half and props.keep_batchnorm_fp32)
+    if half and inputs_per_module:
+        cast_inputs_of_half_modules(model, props.cast_model_type)
     # O1 keeps autocast whatever cast_model_type says (Apex still patched torch's
     # functions with cast_model_type=torch.float32).
     autocast = props.half_dtype if props.patch_torch_functions else None
     if props.cast_model_type is not None or autocast is not None:
-        patch_forward(model, props.cast_model_type, props.cast_model_outputs or torch.float32, autocast,
-                      handle)
+        patch_forward(model, None if inputs_per_module else props.cast_model_type,
+                      props.cast_model_outputs or torch.float32, autocast, handle)
     elif props.cast_model_outputs is not None:
         patch_forward(model, None, props.cast_model_outputs, None)
     if half or len(registry):

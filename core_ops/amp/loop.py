@@ -24,6 +24,7 @@ masters). With a fused optimizer nothing syncs the host, as under ``scale_loss``
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 
 import torch
@@ -34,7 +35,8 @@ from .amp_optimizer import AmpOptimizer
 from .frontend import _check_half_supported, _check_models, _make_masters, _prepare_model, _publish
 from .loss_scaler import LossScaler
 from .masters import HALF, MasterWeights
-from .model_casting import cast_tree
+from .masters import of as masters_of
+from .model_casting import module_device_type
 
 OPTIONS = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights",
            "loss_scale", "cast_model_outputs", "min_loss_scale", "max_loss_scale")
@@ -82,11 +84,16 @@ class AmpLoop:
 
     def prepare_model(self, model):
         """Casts ``model`` in place as ``initialize`` would (O2: half weights, BatchNorm
-        kept float32, fp32 masters made from the float32 weights first; O1: forward
-        under autocast) and returns it. Call it before any DDP wrapping: the masters
-        then follow DDP's broadcast (Note [Masters follow DDP's broadcast])."""
+        kept float32, fp32 masters made from the float32 weights first, outputs cast to
+        float32; O1: forward under autocast) and returns it. At O2 / O3 each module
+        holding half params casts its floating inputs (``cast_inputs_of_half_modules``),
+        so a batch's targets stay as they are and submodules called directly take
+        float32 tensors. Call it before any DDP wrapping: the masters then follow DDP's
+        broadcast (Note [Masters follow DDP's broadcast])."""
         if any(ref() is model for ref in self.state.models):
             return model
+        if getattr(model, "_core_ops_amp", None) is not None:
+            return self._adopt(model)
         device_type = _check_models([model])
         _check_half_supported(device_type, self.properties)
         self._device_type = self._device_type or device_type
@@ -94,7 +101,23 @@ class AmpLoop:
             _make_masters([model], self.properties, self.registry)
             if len(self.registry):
                 torch_ddp.install()
-        _prepare_model(model, self.properties, self.registry, self.handle)
+        _prepare_model(model, self.properties, self.registry, self.handle, inputs_per_module=True)
+        self.state.models.append(weakref.ref(model))
+        return model
+
+    def _adopt(self, model):
+        """A model another AmpLoop (a Trainer before this one: fit, then test with a new
+        Trainer) or ``initialize`` prepared at the same settings is taken as it is, its
+        masters with it; at other settings it cannot be cast again."""
+        if model._core_ops_amp != self.properties:
+            raise RuntimeError(f"this model was prepared for amp at {model._core_ops_amp.opt_level} with "
+                               f"{model._core_ops_amp.half_dtype} (by an earlier AmpLoop, Trainer or "
+                               f"amp.initialize) and cannot be cast again for {self.opt_level} with "
+                               f"{self.half_dtype}: build a fresh model (and load the checkpoint) for "
+                               "other settings")
+        for key, entry in masters_of(model)._by_id.items():
+            self.registry._by_id.setdefault(key, entry)
+        self._device_type = self._device_type or module_device_type(model)
         self.state.models.append(weakref.ref(model))
         return model
 
@@ -122,12 +145,7 @@ class AmpLoop:
     def _amp(self, optimizer):
         return self.attach(optimizer)._core_ops_amp
 
-    # ---- inputs and forward ---------------------------------------------------------
-
-    def cast_inputs(self, data):
-        """A batch as the half model takes it: at O2 / O3 its floating tensors in the
-        half dtype (nested containers too; integer targets untouched), else as it is."""
-        return cast_tree(data, self.half_dtype, batch_objects=True) if self.casts_model else data
+    # ---- forward --------------------------------------------------------------------
 
     def autocast(self, device_type=None):
         """O1's ``torch.autocast`` for a block (a whole training step); elsewhere nothing."""
@@ -254,11 +272,20 @@ class AmpLoop:
         return {"opt_level": self.opt_level, "loss_scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state_dict):
-        if state_dict.get("opt_level", self.opt_level) != self.opt_level:
-            raise ValueError(f"the state dict is of opt_level {state_dict['opt_level']!r}, this "
-                             f"AmpLoop runs {self.opt_level!r}")
-        if state_dict.get("loss_scaler"):
-            self.scaler.load_state_dict(state_dict["loss_scaler"])
+        """The loss scaler of ``state_dict()``. One saved at another level loads too (a
+        resume at O1 from an O2 run), its scaler only where both scale dynamically or
+        both statically, with a warning either way."""
+        saved = state_dict.get("loss_scaler") or {}
+        level = state_dict.get("opt_level", self.opt_level)
+        if level != self.opt_level:
+            same_kind = bool(saved.get("dynamic", self.scaler.dynamic)) == self.scaler.dynamic
+            warnings.warn(f"loading the amp state of an {level} run into {self.opt_level}: "
+                          + ("its loss scaler carries over" if same_kind and saved else
+                             "its loss scaler does not apply here and is left out"), stacklevel=2)
+            if not same_kind:
+                return
+        if saved:
+            self.scaler.load_state_dict(saved)
 
 
 # Schedulers that follow an AmpLoop's skips (weakly: a scheduler ends with its loop run).
@@ -277,15 +304,9 @@ def _following(cls):
 
         def __reduce_ex__(self, protocol):
             # A copy or a pickle (torch.save of the scheduler) is the plain scheduler.
-            return _plain, (cls, self.__dict__)
+            return cls.__new__, (cls,), self.__getstate__()
 
         _FOLLOWING[cls] = type(cls.__name__, (cls,), {
             "step": step, "__reduce_ex__": __reduce_ex__, "_core_ops_follows_skips": True,
             "__module__": cls.__module__, "__qualname__": cls.__qualname__})
     return _FOLLOWING[cls]
-
-
-def _plain(cls, state):
-    scheduler = cls.__new__(cls)
-    scheduler.__dict__.update(state)
-    return scheduler

@@ -37,16 +37,13 @@ class MasterWeights:
         entry = self._by_id.get(id(param))
         return entry[1] if entry is not None and entry[0] is param else None
 
-    def adopt_written(self):
-        """Takes the half value of each param into its master where the two differ: the
-        half param was written after ``initialize`` other than through a state-dict
-        load (``param.copy_``, ``param.data = ...``), which the masters cannot see.
-        Apex made its masters from the half weights at the first backward, so such
-        writes were trained from; here they are too (rounded, as in Apex)."""
+    def adopt_written(self, params=None):
+        """Takes writes to the half params (of ``params``, default all) into their
+        masters, element by element (Note [Writes to O2 half params])."""
         with torch.no_grad():
             for param, master in list(self._by_id.values()):
-                if not torch.equal(param.detach(), master.detach().to(param.dtype)):
-                    master.copy_(param.detach())
+                if params is None or id(param) in params:
+                    master.copy_(merged(param, master))
 
     def get_or_make(self, param):
         """``param``'s master; a half param that has none (a group added after
@@ -57,6 +54,23 @@ class MasterWeights:
             master = torch.nn.Parameter(param.detach().float(), requires_grad=param.requires_grad)
             self.add(param, master)
         return master
+
+
+# Note [Writes to O2 half params]: at O2 the model holds half weights that each step
+# overwrites from the fp32 masters, so a write to them between steps (a param.copy_,
+# an EMA or SWA callback putting averaged weights in, a weight clamp under no_grad, a
+# fit at another precision) would be lost at the next step and missing from the state
+# dict, which reports the masters. So an element whose half value differs from its
+# master's rounding was written: the state dict reports the half value there (the
+# master everywhere else, with its extra bits), and before each backward the
+# optimizer's masters take it (AmpOptimizer.adopt_written_weights, for params whose
+# version counter moved since the last step; all of them at the first).
+
+def merged(param, master):
+    """The fp32 value of a half param: its master where the master still rounds to it,
+    the half value where the param was written since (Note [Writes to O2 half params])."""
+    half, full = param.detach(), master.detach()
+    return torch.where(full.to(half.dtype) == half, full, half.to(full.dtype))
 
 
 def of(module):

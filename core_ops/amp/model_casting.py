@@ -99,6 +99,28 @@ def patch_forward(model, input_dtype, output_dtype, autocast_dtype, handle=None)
     model.forward = forward.__get__(model)
 
 
+class CastInputs:
+    """A forward pre-hook: the floating tensors among a module's arguments (nested
+    containers too) arrive in ``dtype``. A class, so that a model holding it pickles."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __call__(self, module, args, kwargs):
+        return cast_tree(args, self.dtype), cast_tree(kwargs, self.dtype)
+
+
+def cast_inputs_of_half_modules(model, dtype):
+    """Every module of ``model`` that holds ``dtype`` params itself casts its floating
+    inputs to ``dtype`` (a hook each): a half layer takes float32 tensors from wherever
+    they come (a submodule called directly, noise made in a training step, another
+    model's float32 outputs) and nothing else is cast (targets, masks computed outside
+    the half layers). BatchNorm kept float32 takes half inputs as they are."""
+    for module in model.modules():
+        if any(p.dtype == dtype for p in module.parameters(recurse=False)):
+            module.register_forward_pre_hook(CastInputs(dtype), with_kwargs=True)
+
+
 def _own_and_unhooked(module, prefix):
     """``(prefix, module)`` for ``module`` and its descendants that have no hooks of
     their own (modules attached after ``initialize``): each hook covers those, and a
@@ -119,7 +141,7 @@ def _save_fp32(module, state_dict, prefix, local_metadata):
                 state_dict[key] = state_dict[key].float()
             master = registry.get(value) if isinstance(value, torch.nn.Parameter) else None
             if master is not None and key in state_dict:
-                state_dict[key] = master.detach()
+                state_dict[key] = masters.merged(value, master)  # Note [Writes to O2 half params]
     return state_dict
 
 

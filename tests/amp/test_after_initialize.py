@@ -215,7 +215,8 @@ def test_o2_state_dict_changes_nothing():
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(0.5)  # the EMA weights
-    model.state_dict()
+    saved = model.state_dict()  # what the model holds: the EMA weights (Note [Writes to O2 half params])
+    assert all(torch.equal(saved[k], p.float()) for k, p in model.named_parameters())
     with torch.no_grad():
         for p, t in zip(model.parameters(), training):
             p.copy_(t)
@@ -271,3 +272,30 @@ def test_a_step_between_forward_and_backward_is_caught_by_autograd(level):
     opt.step()
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         saved.backward()
+
+
+def test_o2_writes_between_steps_reach_the_masters_element_by_element():
+    """A clamp of the half weights under no_grad between two steps (weight clipping, an
+    SWA or EMA callback writing weights in) is trained from; the elements it did not
+    change keep their masters' extra bits. Before, only writes before the first step
+    were seen."""
+    model = two_layers(4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    for _ in range(2):
+        backward(model, opt, torch.randn(3, 4))
+        opt.step()
+        opt.zero_grad()
+    master = next(amp.master_params(opt))
+    before = master.detach().clone()
+    with torch.no_grad():
+        model[0].weight.clamp_(-0.1, 0.1)
+    clamped = model[0].weight.detach().clone()
+    assert torch.equal(model.state_dict()["0.weight"], torch.where(before.half() == clamped, before, clamped.float()))
+    opt.zero_grad()
+    backward(model, opt, torch.zeros(3, 4))  # a zero input: the grads of layer 0's weight are 0
+    opt.step()
+    written = before.half() != clamped
+    assert written.any() and (~written).any()
+    assert torch.equal(master[written], clamped.float()[written])
+    assert torch.equal(master[~written], before[~written])

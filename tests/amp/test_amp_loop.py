@@ -42,7 +42,7 @@ def loop_run(level, half, make_opt, data=DATA, attach_late=False, unscale_each_b
     for x, y in data:
         opt.zero_grad()
         with loop.autocast("cpu"):
-            loss = F.cross_entropy(model(loop.cast_inputs(x)), y)
+            loss = F.cross_entropy(model(x), y)
         loop.scale(loss).backward()
         if unscale_each_backward:
             loop.unscale_(opt)
@@ -83,7 +83,7 @@ def test_grads_accumulate_scaled_until_one_unscale_before_the_step():
         model = loop.prepare_model(conv_net())
         opt = loop.attach(torch.optim.SGD(model.parameters(), lr=0.05))
         for x, y in DATA[:3]:  # three micro-batches, one step
-            loop.scale(F.cross_entropy(model(loop.cast_inputs(x)), y) / 3).backward()
+            loop.scale(F.cross_entropy(model(x), y) / 3).backward()
             if each:
                 loop.unscale_(opt)
         loop.unscale_(opt)
@@ -101,7 +101,7 @@ def test_an_overflow_skips_the_step_and_backs_the_scale_off():
     x, y = DATA[0]
     for step in range(3):
         opt.zero_grad()
-        loop.scale(F.cross_entropy(model(loop.cast_inputs(x)), y)).backward()
+        loop.scale(F.cross_entropy(model(x), y)).backward()
         if step == 1:
             model[0].weight.grad[0, 0, 0, 0] = float("inf")
             before = ([p.detach().clone() for p in model.parameters()],
@@ -120,7 +120,7 @@ def test_clipping_sees_the_unscaled_master_grads_and_returns_the_true_norm():
     model = loop.prepare_model(conv_net())
     opt = loop.attach(torch.optim.SGD(model.parameters(), lr=0.05))
     x, y = DATA[0]
-    loop.scale(F.cross_entropy(model(loop.cast_inputs(x)), y)).backward()
+    loop.scale(F.cross_entropy(model(x), y)).backward()
     loop.unscale_(opt)
     grads = [p.grad.clone() for p in amp.master_params(opt)]
     true_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
@@ -140,8 +140,14 @@ def test_the_state_dict_round_trips_and_names_its_level():
     fresh = AmpLoop("O2", half_dtype=torch.float16)
     fresh.load_state_dict(state)
     assert fresh.loss_scale == 2.0**10 and fresh.state_dict() == state
-    with pytest.raises(ValueError, match="opt_level 'O2', this AmpLoop runs 'O1'"):
-        AmpLoop("O1").load_state_dict(state)
+    o1 = AmpLoop("O1")  # a resume at another level: the dynamic scaler carries over, with a warning
+    with pytest.warns(UserWarning, match="the amp state of an O2 run into O1: its loss scaler carries over"):
+        o1.load_state_dict(state)
+    assert o1.loss_scale == 2.0**10
+    o0 = AmpLoop("O0")
+    with pytest.warns(UserWarning, match="does not apply here and is left out"):
+        o0.load_state_dict(state)
+    assert o0.loss_scale == 1.0 and not o0.scaler.dynamic
 
 
 def test_bad_options_and_foreign_optimizers_are_refused():
@@ -156,12 +162,54 @@ def test_bad_options_and_foreign_optimizers_are_refused():
         AmpLoop("O2").attach(opt)
 
 
-def test_cast_inputs_leave_integer_targets_alone():
-    loop = AmpLoop("O2", half_dtype=torch.bfloat16)
-    x, y = DATA[0]
-    cx, cy = loop.cast_inputs((x, y))
-    assert cx.dtype == torch.bfloat16 and cy.dtype == torch.int64 and torch.equal(cy, y)
-    assert AmpLoop("O1").cast_inputs(x) is x
+class Gan(torch.nn.Module):
+    """A generator and a discriminator called one by one, as a training step does."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.G = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 6))
+        self.D = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
+
+    def forward(self, z):
+        return self.D(self.G(z))
+
+
+@pytest.mark.parametrize("half", HALVES, ids=dtype_id)
+def test_half_layers_take_float32_inputs_from_anywhere_and_targets_stay(half):
+    """At O2 each module holding half params casts what reaches it: noise made in a
+    training step, a submodule called directly, another call's float32 output. Nothing
+    else is cast (a float target keeps its precision)."""
+    loop = AmpLoop("O2", half_dtype=half)
+    gan = loop.prepare_model(Gan())
+    opt = loop.attach(torch.optim.SGD(gan.parameters(), lr=0.1))
+    z = torch.randn(16, 4)
+    fake = gan.G(z)  # a submodule, float32 noise
+    assert fake.dtype == half
+    assert gan(z).dtype == torch.float32  # the prepared model's outputs: float32
+    score = gan.D(gan.G(z).float())  # float32 into a half submodule
+    target = torch.full((16, 1), 1e5)  # a float target beyond fp16's range stays float32
+    loss = F.mse_loss(score.float() / 1e5, target / 1e5)
+    loop.scale(loss).backward()
+    loop.step(opt)
+    loop.update()
+    assert not loop.step_was_skipped(opt) and target.dtype == torch.float32
+    assert gan.D[1].weight.dtype == torch.float32  # BatchNorm kept float32, fed half
+
+
+def test_a_model_prepared_by_another_loop_is_taken_with_its_masters():
+    """A second Trainer (fit, then test) has its own AmpLoop."""
+    first = AmpLoop("O2")
+    model = first.prepare_model(conv_net())
+    opt = first.attach(torch.optim.SGD(model.parameters(), lr=0.1))
+    second = AmpLoop("O2")
+    assert second.prepare_model(model) is model
+    again = second.attach(torch.optim.SGD(model.parameters(), lr=0.1))
+    masters = [p for g in again.param_groups for p in g["params"]]
+    assert masters[0] is opt.param_groups[0]["params"][0]  # the same fp32 master
+    with pytest.raises(RuntimeError, match="prepared for amp at O2 with torch.float16 .* cannot be cast again for "
+                                           "O1"):
+        AmpLoop("O1").prepare_model(model)
 
 
 def test_a_followed_scheduler_does_not_advance_after_a_skipped_step():
@@ -175,7 +223,7 @@ def test_a_followed_scheduler_does_not_advance_after_a_skipped_step():
     lrs = []
     for step in range(3):
         opt.zero_grad()
-        loop.scale(F.cross_entropy(model(loop.cast_inputs(x)), y)).backward()
+        loop.scale(F.cross_entropy(model(x), y)).backward()
         if step == 1:
             model[0].weight.grad[0, 0, 0, 0] = float("nan")
         loop.step(opt)

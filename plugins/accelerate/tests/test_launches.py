@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import small_task as task
+sys.path.insert(0, str(Path(__file__).parents[3] / "tests" / "support"))
+import small_task as task  # noqa: E402
 
 HERE = Path(__file__).parent
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
@@ -69,6 +70,7 @@ def test_clipping_returns_the_true_norm_on_every_rank(runs):
 
 def test_two_ranks_with_syncbn_equal_one_process_on_the_whole_batch(runs):
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
 
     from core_ops_accelerate import ApexPlugin
     accelerator = Accelerator(kwargs_handlers=[ApexPlugin(opt_level="O0", sync_bn=True)])
@@ -79,6 +81,8 @@ def test_two_ranks_with_syncbn_equal_one_process_on_the_whole_batch(runs):
         accelerator.backward(F.cross_entropy(model(x), y))
         opt.step()
         opt.zero_grad()
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
     torch.testing.assert_close(runs[0]["o0_syncbn"], task.flat(model.parameters()), rtol=1e-5, atol=1e-6)
 
 

@@ -154,7 +154,9 @@ def _attaching(cls):
             return out
 
         def __reduce_ex__(self, protocol):
-            return _rebuild_attaching, (cls, self.__dict__)
+            # The state third: pickle makes the object before its state, which (the
+            # launcher) refers back to it.
+            return _new_attaching, (cls,), self.__getstate__()
 
         _ATTACHING[cls] = type(cls.__name__, (cls,), {
             "setup_optimizer": setup_optimizer, "setup_module_and_optimizers": setup_module_and_optimizers,
@@ -163,10 +165,8 @@ def _attaching(cls):
     return _ATTACHING[cls]
 
 
-def _rebuild_attaching(cls, state):
-    strategy = cls.__new__(_attaching(cls))
-    strategy.__dict__.update(state)
-    return strategy
+def _new_attaching(cls):
+    return cls.__new__(_attaching(cls))
 
 
 _APEX_TYPES = []

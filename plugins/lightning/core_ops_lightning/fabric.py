@@ -6,3 +6,4 @@ from ._trees import classes
 _ns = classes("lightning")
 ApexPrecision = _ns.ApexFabricPrecision
 ApexDDPStrategy = _ns.ApexFabricDDPStrategy
+_NoSync = _ns.FabricNoSync  # found by name when the strategy is pickled (apex-ddp_spawn)

@@ -62,8 +62,8 @@ class _Apex:
     def convert_module(self, module):
         return self.loop.prepare_model(module)
 
-    def convert_input(self, data):
-        return self.loop.cast_inputs(data)
+    # convert_input stays Lightning's (nothing): at O2 / O3 each half layer casts what
+    # reaches it, so a batch's float targets keep their precision.
 
     @contextlib.contextmanager
     def forward_context(self):
@@ -156,14 +156,14 @@ class _FabricApex(_Apex):
 
 
 def precision_classes(trainer_pkg, fabric_pkg, module_name):
-    """(Trainer ApexPrecision, Fabric ApexPrecision) of one Lightning tree, named
-    ``module_name.ApexPrecision`` / ``module_name.ApexFabricPrecision`` (picklable:
-    ``ddp_spawn`` sends the plugin to its processes)."""
+    """(Trainer ApexPrecision, Fabric ApexPrecision) of one Lightning tree, both named
+    ``ApexPrecision`` in ``module_name`` (_trees.py moves Fabric's to its own module,
+    where pickling finds it: ``ddp_spawn`` sends the plugin to its processes)."""
     doc = ("Apex's opt levels for Lightning: ``Trainer(plugins=[ApexPrecision('O2', "
            "half_dtype=torch.bfloat16, loss_scale='dynamic')])``, or ``precision='apex-O2'``.")
     trainer = type("ApexPrecision", (_TrainerApex, trainer_pkg.plugins.precision.Precision),
                    {"__module__": module_name, "__qualname__": "ApexPrecision", "__doc__": doc})
-    fabric = type("ApexFabricPrecision", (_FabricApex, fabric_pkg.plugins.precision.Precision),
-                  {"__module__": module_name, "__qualname__": "ApexFabricPrecision",
+    fabric = type("ApexPrecision", (_FabricApex, fabric_pkg.plugins.precision.Precision),
+                  {"__module__": module_name, "__qualname__": "ApexPrecision",
                    "__doc__": doc.replace("Trainer(", "Fabric(")})
     return trainer, fabric

@@ -49,8 +49,9 @@ def _register(cls, registry, description):
 
 
 def strategy_classes(trainer_pkg, fabric_pkg, module_name):
-    """(Trainer ApexDDPStrategy, Fabric ApexDDPStrategy, CoreOpsSyncBatchNorm) of one
-    tree, named in ``module_name`` (picklable for ``apex-ddp_spawn``)."""
+    """(Trainer ApexDDPStrategy, Fabric ApexDDPStrategy, CoreOpsSyncBatchNorm, Fabric's
+    backward-sync control) of one tree, named in ``module_name`` (the Fabric ones are
+    moved to their own module by _trees.py; picklable for ``apex-ddp_spawn``)."""
     TrainerDDP = trainer_pkg.strategies.DDPStrategy
     FabricDDP = fabric_pkg.strategies.DDPStrategy
     LayerSync = trainer_pkg.plugins.LayerSync
@@ -141,6 +142,6 @@ def strategy_classes(trainer_pkg, fabric_pkg, module_name):
             _register(cls, strategy_registry, "core_ops' DistributedDataParallel")
 
     for cls, name in ((CoreOpsSyncBatchNorm, "CoreOpsSyncBatchNorm"), (ApexDDPStrategy, "ApexDDPStrategy"),
-                      (ApexFabricDDPStrategy, "ApexFabricDDPStrategy"), (_NoSync, "_NoSync")):
+                      (ApexFabricDDPStrategy, "ApexDDPStrategy"), (_NoSync, "_NoSync")):
         cls.__module__, cls.__qualname__, cls.__name__ = module_name, name, name
-    return ApexDDPStrategy, ApexFabricDDPStrategy, CoreOpsSyncBatchNorm
+    return ApexDDPStrategy, ApexFabricDDPStrategy, CoreOpsSyncBatchNorm, _NoSync

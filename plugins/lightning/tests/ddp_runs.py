@@ -140,8 +140,32 @@ def fabric_suite(out):
     return results
 
 
+def _spawned(fabric, out, strategy):
+    """One spawned rank of fabric_spawn (the plugin and the strategy went by pickle)."""
+    model = cases.conv_net(fabric.global_rank)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, opt = fabric.setup(model, opt)
+    for x, y in cases.loader():
+        fabric.backward(F.cross_entropy(model(x), y))
+        opt.step()
+        opt.zero_grad()
+    torch.save(dict(params=cases.flat(model.parameters()), precision=type(fabric.strategy.precision).__name__,
+                    dtypes=sorted({str(p.dtype) for p in model.parameters()})),
+               Path(out) / f"fabric_spawn-{strategy}-rank{fabric.global_rank}.pt")
+
+
 def main():
     suite, out = sys.argv[1], sys.argv[2]
+    if suite == "fabric_spawn":
+        import functools
+
+        import lightning as L
+
+        import core_ops_lightning  # noqa: F401
+        for strategy in ("apex-ddp_spawn", "ddp_spawn"):
+            fabric = L.Fabric(precision="apex-O2", strategy=strategy, accelerator="cpu", devices=2)
+            fabric.launch(functools.partial(_spawned, out=out, strategy=strategy))
+        return
     if suite == "fabric":
         import core_ops_lightning  # noqa: F401
         results = fabric_suite(out)

@@ -117,3 +117,14 @@ def test_the_standalone_packages(tmp_path):
     assert r0["o2"]["dtypes"] == ["torch.float16", "torch.float32"]
     h = r0["o2"]["history"]
     assert not torch.equal(h[0]["params"], h[-1]["params"])
+
+
+def test_fabric_spawn_strategies_pickle_the_plugin(tmp_path):
+    proc = subprocess.run([sys.executable, str(HERE / "ddp_runs.py"), "fabric_spawn", str(tmp_path)],
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"),
+                          capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    for strategy in ("apex-ddp_spawn", "ddp_spawn"):
+        r0, r1 = (torch.load(tmp_path / f"fabric_spawn-{strategy}-rank{r}.pt", weights_only=False) for r in (0, 1))
+        assert torch.equal(r0["params"], r1["params"]), strategy
+        assert r0["precision"] == "ApexPrecision" and r0["dtypes"] == ["torch.float16", "torch.float32"]

@@ -51,7 +51,6 @@ def hand_written(opt_level, half_dtype, clip, torch_clip=False):
     opt = loop.attach(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     sched = loop.follow_skips(torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.95))
     for x, y in loader():
-        x, y = loop.cast_inputs((x, y))
         with loop.autocast("cpu"):
             loss = F.cross_entropy(model(x), y)
         opt.zero_grad()

@@ -12,13 +12,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
 
-import small_task as task
-from core_ops.amp import AmpLoop
-from core_ops.optimizers import FusedAdam
-from core_ops_accelerate import ApexPlugin, _compat
+sys.path.insert(0, str(Path(__file__).parents[3] / "tests" / "support"))
+import small_task as task  # noqa: E402
+from core_ops.amp import AmpLoop  # noqa: E402
+from core_ops.optimizers import FusedAdam  # noqa: E402
+from core_ops_accelerate import ApexPlugin, _compat  # noqa: E402
 
 HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """Accelerate keeps one state per process: each test starts from none."""
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
 
 
 def accelerated(plugin, seed=0, scheduler=True, optimizer=None):
