@@ -16,9 +16,7 @@ runs under ``accelerate launch`` (started here with ACCELERATE_USE_CPU=1).
 """
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,9 +61,7 @@ def case_ddp(args):
         runs.append((theirs, ours))
         rank = accelerator.process_index
     if rank == 0:
-        row = paired(runs, "O0, 2 ranks", "fp32 + torch DDP", 1.0)
-        print("ROW " + json.dumps({k: row[k] for k in ("baseline_ms", "baseline_iqr_ms", "core_ops_ms",
-                                                        "core_ops_iqr_ms", "ratio")}))
+        harness.emit_row(paired(runs, "O0, 2 ranks", "fp32 + torch DDP", 1.0))
 
 
 def main():
@@ -81,14 +77,9 @@ def main():
     rows = [case_o2(args)]
     env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONWARNINGS="ignore")
     accelerate = str(Path(sys.executable).with_name("accelerate"))
-    child = subprocess.run([accelerate, "launch", "--multi_gpu", "--num_processes", "2", __file__, "--case", "ddp",
-                            "--repeats", str(args.repeats), "--steps", str(args.steps)],
-                           capture_output=True, text=True, env=env)
-    line = next((ln for ln in child.stdout.splitlines() if ln.startswith("ROW ")), None)
-    if line is None:
-        raise SystemExit("the 2-rank case failed:\n" + child.stdout[-2000:] + child.stderr[-4000:])
-    r = json.loads(line[4:])
-    rows.append(dict(case="O0, 2 ranks", baseline="fp32 + torch DDP", target=1.0, passed=r["ratio"] <= 1.0, **r))
+    rows.append(harness.child_row([accelerate, "launch", "--multi_gpu", "--num_processes", "2", __file__, "--case",
+                                   "ddp", "--repeats", str(args.repeats), "--steps", str(args.steps)],
+                                  env, "O0, 2 ranks", "fp32 + torch DDP", 1.0))
     print(f"one thread per process, {args.repeats} alternations x {args.steps} steps "
           f"({WARMUP} warm-up steps left out of each)\n")
     harness.compare(rows)

@@ -17,10 +17,8 @@ with ``--case ddp``, which Lightning's launcher starts again for rank 1.
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -138,9 +136,7 @@ def case_ddp(args):
             rank = trainer.global_rank
         runs.append(tuple(pair))
     if rank == 0:
-        row = paired(runs, "O0 + apex-ddp, 2 ranks", "32-true + ddp", 1.0)
-        print("ROW " + json.dumps({k: row[k] for k in ("baseline_ms", "baseline_iqr_ms", "core_ops_ms",
-                                                        "core_ops_iqr_ms", "ratio")}))
+        harness.emit_row(paired(runs, "O0 + apex-ddp, 2 ranks", "32-true + ddp", 1.0))
 
 
 def main():
@@ -155,14 +151,8 @@ def main():
         return
     rows = [case_o2(args)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    child = subprocess.run([sys.executable, __file__, "--case", "ddp", "--repeats", str(args.repeats),
-                            "--steps", str(args.steps)], capture_output=True, text=True, env=env)
-    line = next((ln for ln in child.stdout.splitlines() if ln.startswith("ROW ")), None)
-    if line is None:
-        raise SystemExit("the DDP case failed:\n" + child.stdout[-2000:] + child.stderr[-4000:])
-    r = json.loads(line[4:])
-    rows.append(dict(case="O0 + apex-ddp, 2 ranks", baseline="32-true + ddp", target=1.0,
-                     passed=r["ratio"] <= 1.0, **r))
+    rows.append(harness.child_row([sys.executable, __file__, "--case", "ddp", "--repeats", str(args.repeats),
+                                   "--steps", str(args.steps)], env, "O0 + apex-ddp, 2 ranks", "32-true + ddp", 1.0))
     print(f"one thread per process, {args.repeats} alternations x {args.steps} steps "
           f"({WARMUP} warm-up steps left out of each)\n")
     harness.compare(rows)

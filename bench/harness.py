@@ -186,6 +186,24 @@ def _gloo_rank(rank, worker, args, world_size, port, timeout_s):
         dist.destroy_process_group()
 
 
+def emit_row(row):
+    """Prints ``row``'s numbers for the parent of a launched child (``child_row``)."""
+    print("ROW " + json.dumps({k: row[k] for k in ("baseline_ms", "baseline_iqr_ms", "core_ops_ms",
+                                                    "core_ops_iqr_ms", "ratio")}))
+
+
+def child_row(cmd, env, case, baseline, target):
+    """Runs ``cmd`` (a launcher starting a multi-process case that ``emit_row``s on rank
+    0) and returns its row."""
+    import subprocess
+    child = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    line = next((ln for ln in child.stdout.splitlines() if ln.startswith("ROW ")), None)
+    if line is None:
+        raise SystemExit(f"{case}: the launched case failed:\n" + child.stdout[-2000:] + child.stderr[-4000:])
+    r = json.loads(line[4:])
+    return dict(case=case, baseline=baseline, target=target, passed=r["ratio"] <= target, **r)
+
+
 def report(rows, args):
     """The comparison table, and the JSON file when ``--json`` was given."""
     compare(rows)

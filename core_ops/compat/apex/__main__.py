@@ -1,10 +1,9 @@
 """``python -m core_ops.compat.apex script.py [args]`` (or ``-m module [args]``): runs
 an unmodified Apex training script with Apex's imports served by core_ops."""
 
-import os
-import runpy
 import sys
 
+from ..._runner import run
 from . import export_to_children, install
 
 USAGE = "usage: python -m core_ops.compat.apex script.py [args...]  |  -m module [args...]"
@@ -27,26 +26,10 @@ def _script_first(argv):
 
 def main(argv):
     argv = _script_first(list(argv))
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if argv else 2
-    install()
-    export_to_children()
-    if argv[0] == "-m":
-        if len(argv) < 2:
-            print(USAGE, file=sys.stderr)
-            return 2
-        sys.argv = argv[1:]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        return 0
-    script = argv[0]
-    if not os.path.isfile(script):
-        print(f"core_ops.compat.apex: no such script: {script}", file=sys.stderr)
-        return 2
-    sys.argv = list(argv)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python script.py` does
-    runpy.run_path(script, run_name="__main__")
-    return 0
+    if argv and argv[0] not in ("-h", "--help"):
+        install()
+        export_to_children()
+    return run(argv, USAGE, "core_ops.compat.apex")
 
 
 if __name__ == "__main__":
