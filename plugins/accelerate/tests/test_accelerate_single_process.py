@@ -218,3 +218,26 @@ def test_the_runner_switches_the_plugin_on_only_with_its_variable(level, tmp_pat
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = torch.load(tmp_path / "plain-rank0.pt", weights_only=False)
     assert r["dtypes"] == (["torch.float16", "torch.float32"] if level else ["torch.float32"])
+
+
+def test_clip_grad_value_clamps_the_unscaled_master_grads():
+    accelerator, model, opt, loader = accelerated(ApexPlugin(opt_level="O2"), scheduler=False)
+    x, y = next(iter(loader))
+    accelerator.backward(F.cross_entropy(model(x), y))
+    accelerator.unscale_gradients()
+    grads = [p.grad.clone() for g in opt.param_groups for p in g["params"]]
+    accelerator.clip_grad_value_(model.parameters(), 1e-3)
+    for p, g in zip((p for g in opt.param_groups for p in g["params"]), grads):
+        assert torch.equal(p.grad, g.clamp(-1e-3, 1e-3))  # masters' grads, unscaled once
+    assert max(g.abs().max() for g in grads) > 1e-3
+
+
+def test_an_unknown_accelerate_is_left_unpatched(monkeypatch):
+    _compat.uninstall()
+    try:
+        monkeypatch.setattr(_compat, "problems", lambda: ["accelerate 9.9 is outside the supported [1.15, 2)"])
+        assert _compat.install() == ["accelerate 9.9 is outside the supported [1.15, 2)"]
+        assert not getattr(Accelerator.__init__, _compat._MARK, False)
+    finally:
+        monkeypatch.undo()
+        assert _compat.install() == []

@@ -165,6 +165,15 @@ def main():
         for strategy in ("apex-ddp_spawn", "ddp_spawn"):
             fabric = L.Fabric(precision="apex-O2", strategy=strategy, accelerator="cpu", devices=2)
             fabric.launch(functools.partial(_spawned, out=out, strategy=strategy))
+        # The Trainer's spawn strategy too: the main process gets rank 0's weights back.
+        import lightning.pytorch as pl
+        model = cases.LightningNet(seed=5)
+        before = cases.flat(model.parameters())
+        pl.Trainer(**trainer_kwargs(precision="apex-O2", strategy="apex-ddp_spawn", max_epochs=1)).fit(
+            model, cases.loader())
+        torch.save(dict(before=before, after=cases.flat(model.parameters()),
+                        dtypes=sorted({str(p.dtype) for p in model.parameters()})),
+                   Path(out) / "trainer_spawn.pt")
         return
     if suite == "fabric":
         import core_ops_lightning  # noqa: F401

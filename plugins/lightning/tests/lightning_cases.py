@@ -71,3 +71,15 @@ def make_module(pl):
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     return Net
+
+
+def __getattr__(name):
+    """``LightningNet``: make_module(lightning.pytorch) under a name pickle can find again,
+    for strategies that spawn their ranks and send them the module."""
+    if name != "LightningNet":
+        raise AttributeError(name)
+    import lightning.pytorch as pl
+    cls = make_module(pl)
+    cls.__name__ = cls.__qualname__ = name
+    globals()[name] = cls
+    return cls

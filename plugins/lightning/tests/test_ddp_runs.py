@@ -128,3 +128,6 @@ def test_fabric_spawn_strategies_pickle_the_plugin(tmp_path):
         r0, r1 = (torch.load(tmp_path / f"fabric_spawn-{strategy}-rank{r}.pt", weights_only=False) for r in (0, 1))
         assert torch.equal(r0["params"], r1["params"]), strategy
         assert r0["precision"] == "ApexPrecision" and r0["dtypes"] == ["torch.float16", "torch.float32"]
+    spawned = torch.load(tmp_path / "trainer_spawn.pt", weights_only=False)  # the Trainer's apex-ddp_spawn
+    assert not torch.equal(spawned["before"], spawned["after"])
+    assert spawned["dtypes"] == ["torch.float32"]  # the main process's model was never cast

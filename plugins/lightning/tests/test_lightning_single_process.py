@@ -183,3 +183,21 @@ def test_the_patch_is_idempotent_and_undone():
     finally:
         assert _compat.install(trees) == []
     assert "apex-ddp" in pl.strategies.StrategyRegistry and copy.copy(connector.__init__) is connector.__init__
+
+
+def test_an_unknown_lightning_is_left_unpatched_and_the_import_says_so(monkeypatch):
+    """Where a probe fails nothing is patched (never half a patch) and install reports
+    why (the package's import warns with it, pointing to plugins=[...])."""
+    from core_ops_lightning import _compat, _trees
+    _compat.uninstall(_trees.ALL)
+    try:
+        monkeypatch.setattr(_compat, "problems", lambda tree: [f"{tree.name} 9.9 is outside the supported range"])
+        assert _compat.install(_trees.ALL) == ["lightning 9.9 is outside the supported range",
+                                               "pytorch_lightning 9.9 is outside the supported range"]
+        assert not any(getattr(t.trainer_connector.__init__, _compat._MARK, False) for t in _trees.ALL)
+        assert "apex-ddp" not in pl.strategies.StrategyRegistry
+        trainer, _ = fit(plugins=[ApexPrecision("O2")])  # the objects still work
+        assert trainer.precision == "apex-O2"
+    finally:
+        monkeypatch.undo()
+        assert _compat.install(_trees.ALL) == []
