@@ -1,14 +1,18 @@
 """``import core_ops.compat.apex`` makes Apex's import paths resolve to core_ops, so an
 Apex training script runs unmodified: ``import apex``, ``from apex import amp``,
 ``apex.optimizers``, ``apex.parallel``, ``apex.normalization``,
-``apex.multi_tensor_apply``, and the extension modules ``amp_C`` and ``apex_C``.
+``apex.multi_tensor_apply``, ``apex.mlp``, ``apex.fp16_utils``, ``apex.contrib``, and the
+extension modules ``amp_C``, ``apex_C``, ``fused_layer_norm_cuda`` and ``fused_adam_cuda``.
 ``python -m core_ops.compat.apex script.py [args]`` runs a script with them in place.
 
 ``apex.<name>.<sub>`` maps to ``core_ops.<name>.<sub>``, and Apex's module paths that
 core_ops lays out differently map through ``SUBMODULES``; ``apex.parallel`` is
 ``core_ops.compat.apex.parallel`` (``APEX_SIGNATURES``), core_ops.parallel with a
 DistributedDataParallel that takes Apex's arguments in Apex's order; what core_ops does not have
-(``apex.contrib``, ``apex.fp16_utils``, ...) fails to import with a message that says so.
+(``apex.transformer``, ``apex.RNN``, ...) fails to import with a message that says so.
+Apex's legacy APIs (``apex.fp16_utils``, the parts of ``apex.contrib`` that public code
+imports, ``apex._autocast_utils``) live in this package (``LEGACY``), and its compiled
+extension modules that code calls directly have stand-ins (``EXTENSIONS``).
 As in Apex, ``import apex`` alone gives ``apex.amp``, ``apex.parallel`` and the rest
 (imported on first access).
 """
@@ -24,8 +28,16 @@ import types
 
 import torch
 
-PACKAGES = ("amp", "optimizers", "parallel", "normalization", "multi_tensor_apply")
-EXTENSIONS = {"amp_C": "core_ops.multi_tensor_apply.amp_C"}
+PACKAGES = ("amp", "optimizers", "parallel", "normalization", "multi_tensor_apply", "mlp")
+# Apex's legacy APIs, which core_ops keeps only for Apex scripts: apex.<name>[.<sub>] is
+# core_ops.compat.apex.<name>[.<sub>].
+LEGACY = ("fp16_utils", "contrib", "_autocast_utils")
+# Apex's compiled extension modules, imported by their top-level names.
+EXTENSIONS = {
+    "amp_C": "core_ops.multi_tensor_apply.amp_C",
+    "fused_layer_norm_cuda": "core_ops.compat.apex.extensions.fused_layer_norm_cuda",
+    "fused_adam_cuda": "core_ops.compat.apex.extensions.fused_adam_cuda",
+}
 # Apex modules whose contents core_ops keeps elsewhere (or in its package itself).
 SUBMODULES = {
     "apex.amp._amp_state": "core_ops.amp._state",
@@ -82,7 +94,7 @@ def _apex_package():
     module.__path__ = []  # a package, so that apex.<name> is looked up by the finder
 
     def __getattr__(name):  # apex.amp etc. without importing them first, as in Apex
-        if name in PACKAGES:
+        if name in PACKAGES or name in LEGACY:
             return importlib.import_module(f"apex.{name}")
         raise AttributeError(f"module 'apex' has no attribute {name!r}")
 
@@ -103,16 +115,18 @@ def _target(fullname):
     if not fullname.startswith("apex."):
         return None
     rest = fullname[len("apex."):]
-    if rest.split(".")[0] not in PACKAGES:
+    top = rest.split(".")[0]
+    if top not in PACKAGES and top not in LEGACY:
         raise ModuleNotFoundError(
             f"No module named '{fullname}': core_ops replaces Apex's "
-            f"{', '.join('apex.' + p for p in PACKAGES)}, amp_C and apex_C, not "
-            f"apex.{rest.split('.')[0]}", name=fullname)
+            f"{', '.join('apex.' + p for p in PACKAGES + LEGACY)}, {', '.join(EXTENSIONS)} and "
+            f"apex_C, not apex.{top}", name=fullname)
+    home = "core_ops.compat.apex" if top in LEGACY else "core_ops"
     try:
-        return importlib.import_module(f"core_ops.{rest}")
+        return importlib.import_module(f"{home}.{rest}")
     except ModuleNotFoundError as e:
         raise ModuleNotFoundError(f"No module named '{fullname}' (core_ops has no "
-                                  f"core_ops.{rest}: {e})", name=fullname) from None
+                                  f"{home}.{rest}: {e})", name=fullname) from None
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -136,7 +150,7 @@ class ApexAliasFinder(importlib.abc.MetaPathFinder):
     """Serves ``apex``, ``apex.*``, ``amp_C`` and ``apex_C`` from core_ops."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] not in ("apex", "amp_C", "apex_C"):
+        if fullname.split(".")[0] not in _SHIMMED:
             return None
         module = _target(fullname)
         if module is None:
@@ -168,7 +182,7 @@ def install():
 # replace themselves by their alias; the runner puts SHIM_DIR on PYTHONPATH (for any
 # child interpreter) and on sys.path (which multiprocessing hands to its children).
 SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shim")
-_SHIMMED = ("apex", "amp_C", "apex_C")
+_SHIMMED = ("apex", "apex_C", *EXTENSIONS)
 
 
 def serve_from_path(name):
