@@ -1,0 +1,3 @@
+from .layer_norm import FastLayerNorm, FastLayerNormFN
+
+__all__ = ["FastLayerNorm", "FastLayerNormFN"]
