@@ -339,3 +339,18 @@ def test_bad_input_is_named():
     opt = FP16_Optimizer(torch.optim.SGD(half_mlp().parameters(), lr=0.1), verbose=False)
     with pytest.raises(RuntimeError, match="serialized using state_dict"):
         copy.deepcopy(opt)
+
+
+def test_zero_grad_keeps_bucket_view_grads():
+    """DDP's grads are views of its buckets (gradient_as_bucket_view); they are zeroed
+    in place, not detached (which a view refuses), and stay views."""
+    model = half_mlp()
+    opt = FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), verbose=False)
+    bucket = torch.ones(sum(p.numel() for p in model.parameters()), dtype=torch.float16)
+    offset = 0
+    for p in model.parameters():
+        p.grad = bucket[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    opt.zero_grad()
+    assert torch.equal(bucket, torch.zeros_like(bucket))
+    assert all(p.grad._base is bucket for p in model.parameters())

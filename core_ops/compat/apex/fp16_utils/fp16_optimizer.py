@@ -24,7 +24,7 @@ import torch
 
 from ....amp.loss_scaler import LossScaler as _DeviceScaler
 from ....multi_tensor_apply import multi_tensor_scale
-from .fp16util import clip_grad_norm
+from .fp16util import clip_grad_norm, zero_grads
 
 _HALF = (torch.float16, torch.bfloat16)
 # Apex's dynamic_loss_args (its amp LossScaler's) and core_ops' LossScaler's names.
@@ -180,12 +180,8 @@ class FP16_Optimizer:
     def zero_grad(self, set_grads_to_None=False):
         """Zeroes (or drops) the grads of the masters, the float32 params and the half
         params."""
-        for p in [p for g in self.optimizer.param_groups for p in g["params"]] + self.all_fp16_params:
-            if set_grads_to_None:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.detach_()
-                p.grad.zero_()
+        zero_grads([p for g in self.optimizer.param_groups for p in g["params"]] + self.all_fp16_params,
+                   set_grads_to_None)
 
     def _master_params_to_model_params(self):
         groups = {}

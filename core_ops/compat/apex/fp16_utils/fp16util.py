@@ -126,6 +126,22 @@ def master_params_to_model_params(model_params, master_params, flat_master=False
             model.copy_(master)
 
 
+def zero_grads(params, set_to_none):
+    """Drops or zeroes the grads of ``params`` as ``torch.optim.Optimizer.zero_grad``
+    does: a grad that is a view (a DDP bucket's) cannot be detached in place."""
+    for p in params:
+        if p.grad is None:
+            continue
+        if set_to_none:
+            p.grad = None
+            continue
+        if p.grad.grad_fn is not None:
+            p.grad.detach_()
+        else:
+            p.grad.requires_grad_(False)
+        p.grad.zero_()
+
+
 def to_python_float(t):
     """``t`` as a Python number (``t.item()``; ``t[0]`` for a sequence)."""
     return t.item() if hasattr(t, "item") else t[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .....multi_tensor_apply import multi_tensor_l2norm
+from ...fp16_utils.fp16util import zero_grads
 
 
 class FP16_Optimizer:
@@ -34,12 +35,7 @@ class FP16_Optimizer:
         self.verbose = verbose
 
     def zero_grad(self, set_grads_to_None=True):
-        for p in (p for g in self.fp16_groups for p in g):
-            if set_grads_to_None:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.detach_()
-                p.grad.zero_()
+        zero_grads([p for g in self.fp16_groups for p in g], set_grads_to_None)
 
     def backward(self, loss):
         (loss.float() * self.cur_scale).backward()
