@@ -16,6 +16,7 @@ functions take O1's casts with the decorators ``@amp.half_function``,
 
 from ._state import _amp_state  # noqa: F401  (Apex's name, for its logging idiom)
 from .frontend import initialize
+from .legacy_init import AmpHandle, NoOpHandle, init
 from .handle import (disable_casts, load_state_dict, loss_scale, master_params, scale_loss,
                      skipped_steps, state_dict)
 from .loop import AmpLoop
@@ -24,21 +25,13 @@ from .opt_levels import OPT_LEVELS, Properties
 from .registry import (float_function, half_function, promote_function, register_float_function,
                        register_half_function, register_promote_function)
 
-__all__ = ["AmpLoop", "GradScaler", "LossScaler", "OPT_LEVELS", "Properties", "disable_casts",
+__all__ = ["AmpHandle", "AmpLoop", "NoOpHandle", "init", "GradScaler", "LossScaler", "OPT_LEVELS", "Properties", "disable_casts",
            "float_function", "half_function", "initialize", "load_state_dict", "loss_scale",
            "master_params", "promote_function", "register_float_function",
            "register_half_function", "register_promote_function", "scale_loss", "skipped_steps",
            "state_dict"]
 
-# Apex's APIs from before initialize() (amp.init, its handle, the FP16_Optimizer-era
-# names) are not replaced; asking for one says so instead of a bare AttributeError.
-_NOT_REPLACED = {"init": "amp.init() is Apex's old API, before amp.initialize()",
-                 "AmpHandle": "amp.AmpHandle belongs to Apex's old amp.init() API",
-                 "NoOpHandle": "amp.NoOpHandle belongs to Apex's old amp.init() API"}
 
 
 def __getattr__(name):
-    if name in _NOT_REPLACED:
-        raise AttributeError(f"{_NOT_REPLACED[name]}, which core_ops does not replace; use "
-                             "amp.initialize(model, optimizer, opt_level='O1') and amp.scale_loss")
     raise AttributeError(f"module 'core_ops.amp' has no attribute {name!r}")

@@ -56,6 +56,16 @@ class AmpState:
 
 
 _current: AmpState | None = None
+_legacy = None  # the active amp.init() handle (legacy_init.py)
+
+
+def legacy_handle():
+    return _legacy
+
+
+def set_legacy_handle(handle):
+    global _legacy
+    _legacy = handle
 
 
 def set_current(state):
@@ -87,6 +97,8 @@ class _ApexAmpState:
 
     @property
     def handle(self):
+        if _legacy is not None:
+            return _legacy
         return NoOpHandle() if _current is None else _current.handle
 
     def __repr__(self):

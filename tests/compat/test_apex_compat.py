@@ -101,8 +101,10 @@ def test_import_aliases():
     assert LARC is core_ops.optimizers.LARC
     t = [torch.ones(2), torch.zeros(3)]
     assert torch.equal(apex_C.unflatten(apex_C.flatten(t), t)[1], t[1])
-    with pytest.raises(ModuleNotFoundError, match="core_ops replaces Apex's apex.amp.*not apex.contrib"):
-        import apex.contrib  # noqa: F401
+    with pytest.raises(ModuleNotFoundError, match="core_ops replaces Apex's apex.amp.*not apex.transformer"):
+        import apex.transformer  # noqa: F401
+    with pytest.raises(ModuleNotFoundError, match="core_ops has no core_ops.compat.apex.contrib.xentropy"):
+        import apex.contrib.xentropy  # noqa: F401
     with pytest.raises(ModuleNotFoundError, match="No module named 'apex.amp.nothing'"):
         import apex.amp.nothing  # noqa: F401
 
@@ -236,7 +238,15 @@ def test_megatron_style_fused_norm_functions():
     assert out.dtype == torch.float32 and torch.equal(out, expect)
 
 
-def test_apex_amp_init_says_it_is_not_replaced():
-    from core_ops import amp
-    with pytest.raises(AttributeError, match=r"amp.init\(\) is Apex's old API.*use amp.initialize"):
-        amp.init()
+def test_the_legacy_apis_import_from_apex():
+    import core_ops.amp
+    import core_ops.compat.apex
+    import core_ops.mlp
+    import apex
+    from apex import amp
+    from apex.contrib.optimizers import FP16_Optimizer as ContribFP16
+    from apex.fp16_utils import FP16_Optimizer
+    from core_ops.compat.apex import contrib, fp16_utils
+    assert amp.init is core_ops.amp.init and apex.fp16_utils is fp16_utils and apex.contrib is contrib
+    assert FP16_Optimizer is fp16_utils.FP16_Optimizer and ContribFP16 is contrib.optimizers.FP16_Optimizer
+    assert apex.mlp.MLP is core_ops.mlp.MLP
