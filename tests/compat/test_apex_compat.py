@@ -56,7 +56,12 @@ def test_a_launcher_s_local_rank_reaches_the_script(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("import sys\nprint(sys.argv[1:])\n")
     (tmp_path / "mod.py").write_text("import sys\nprint(sys.argv[1:])\n")
+    # An Apex-era script declares torch < 2.0's spelling; argparse would refuse the new one.
+    old = tmp_path / "old.py"
+    old.write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--local_rank', type=int)\n"
+                   "print([f'--local_rank={p.parse_args().local_rank}'])\n")
     for args, want in ((["--local-rank=1", str(script), "--lr", "1"], "['--local-rank=1', '--lr', '1']"),
+                       (["--local-rank=1", str(old)], "['--local_rank=1']"),
                        (["--local_rank", "0", str(script)], "['--local_rank', '0']"),
                        (["--local-rank=1", "-m", "mod", "--x"], "['--local-rank=1', '--x']")):
         proc = subprocess.run([sys.executable, "-m", "core_ops.compat.apex", *args], capture_output=True,

@@ -1,5 +1,5 @@
 """The stand-ins for Apex's compiled extension modules that code calls directly,
-``fused_layer_norm_cuda`` and ``fused_adam_cuda``: Apex's argument order and return
+``fused_layer_norm_cuda``, ``fused_adam_cuda`` and ``syncbn``: Apex's argument order and return
 values, checked against torch (norms) and against Apex's Adam formula written out."""
 
 import math
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import core_ops.compat.apex  # noqa: F401  (installs the alias finder)
 import fused_adam_cuda
 import fused_layer_norm_cuda
+import syncbn
 
 # One rounding of the output dtype, after float32 math (Note [Test tolerances]).
 TOL = {torch.float32: dict(rtol=2e-6, atol=2e-6), torch.float16: dict(rtol=1e-3, atol=1e-3),
@@ -156,3 +157,77 @@ def test_adam_bad_input_is_named():
         fused_adam_cuda.adam(p, p.new_empty(0), p.clone(), torch.zeros(3), p, 1e-3, 0.9, 0.99, 1e-8, 1.0, 1, 1, 1, 0.0)
     with pytest.raises(AttributeError, match="maybe_adam_undo are not provided"):
         fused_adam_cuda.maybe_adam_undo
+
+
+# ---- syncbn --------------------------------------------------------------------------
+
+
+def bn_case(dtype=torch.float64, shape=(6, 3, 5, 4)):
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 1).to(dtype)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    w = torch.rand(shape[1], generator=g, dtype=torch.float64).to(dtype) + 0.5
+    b = torch.randn(shape[1], generator=g, dtype=torch.float64).to(dtype)
+    return x, dy, w, b
+
+
+def test_syncbn_forward_and_backward_equal_torch_batch_norm():
+    x, dy, w, b = bn_case()
+    mean, var = syncbn.welford_mean_var(x)
+    want_var, want_mean = torch.var_mean(x, dim=(0, 2, 3), correction=0)
+    torch.testing.assert_close(mean, want_mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(var, want_var, rtol=1e-12, atol=1e-12)
+    inv_std = torch.rsqrt(var + 1e-5)
+    out = syncbn.batchnorm_forward(x, mean, inv_std, w, b)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    ref = F.batch_norm(leaves[0], None, None, leaves[1], leaves[2], training=True, eps=1e-5)
+    ref.backward(dy)
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-12, atol=1e-12)
+    sum_dy, sum_dy_xmu, dw, db = syncbn.reduce_bn(dy, x, mean, inv_std, w)
+    count = torch.tensor([x.numel() // 3], dtype=torch.int32)
+    dx = syncbn.batchnorm_backward(dy, x, mean, inv_std, w, sum_dy, sum_dy_xmu, count)
+    for got, want in ((dx, leaves[0].grad), (dw, leaves[1].grad), (db, leaves[2].grad)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_syncbn_merges_ranks_and_splits_the_backward_like_one_batch():
+    x, dy, w, _ = bn_case()
+    halves = [x[:2], x[2:]]  # unequal batches: 2 and 4 samples
+    stats = [syncbn.welford_mean_var(h) for h in halves]
+    counts = torch.tensor([h.numel() // 3 for h in halves], dtype=torch.int32)
+    mean, var, inv_std = syncbn.welford_parallel(torch.stack([s[0] for s in stats]),
+                                                 torch.stack([s[1] for s in stats]), counts, 1e-5)
+    whole_mean, whole_var = syncbn.welford_mean_var(x)
+    torch.testing.assert_close(mean, whole_mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(var, whole_var, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(inv_std, torch.rsqrt(whole_var + 1e-5), rtol=1e-12, atol=1e-12)
+    sums = [syncbn.reduce_bn(d, h, mean, inv_std, w)[:2] for d, h in ((dy[:2], x[:2]), (dy[2:], x[2:]))]
+    sum_dy, sum_dy_xmu = (sums[0][0] + sums[1][0]), (sums[0][1] + sums[1][1])  # what the allreduce does
+    dx = torch.cat([syncbn.batchnorm_backward(d, h, mean, inv_std, w, sum_dy, sum_dy_xmu, counts)
+                    for d, h in ((dy[:2], x[:2]), (dy[2:], x[2:]))])
+    whole = syncbn.reduce_bn(dy, x, mean, inv_std, w)
+    want = syncbn.batchnorm_backward(dy, x, mean, inv_std, w, whole[0], whole[1], counts)
+    torch.testing.assert_close(dx, want, rtol=1e-12, atol=1e-12)
+
+
+def test_syncbn_channels_last_forms_equal_channels_first():
+    x, dy, w, b = bn_case(torch.float32)
+    xl, dyl = x.movedim(1, -1).contiguous(), dy.movedim(1, -1).contiguous()
+    mean, var = syncbn.welford_mean_var(x)
+    mean_l, var_l = syncbn.welford_mean_var_c_last(xl)
+    torch.testing.assert_close(mean_l, mean, rtol=1e-6, atol=1e-6)  # float32 sums in another order
+    inv_std = torch.rsqrt(var + 1e-5)
+    z = torch.randn_like(xl)
+    out = syncbn.batchnorm_forward_c_last(xl, z, mean, inv_std, w, b, True)
+    want = F.relu(syncbn.batchnorm_forward(x, mean, inv_std, w, b).movedim(1, -1) + z)
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+    sums = syncbn.reduce_bn_c_last(dyl, xl, mean, inv_std, w)
+    count = torch.tensor([x.numel() // 3], dtype=torch.int32)
+    dx = syncbn.batchnorm_backward_c_last(dyl, xl, mean, inv_std, w, sums[0], sums[1], count)
+    ref = syncbn.reduce_bn(dy, x, mean, inv_std, w)
+    want_dx = syncbn.batchnorm_backward(dy, x, mean, inv_std, w, ref[0], ref[1], count).movedim(1, -1)
+    torch.testing.assert_close(dx, want_dx, rtol=1e-5, atol=1e-5)
+    masked = syncbn.relu_bw_c_last(dyl, xl, z, mean, inv_std, w, b)
+    assert torch.equal(masked, torch.where(out > 0, dyl, torch.zeros_like(dyl)))
+    with pytest.raises(AttributeError, match="syncbn stand-in has no 'welford_mean_var_fused'"):
+        syncbn.welford_mean_var_fused

@@ -2,7 +2,7 @@
 Apex training script runs unmodified: ``import apex``, ``from apex import amp``,
 ``apex.optimizers``, ``apex.parallel``, ``apex.normalization``,
 ``apex.multi_tensor_apply``, ``apex.mlp``, ``apex.fp16_utils``, ``apex.contrib``, and the
-extension modules ``amp_C``, ``apex_C``, ``fused_layer_norm_cuda`` and ``fused_adam_cuda``.
+extension modules ``amp_C``, ``apex_C``, ``fused_layer_norm_cuda``, ``fused_adam_cuda`` and ``syncbn``.
 ``python -m core_ops.compat.apex script.py [args]`` runs a script with them in place.
 
 ``apex.<name>.<sub>`` maps to ``core_ops.<name>.<sub>``, and Apex's module paths that
@@ -37,6 +37,7 @@ EXTENSIONS = {
     "amp_C": "core_ops.multi_tensor_apply.amp_C",
     "fused_layer_norm_cuda": "core_ops.compat.apex.extensions.fused_layer_norm_cuda",
     "fused_adam_cuda": "core_ops.compat.apex.extensions.fused_adam_cuda",
+    "syncbn": "core_ops.compat.apex.extensions.syncbn",
 }
 # Apex modules whose contents core_ops keeps elsewhere (or in its package itself).
 SUBMODULES = {
