@@ -25,6 +25,7 @@ import torch
 from ....amp.loss_scaler import LossScaler as _DeviceScaler
 from ....multi_tensor_apply import multi_tensor_scale
 from .fp16util import clip_grad_norm, zero_grads
+from .._wrapper import ForwardsToOptimizer
 
 _HALF = (torch.float16, torch.bfloat16)
 # Apex's dynamic_loss_args (its amp LossScaler's) and core_ops' LossScaler's names.
@@ -52,7 +53,7 @@ def _device_scaler(static_loss_scale, dynamic_loss_scale, dynamic_loss_args):
     return _DeviceScaler(growth_factor=factor, backoff_factor=1.0 / factor, dynamic=True, **options)
 
 
-class FP16_Optimizer:
+class FP16_Optimizer(ForwardsToOptimizer):
     """``init_optimizer`` stepping float32 masters of its half params (see the module
     doc). Attributes as Apex's: ``optimizer``, ``fp16_groups``, ``fp32_from_fp16_groups``,
     ``fp32_from_fp32_groups``, ``overflow``, ``loss_scale``, ``param_groups``, ``state``."""
@@ -262,23 +263,7 @@ class FP16_Optimizer:
                 for current, value in zip(current_group, saved_group):
                     current.copy_(value)
 
-    # ---- the wrapped optimizer's attributes -------------------------------------------
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value):
-        self.optimizer.state = value
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value):
-        self.optimizer.param_groups = value
+    # ---- printing ---------------------------------------------------------------------------
 
     def __repr__(self):
         return f"FP16_Optimizer({self.optimizer!r}, loss_scale={self.loss_scale})"

@@ -11,9 +11,10 @@ import torch
 
 from .....multi_tensor_apply import multi_tensor_l2norm
 from ...fp16_utils.fp16util import zero_grads
+from ..._wrapper import ForwardsToOptimizer
 
 
-class FP16_Optimizer:
+class FP16_Optimizer(ForwardsToOptimizer):
     def __init__(self, init_optimizer, static_loss_scale=1.0, dynamic_loss_scale=False,
                  dynamic_loss_args=None, verbose=True):
         if dynamic_loss_args is not None:
@@ -68,22 +69,6 @@ class FP16_Optimizer:
             elif (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
                 self.cur_scale *= self.scale_factor
         self.cur_iter += 1
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value):
-        self.optimizer.state = value
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value):
-        self.optimizer.param_groups = value
 
     def state_dict(self):
         state = {"dynamic_loss_scale": self.dynamic_loss_scale, "cur_scale": self.cur_scale,
