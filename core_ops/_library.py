@@ -17,7 +17,7 @@ Conventions shared by all multi-tensor ops (Note [Multi-tensor conventions]):
 
 import torch
 
-from ._validate import (batch_norm_acc_dtype, check_batch_norm_args, check_lists,
+from ._validate import (batch_norm_acc_dtype, check_batch_norm_args, check_lists, check_norm_args,
                         check_optimizer_lists, check_per_tensor_state)
 
 LIB_NAME = "core_ops"
@@ -128,6 +128,34 @@ SCHEMAS = {
     "sync_batch_norm_backward_elemt": (
         "sync_batch_norm_backward_elemt(Tensor grad_out, Tensor input, Tensor mean, "
         "Tensor invstd, Tensor? weight, Tensor mean_dy, Tensor mean_dy_xmu) -> Tensor"
+    ),
+    # Note [Norm ops]: layer norm and RMS norm over rows of the last `hidden` values of
+    # input (any shape; a non-contiguous input is read through a contiguous copy). The
+    # statistics are float32 (float64 for float64 input), one per row: mean and
+    # rstd = 1 / sqrt(var + eps), RMS norm's rstd = 1 / sqrt(mean(x^2) + eps). out has
+    # input's shape, contiguous, in out_dtype (default input's; float32 for half input
+    # is Apex's "mixed" form). weight / bias hold `hidden` values in any floating dtype.
+    # Backward takes the forward's input as `saved`, or its output when
+    # memory_efficient (xhat recovered by inverting the affine map, as Apex does; the
+    # forward's flag only tells its registered autograd which of the two to keep);
+    # grad_out has out's dtype, dx is dx_dtype (the input's); dweight / dbias come in
+    # weight / bias's dtype and shape, empty (0,) tensors when there is none. The math
+    # is csrc/include/core_ops/norm_math.h.
+    "layer_norm_fwd": (
+        "layer_norm_fwd(Tensor input, Tensor? weight, Tensor? bias, int hidden, float eps, "
+        "ScalarType? out_dtype, bool memory_efficient=False) -> (Tensor, Tensor, Tensor)"
+    ),
+    "layer_norm_bwd": (
+        "layer_norm_bwd(Tensor grad_out, Tensor saved, Tensor mean, Tensor rstd, Tensor? weight, "
+        "Tensor? bias, int hidden, bool memory_efficient, ScalarType dx_dtype) -> (Tensor, Tensor, Tensor)"
+    ),
+    "rms_norm_fwd": (
+        "rms_norm_fwd(Tensor input, Tensor? weight, int hidden, float eps, ScalarType? out_dtype, "
+        "bool memory_efficient=False) -> (Tensor, Tensor)"
+    ),
+    "rms_norm_bwd": (
+        "rms_norm_bwd(Tensor grad_out, Tensor saved, Tensor rstd, Tensor? weight, int hidden, "
+        "bool memory_efficient, ScalarType dx_dtype) -> (Tensor, Tensor)"
     ),
 }
 
@@ -256,6 +284,46 @@ def _(grad_out, input, mean, invstd, weight, mean_dy, mean_dy_xmu):
     check_batch_norm_args(input, grad_out=grad_out, weight=weight, stats=(
         ("mean", mean), ("invstd", invstd), ("mean_dy", mean_dy), ("mean_dy_xmu", mean_dy_xmu)))
     return torch.empty_like(input)
+
+
+def _rows_of(t, hidden):
+    return t.numel() // hidden if t.numel() else 0
+
+
+def _norm_fwd_outputs(input, hidden, out_dtype):
+    stats = batch_norm_acc_dtype(input.dtype)
+    rows = _rows_of(input, hidden)
+    return (input.new_empty(input.shape, dtype=out_dtype or input.dtype),
+            input.new_empty((rows,), dtype=stats), input.new_empty((rows,), dtype=stats))
+
+
+def _param_grad(p, like):
+    return like.new_empty((0,)) if p is None else torch.empty_like(p, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("core_ops::layer_norm_fwd")
+def _(input, weight, bias, hidden, eps, out_dtype, memory_efficient=False):
+    check_norm_args(input, hidden, (("weight", weight), ("bias", bias)), out_dtype)
+    return _norm_fwd_outputs(input, hidden, out_dtype)
+
+
+@torch.library.register_fake("core_ops::rms_norm_fwd")
+def _(input, weight, hidden, eps, out_dtype, memory_efficient=False):
+    check_norm_args(input, hidden, (("weight", weight),), out_dtype)
+    out, _, rstd = _norm_fwd_outputs(input, hidden, out_dtype)
+    return out, rstd
+
+
+@torch.library.register_fake("core_ops::layer_norm_bwd")
+def _(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype):
+    check_norm_args(saved, hidden, (("weight", weight), ("bias", bias)), name="saved")
+    return (saved.new_empty(saved.shape, dtype=dx_dtype), _param_grad(weight, saved), _param_grad(bias, saved))
+
+
+@torch.library.register_fake("core_ops::rms_norm_bwd")
+def _(grad_out, saved, rstd, weight, hidden, memory_efficient, dx_dtype):
+    check_norm_args(saved, hidden, (("weight", weight),), name="saved")
+    return saved.new_empty(saved.shape, dtype=dx_dtype), _param_grad(weight, saved)
 
 
 def op(name):

@@ -229,3 +229,29 @@ def loss_scale_args(growth_factor, backoff_factor, growth_interval, hysteresis, 
                          f"{growth_interval} and {hysteresis}")
     if not 0.0 <= min_scale <= max_scale:
         raise ValueError(f"need 0 <= min_scale <= max_scale, got {min_scale} and {max_scale}")
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def check_norm_args(input, hidden, params=(), out_dtype=None, name="input"):
+    """The layer / RMS norm ops' arguments (Note [Norm ops] in _library.py): ``input``
+    floating with a whole number of rows of ``hidden`` values, params of ``hidden``
+    values on its device, and an output dtype of the input's or, for half input,
+    float32."""
+    if not input.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {input.dtype}")
+    if hidden < 1 or (input.numel() % hidden and input.numel()):
+        raise ValueError(f"{name} of shape {list(input.shape)} does not hold whole rows of hidden={hidden} values")
+    for pname, p in params:
+        if p is None:
+            continue
+        if p.numel() != hidden:
+            raise ValueError(f"{pname} has {p.numel()} elements; expected hidden={hidden}")
+        if p.device != input.device:
+            raise ValueError(f"{pname} is on {p.device}, {name} on {input.device}")
+        if not p.is_floating_point():
+            raise TypeError(f"{pname} must be floating-point, got {p.dtype}")
+    if out_dtype is not None and out_dtype != input.dtype and not (out_dtype == torch.float32 and input.dtype in _HALF):
+        raise TypeError(f"out_dtype must be {name}'s dtype ({input.dtype}) or, for half input, torch.float32; "
+                        f"got {out_dtype}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .._validate import check_norm_args
+
 
 def acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -83,3 +85,44 @@ def rms_norm_backward(dy, rstd, x_or_y, weight, memory_efficient=False):
     g = dyf if weight is None else dyf * weight.to(acc)
     dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
     return dx, (None if weight is None else (dyf * xhat).sum(0))
+
+
+# ---- the ops (Note [Norm ops] in _library.py) ------------------------------------------
+
+def _flat(p):
+    return None if p is None else p.reshape(-1)
+
+
+def _param_grad(g, p, like):
+    return like.new_empty((0,)) if p is None else g.to(p.dtype).reshape(p.shape)
+
+
+def layer_norm_fwd(input, weight, bias, hidden, eps, out_dtype, memory_efficient=False):
+    check_norm_args(input, hidden, (("weight", weight), ("bias", bias)), out_dtype)
+    y, mean, rstd = layer_norm_forward(input.reshape(-1, hidden), _flat(weight), _flat(bias), eps)
+    return y.to(out_dtype or input.dtype).reshape(input.shape), mean, rstd
+
+
+def rms_norm_fwd(input, weight, hidden, eps, out_dtype, memory_efficient=False):
+    check_norm_args(input, hidden, (("weight", weight),), out_dtype)
+    y, rstd = rms_norm_forward(input.reshape(-1, hidden), _flat(weight), eps)
+    return y.to(out_dtype or input.dtype).reshape(input.shape), rstd
+
+
+def layer_norm_bwd(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype):
+    check_norm_args(saved, hidden, (("weight", weight), ("bias", bias)), name="saved")
+    rows = saved.reshape(-1, hidden)
+    dx, dw, db = layer_norm_backward(grad_out.reshape(rows.shape), mean, rstd, rows, _flat(weight), _flat(bias),
+                                     memory_efficient)
+    return (dx.to(dx_dtype).reshape(saved.shape), _param_grad(dw, weight, saved), _param_grad(db, bias, saved))
+
+
+def rms_norm_bwd(grad_out, saved, rstd, weight, hidden, memory_efficient, dx_dtype):
+    check_norm_args(saved, hidden, (("weight", weight),), name="saved")
+    rows = saved.reshape(-1, hidden)
+    dx, dw = rms_norm_backward(grad_out.reshape(rows.shape), rstd, rows, _flat(weight), memory_efficient)
+    return dx.to(dx_dtype).reshape(saved.shape), _param_grad(dw, weight, saved)
+
+
+KERNELS = {"layer_norm_fwd": layer_norm_fwd, "layer_norm_bwd": layer_norm_bwd,
+           "rms_norm_fwd": rms_norm_fwd, "rms_norm_bwd": rms_norm_bwd}

@@ -1,0 +1,346 @@
+// CPU kernels of the layer-norm and RMS-norm ops (Note [Norm ops] in _library.py): the
+// math is core_ops/norm_math.h; this file moves memory. Rows run in parallel; within a
+// row every pass is vectorized (at::vec, float32 lanes for float / half / bfloat16
+// input, double scalars for double) over values that stay in cache between passes:
+// forward reads a row three times (sum, centered squares, output), backward twice.
+// Weight and bias grads are summed per block of rows into the block's own buffer and
+// the blocks are added in a fixed order: no races, and the same result every run.
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <core_ops/bool_switch.h>
+#include <core_ops/norm_args.h>
+#include <core_ops/norm_math.h>
+
+#include "multi_tensor_apply.h"
+
+namespace core_ops::cpu {
+namespace {
+
+template <typename T>
+using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
+template <typename T>
+constexpr bool kVec = !std::is_same_v<T, double>;
+
+template <typename T>
+inline void load2(const T* p, fVec& a, fVec& b) {
+  VecIO<T>::load(p, a, b);
+}
+
+// Row statistics: (mean, rstd) for layer norm, (0, rstd) for RMS norm.
+template <bool rms, typename in_t, typename acc_t = acc_of<in_t>>
+void row_stats(const in_t* x, int64_t n, double eps, acc_t& mean, acc_t& rstd) {
+  acc_t sum = 0;
+  int64_t j = 0;
+  if constexpr (!rms) {
+    if constexpr (kVec<in_t>) {
+      fVec s0(0.f), s1(0.f);
+      for (; j + kWidth <= n; j += kWidth) {
+        fVec a, b;
+        load2(x + j, a, b);
+        s0 += a;
+        s1 += b;
+      }
+      sum = horizontal_sum(s0 + s1);
+    }
+    for (; j < n; ++j) sum += static_cast<acc_t>(x[j]);
+    mean = sum / static_cast<acc_t>(n);
+  } else {
+    mean = 0;
+  }
+  // Squares around the mean (layer norm) or zero (RMS): a second pass, so no large
+  // numbers are subtracted.
+  acc_t sq = 0;
+  j = 0;
+  if constexpr (kVec<in_t>) {
+    const fVec m(mean);
+    fVec q0(0.f), q1(0.f);
+    for (; j + kWidth <= n; j += kWidth) {
+      fVec a, b;
+      load2(x + j, a, b);
+      a = a - m;
+      b = b - m;
+      q0 = at::vec::fmadd(a, a, q0);
+      q1 = at::vec::fmadd(b, b, q1);
+    }
+    sq = horizontal_sum(q0 + q1);
+  }
+  for (; j < n; ++j) {
+    const acc_t d = static_cast<acc_t>(x[j]) - mean;
+    sq += d * d;
+  }
+  rstd = acc_t(1) / std::sqrt(sq / static_cast<acc_t>(n) + static_cast<acc_t>(eps));
+}
+
+// y = norm(x) * w + b for one row (w, b hold n values: ones / zeros when absent).
+template <bool rms, typename in_t, typename out_t, typename acc_t = acc_of<in_t>>
+void row_out(const in_t* x, out_t* y, const acc_t* w, const acc_t* b, int64_t n, acc_t mean, acc_t rstd) {
+  int64_t j = 0;
+  if constexpr (kVec<in_t> && kVec<out_t>) {
+    const fVec m(mean), r(rstd);
+    for (; j + kWidth <= n; j += kWidth) {
+      fVec a0, a1, w0, w1, b0, b1;
+      load2(x + j, a0, a1);
+      load2(w + j, w0, w1);
+      if constexpr (rms) {
+        VecIO<out_t>::store(y + j, rms_norm_out(a0, r, w0), rms_norm_out(a1, r, w1));
+      } else {
+        load2(b + j, b0, b1);
+        VecIO<out_t>::store(y + j, layer_norm_out(a0, m, r, w0, b0), layer_norm_out(a1, m, r, w1, b1));
+      }
+    }
+  }
+  for (; j < n; ++j) {
+    const acc_t v = static_cast<acc_t>(x[j]);
+    if constexpr (rms) {
+      y[j] = static_cast<out_t>(rms_norm_out(v, rstd, w[j]));
+    } else {
+      y[j] = static_cast<out_t>(layer_norm_out(v, mean, rstd, w[j], b[j]));
+    }
+  }
+}
+
+// Rows [0, rows) in parallel blocks of enough rows to be worth a thread.
+template <typename F>
+void for_rows(int64_t rows, int64_t n, const F& f) {
+  const int64_t grain = std::max<int64_t>(1, kSerialBelow / std::max<int64_t>(1, n));
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) f(r);
+  });
+}
+
+at::Tensor acc_param(const std::optional<at::Tensor>& p, int64_t n, at::ScalarType acc, double fill,
+                     const at::Tensor& like) {
+  if (p.has_value()) return p->reshape({n}).to(acc).contiguous();
+  return fill == 0 ? at::zeros({n}, like.options().dtype(acc)) : at::ones({n}, like.options().dtype(acc));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                                                        const std::optional<at::Tensor>& bias, int64_t hidden, double eps,
+                                                        std::optional<at::ScalarType> out_dtype, bool rms) {
+  check_norm_args(input, hidden, {{"weight", &weight}, {"bias", &bias}}, out_dtype);
+  const at::Tensor x = input.contiguous();
+  const int64_t rows = hidden > 0 ? x.numel() / hidden : 0;
+  const at::ScalarType in = x.scalar_type();
+  const at::ScalarType out_type = out_dtype.value_or(in);
+  const at::ScalarType acc = in == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor out = at::empty(input.sizes(), x.options().dtype(out_type));
+  at::Tensor mean = at::empty({rows}, x.options().dtype(acc));
+  at::Tensor rstd = at::empty({rows}, x.options().dtype(acc));
+  if (rows == 0) return {out, mean, rstd};
+  const at::Tensor w = acc_param(weight, hidden, acc, 1, x), b = acc_param(bias, hidden, acc, 0, x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in, "core_ops norm forward", [&] {
+    using in_t = scalar_t;
+    using acc_t = acc_of<in_t>;
+    const auto run = [&](auto* y_base) {
+      const in_t* xp = x.const_data_ptr<in_t>();
+      acc_t *mp = mean.data_ptr<acc_t>(), *rp = rstd.data_ptr<acc_t>();
+      const acc_t *wp = w.const_data_ptr<acc_t>(), *bp = b.const_data_ptr<acc_t>();
+      const auto rows_of = [&](auto is_rms) {
+        constexpr bool R = decltype(is_rms)::value;
+        for_rows(rows, hidden, [&](int64_t r) {
+          row_stats<R>(xp + r * hidden, hidden, eps, mp[r], rp[r]);
+          row_out<R>(xp + r * hidden, y_base + r * hidden, wp, bp, hidden, mp[r], rp[r]);
+        });
+      };
+      bool_switch(rms, rows_of);
+    };
+    if (out_type == in) {
+      run(out.data_ptr<in_t>());
+    } else {
+      TORCH_CHECK_TYPE(out_type == at::kFloat && in != at::kDouble, "out_dtype must be the input's dtype or, "
+                       "for half input, torch.float32; got ", core_ops::dtype_name(out_type));
+      run(out.data_ptr<float>());
+    }
+  });
+  return {out, mean, rstd};
+}
+
+// One row of backward. saved is x (or y when memory_efficient); dy and y are out_t, x
+// and dx in_t. Adds dy * xhat into dw and dy into db (the block's buffers).
+template <bool rms, bool from_out, bool affine, typename in_t, typename out_t, typename saved_t,
+          typename acc_t = acc_of<in_t>>
+void row_backward(const out_t* dy, const saved_t* s, in_t* dx, const acc_t* w, const acc_t* b, int64_t n, acc_t mean,
+                  acc_t rstd, acc_t* dw, acc_t* db) {
+  // xhat of element j, from the input or from the output.
+  const auto xhat = [&](auto v, auto wj, auto bj) {
+    using V = decltype(v);
+    if constexpr (from_out && !affine) {
+      return v;
+    } else if constexpr (from_out && rms) {
+      return V(v / wj);
+    } else if constexpr (from_out) {
+      return V(layer_norm_xhat_from_out(v, wj, bj));
+    } else if constexpr (rms) {
+      return V(v * V(rstd));
+    } else {
+      return V((v - V(mean)) * V(rstd));
+    }
+  };
+  acc_t sum_g = 0, sum_gx = 0;
+  int64_t j = 0;
+  constexpr bool vec = kVec<in_t> && kVec<out_t> && kVec<saved_t>;
+  if constexpr (vec) {
+    fVec g0(0.f), g1(0.f), h0(0.f), h1(0.f);
+    for (; j + kWidth <= n; j += kWidth) {
+      fVec d0, d1, v0, v1, w0, w1, b0, b1;
+      load2(dy + j, d0, d1);
+      load2(s + j, v0, v1);
+      load2(w + j, w0, w1);
+      load2(b + j, b0, b1);
+      const fVec x0 = xhat(v0, w0, b0), x1 = xhat(v1, w1, b1);
+      const fVec gg0 = d0 * w0, gg1 = d1 * w1;
+      g0 += gg0;
+      g1 += gg1;
+      h0 = at::vec::fmadd(gg0, x0, h0);
+      h1 = at::vec::fmadd(gg1, x1, h1);
+      fVec a0, a1, c0, c1;
+      load2(dw + j, a0, a1);
+      load2(db + j, c0, c1);
+      VecIO<float>::store(dw + j, at::vec::fmadd(d0, x0, a0), at::vec::fmadd(d1, x1, a1));
+      VecIO<float>::store(db + j, c0 + d0, c1 + d1);
+    }
+    sum_g = horizontal_sum(g0 + g1);
+    sum_gx = horizontal_sum(h0 + h1);
+  }
+  for (int64_t k = j; k < n; ++k) {
+    const acc_t d = static_cast<acc_t>(dy[k]);
+    const acc_t xh = xhat(static_cast<acc_t>(s[k]), w[k], b[k]);
+    sum_g += d * w[k];
+    sum_gx += d * w[k] * xh;
+    dw[k] += d * xh;
+    db[k] += d;
+  }
+  const acc_t inv_n = acc_t(1) / static_cast<acc_t>(n);
+  const acc_t mean_g = rms ? acc_t(0) : sum_g * inv_n, mean_gx = sum_gx * inv_n;
+  j = 0;
+  if constexpr (vec) {
+    const fVec r(rstd), mg(mean_g), mgx(mean_gx);
+    for (; j + kWidth <= n; j += kWidth) {
+      fVec d0, d1, v0, v1, w0, w1, b0, b1;
+      load2(dy + j, d0, d1);
+      load2(s + j, v0, v1);
+      load2(w + j, w0, w1);
+      load2(b + j, b0, b1);
+      const fVec x0 = xhat(v0, w0, b0), x1 = xhat(v1, w1, b1);
+      VecIO<in_t>::store(dx + j, layer_norm_dx(d0 * w0, x0, r, mg, mgx), layer_norm_dx(d1 * w1, x1, r, mg, mgx));
+    }
+  }
+  for (; j < n; ++j) {
+    const acc_t xh = xhat(static_cast<acc_t>(s[j]), w[j], b[j]);
+    dx[j] = static_cast<in_t>(layer_norm_dx(static_cast<acc_t>(dy[j]) * w[j], xh, rstd, mean_g, mean_gx));
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved,
+                                                        const at::Tensor& mean, const at::Tensor& rstd,
+                                                        const std::optional<at::Tensor>& weight,
+                                                        const std::optional<at::Tensor>& bias, int64_t hidden,
+                                                        bool memory_efficient, at::ScalarType dx_dtype, bool rms) {
+  check_norm_args(saved, hidden, {{"weight", &weight}, {"bias", &bias}}, std::nullopt, "saved");
+  TORCH_CHECK_VALUE(grad_out.numel() == saved.numel(), "grad_out has ", grad_out.numel(), " elements, saved ",
+                    saved.numel());
+  const at::Tensor dy = grad_out.contiguous(), s = saved.contiguous();
+  const int64_t rows = hidden > 0 ? s.numel() / hidden : 0;
+  const at::ScalarType acc = dx_dtype == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor dx = at::empty(saved.sizes(), s.options().dtype(dx_dtype));
+  const at::Tensor w = acc_param(weight, hidden, acc, 1, s), b = acc_param(bias, hidden, acc, 0, s);
+  const bool affine = weight.has_value();
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>({rows, int64_t(at::get_num_threads()),
+                                                                  std::max<int64_t>(1, rows * hidden / kSerialBelow)}));
+  at::Tensor partial = at::zeros({blocks, 2, hidden}, s.options().dtype(acc));
+  const at::Tensor m = rms ? rstd : mean.contiguous(), r = rstd.contiguous();
+  if (rows > 0) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dx_dtype, "core_ops norm backward", [&] {
+      using in_t = scalar_t;
+      using acc_t = acc_of<in_t>;
+      const auto run = [&](const auto* dyp, const auto* sp) {
+        in_t* dxp = dx.data_ptr<in_t>();
+        const acc_t *wp = w.const_data_ptr<acc_t>(), *bp = b.const_data_ptr<acc_t>();
+        const acc_t *mp = m.const_data_ptr<acc_t>(), *rp = r.const_data_ptr<acc_t>();
+        acc_t* pp = partial.data_ptr<acc_t>();
+        at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+          for (int64_t blk = b0; blk < b1; ++blk) {
+            acc_t* dwp = pp + blk * 2 * hidden;
+            const auto run_rows = [&](auto is_rms, auto from_out, auto has_weight) {
+              constexpr bool R = decltype(is_rms)::value, O = decltype(from_out)::value,
+                             A = decltype(has_weight)::value;
+              for (int64_t row = rows * blk / blocks; row < rows * (blk + 1) / blocks; ++row) {
+                row_backward<R, O, A, in_t>(dyp + row * hidden, sp + row * hidden, dxp + row * hidden, wp, bp,
+                                            hidden, R ? acc_t(0) : mp[row], rp[row], dwp, dwp + hidden);
+              }
+            };
+            bool_switch(rms, [&](auto R) {
+              bool_switch(memory_efficient, [&](auto O) { bool_switch(affine, [&](auto A) { run_rows(R, O, A); }); });
+            });
+          }
+        });
+      };
+      const at::ScalarType out_type = dy.scalar_type();
+      TORCH_CHECK_TYPE(out_type == dx_dtype || (out_type == at::kFloat && dx_dtype != at::kDouble),
+                       "grad_out must be the input's dtype or, for half input, torch.float32; got ",
+                       core_ops::dtype_name(out_type));
+      TORCH_CHECK_TYPE(s.scalar_type() == (memory_efficient ? out_type : dx_dtype), "saved must be the ",
+                       memory_efficient ? "output's" : "input's", " dtype; got ", core_ops::dtype_name(s.scalar_type()));
+      if (out_type == dx_dtype) {
+        run(dy.const_data_ptr<in_t>(), s.const_data_ptr<in_t>());
+      } else if (memory_efficient) {
+        run(dy.const_data_ptr<float>(), s.const_data_ptr<float>());
+      } else {
+        run(dy.const_data_ptr<float>(), s.const_data_ptr<in_t>());
+      }
+    });
+  }
+  const at::Tensor sums = partial.sum(0);  // the blocks in a fixed order
+  at::Tensor dw = affine ? sums[0].to(weight->scalar_type()).reshape(weight->sizes()) : at::empty({0}, s.options());
+  at::Tensor db = bias.has_value() ? sums[1].to(bias->scalar_type()).reshape(bias->sizes()) : at::empty({0}, s.options());
+  return {dx, dw, db};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                                                              const std::optional<at::Tensor>& bias, int64_t hidden,
+                                                              double eps, std::optional<at::ScalarType> out_dtype,
+                                                              bool /*memory_efficient: for autograd*/) {
+  return norm_fwd(input, weight, bias, hidden, eps, out_dtype, false);
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
+                                                int64_t hidden, double eps, std::optional<at::ScalarType> out_dtype,
+                                                bool /*memory_efficient: for autograd*/) {
+  auto [out, mean, rstd] = norm_fwd(input, weight, std::nullopt, hidden, eps, out_dtype, true);
+  return {out, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved,
+                                                              const at::Tensor& mean, const at::Tensor& rstd,
+                                                              const std::optional<at::Tensor>& weight,
+                                                              const std::optional<at::Tensor>& bias, int64_t hidden,
+                                                              bool memory_efficient, at::ScalarType dx_dtype) {
+  return norm_bwd(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype, false);
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved,
+                                                const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+                                                int64_t hidden, bool memory_efficient, at::ScalarType dx_dtype) {
+  auto [dx, dw, db] = norm_bwd(grad_out, saved, rstd, rstd, weight, std::nullopt, hidden, memory_efficient, dx_dtype, true);
+  return {dx, dw};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd);
+  m.impl("layer_norm_bwd", &layer_norm_bwd);
+  m.impl("rms_norm_fwd", &rms_norm_fwd);
+  m.impl("rms_norm_bwd", &rms_norm_bwd);
+}
+
+}  // namespace core_ops::cpu

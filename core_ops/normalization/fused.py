@@ -1,0 +1,83 @@
+"""core_ops' own layer norm and RMS norm (Note [Norm ops] in _library.py), with their
+autograd registered on the ops, so they work in eager mode and under torch.compile:
+
+    y = layer_norm(x, (4096,), weight, bias, eps=1e-5, memory_efficient=False, out_dtype=None)
+    y = rms_norm(x, (4096,), weight, eps=1e-5)
+    y, h = fused_add_rms_norm(x, residual, weight, eps=1e-5)   # h = x + residual, y = rms_norm(h)
+
+Statistics are float32 (float64 for float64 input) whatever the input dtype;
+``out_dtype=torch.float32`` with half input gives Apex's "mixed" output.
+``memory_efficient=True`` keeps the output instead of the input for backward (Apex's).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _build
+from .._library import op
+
+
+def _hidden(input, normalized_shape):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not shape or tuple(input.shape[input.dim() - len(shape):]) != shape:
+        raise ValueError(f"normalized_shape {list(shape)} must be the trailing dims of the input, whose shape "
+                         f"is {list(input.shape)}")
+    return math.prod(shape)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, memory_efficient=False, out_dtype=None):
+    _build.ensure_for(input.device)
+    return op("layer_norm_fwd")(input, weight, bias, _hidden(input, normalized_shape), float(eps), out_dtype,
+                                bool(memory_efficient))[0]
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=1e-5, memory_efficient=False, out_dtype=None):
+    _build.ensure_for(input.device)
+    return op("rms_norm_fwd")(input, weight, _hidden(input, normalized_shape), float(eps), out_dtype,
+                              bool(memory_efficient))[0]
+
+
+def fused_add_rms_norm(input, residual, weight, eps=1e-5, memory_efficient=False):
+    """``(rms_norm(input + residual) * weight, input + residual)``: the pre-norm residual
+    step of Llama-style blocks. The sum is taken once and normalized from memory."""
+    if input.shape != residual.shape:
+        raise ValueError(f"input {list(input.shape)} and residual {list(residual.shape)} must have one shape")
+    h = input + residual
+    hidden = weight.numel() if weight is not None else input.shape[-1]
+    return rms_norm(h, (hidden,) if weight is None else tuple(weight.shape), weight, eps, memory_efficient), h
+
+
+# ---- autograd ----------------------------------------------------------------------------
+
+def _ln_setup(ctx, inputs, output):
+    input, weight, bias, hidden, eps, out_dtype, memory_efficient = inputs
+    out, mean, rstd = output
+    ctx.hidden, ctx.memory_efficient, ctx.dx_dtype = hidden, memory_efficient, input.dtype
+    ctx.save_for_backward(out if memory_efficient else input, mean, rstd, weight, bias)
+
+
+def _ln_backward(ctx, grad_out, grad_mean, grad_rstd):
+    saved, mean, rstd, weight, bias = ctx.saved_tensors
+    dx, dw, db = op("layer_norm_bwd")(grad_out, saved, mean, rstd, weight, bias, ctx.hidden,
+                                      ctx.memory_efficient, ctx.dx_dtype)
+    return (dx, dw if weight is not None else None, db if bias is not None else None, None, None, None, None)
+
+
+def _rms_setup(ctx, inputs, output):
+    input, weight, hidden, eps, out_dtype, memory_efficient = inputs
+    out, rstd = output
+    ctx.hidden, ctx.memory_efficient, ctx.dx_dtype = hidden, memory_efficient, input.dtype
+    ctx.save_for_backward(out if memory_efficient else input, rstd, weight)
+
+
+def _rms_backward(ctx, grad_out, grad_rstd):
+    saved, rstd, weight = ctx.saved_tensors
+    dx, dw = op("rms_norm_bwd")(grad_out, saved, rstd, weight, ctx.hidden, ctx.memory_efficient, ctx.dx_dtype)
+    return dx, (dw if weight is not None else None), None, None, None, None
+
+
+torch.library.register_autograd("core_ops::layer_norm_fwd", _ln_backward, setup_context=_ln_setup)
+torch.library.register_autograd("core_ops::rms_norm_fwd", _rms_backward, setup_context=_rms_setup)

@@ -1,0 +1,187 @@
+"""The layer-norm and RMS-norm ops (Note [Norm ops] in _library.py): native kernels
+against the reference (which test_norm_reference.py checks against torch in fp64), for
+every dtype, row lengths around the vector width, empty batches and large rows; the
+public functions' autograd (gradcheck in fp64), torch.compile, memory_efficient, the
+mixed output dtype, the fused residual form and bad input."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import dtype_id
+
+from core_ops import _build
+from core_ops._library import op
+from core_ops.normalization.fused import fused_add_rms_norm, layer_norm, rms_norm
+from core_ops.reference import KERNELS as REF
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+# The CPU kernels work in vectors of 16 floats (two AVX2 registers): rows straddle one
+# and two of them; 65536 is a large row.
+HIDDEN = [1, 15, 16, 17, 31, 33, 1000, 65536]
+# Native and reference differ in the order of their float32 sums and in FMA; an output
+# is then within one rounding of its dtype of the other's. Relative to the largest
+# element (a backward's dx cancels terms of that size).
+TOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+@pytest.fixture(autouse=True)
+def _native_loaded(device):
+    backend = _build.ensure(device)
+    if not backend.native:
+        pytest.fail(f"native {device} kernels did not load: {backend.reason}")
+
+
+def assert_near(got, want, dtype):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if want.numel() == 0:
+        return
+    scale = want.double().abs().max().clamp(min=1e-30)
+    err = (got.double() - want.double()).abs().max() / scale
+    assert err <= TOL[dtype], f"relative error {err.item():.3g} > {TOL[dtype]}"
+
+
+def case(device, dtype, rows, hidden, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, hidden, generator=g) * 3 + 0.5).to(device, dtype)
+    w = (torch.rand(hidden, generator=g) + 0.5).to(device, dtype)
+    b = torch.randn(hidden, generator=g).to(device, dtype)
+    dy = torch.randn(rows, hidden, generator=g).to(device, dtype)
+    return x, w, b, dy
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("memory_efficient", [False, True], ids=["saves_x", "saves_y"])
+def test_layer_norm_native_equals_reference(device, dtype, hidden, affine, memory_efficient):
+    rows = 3 if hidden == 65536 else 7
+    x, w, b, dy = case(device, dtype, rows, hidden)
+    w, b = (w, b) if affine else (None, None)
+    got = op("layer_norm_fwd")(x, w, b, hidden, 1e-5, None, memory_efficient)
+    want = REF["layer_norm_fwd"](x, w, b, hidden, 1e-5, None)
+    for g_, w_ in zip(got, want):
+        assert_near(g_, w_, dtype)
+    saved = got[0] if memory_efficient else x
+    grads = op("layer_norm_bwd")(dy, saved, got[1], got[2], w, b, hidden, memory_efficient, dtype)
+    ref = REF["layer_norm_bwd"](dy, saved, got[1], got[2], w, b, hidden, memory_efficient, dtype)
+    for g_, r_ in zip(grads, ref):
+        assert_near(g_, r_, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("memory_efficient", [False, True], ids=["saves_x", "saves_y"])
+def test_rms_norm_native_equals_reference(device, dtype, hidden, affine, memory_efficient):
+    rows = 3 if hidden == 65536 else 7
+    x, w, _, dy = case(device, dtype, rows, hidden)
+    w = w if affine else None
+    got = op("rms_norm_fwd")(x, w, hidden, 1e-5, None, memory_efficient)
+    want = REF["rms_norm_fwd"](x, w, hidden, 1e-5, None)
+    for g_, w_ in zip(got, want):
+        assert_near(g_, w_, dtype)
+    saved = got[0] if memory_efficient else x
+    grads = op("rms_norm_bwd")(dy, saved, got[1], w, hidden, memory_efficient, dtype)
+    ref = REF["rms_norm_bwd"](dy, saved, got[1], w, hidden, memory_efficient, dtype)
+    for g_, r_ in zip(grads, ref):
+        assert_near(g_, r_, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_mixed_output_dtype(device, dtype):
+    x, w, b, dy = case(device, dtype, 5, 40)
+    w32, b32 = w.float(), b.float()
+    y, mean, rstd = op("layer_norm_fwd")(x, w32, b32, 40, 1e-5, torch.float32, False)
+    assert y.dtype == torch.float32 and mean.dtype == torch.float32
+    assert_near(y, F.layer_norm(x.float(), (40,), w32, b32, 1e-5), torch.float32)
+    dx, dw, db = op("layer_norm_bwd")(dy.float(), x, mean, rstd, w32, b32, 40, False, dtype)
+    assert dx.dtype == dtype and dw.dtype == torch.float32
+    y, rstd = op("rms_norm_fwd")(x, w32, 40, 1e-5, torch.float32, True)
+    dx, dw = op("rms_norm_bwd")(dy.float(), y, rstd, w32, 40, True, dtype)
+    ref = REF["rms_norm_bwd"](dy.float(), y, rstd, w32, 40, True, dtype)
+    assert_near(dx, ref[0], dtype)
+    assert_near(dw, ref[1], torch.float32)
+
+
+def test_empty_batches_shapes_and_nan_rows(device):
+    x = torch.randn(0, 4, 8, device=device)
+    w = torch.ones(8, device=device, requires_grad=True)
+    y = layer_norm(x.requires_grad_(), (8,), w, torch.zeros(8, device=device, requires_grad=True))
+    assert y.shape == (0, 4, 8)
+    y.sum().backward()
+    assert torch.equal(w.grad, torch.zeros(8, device=device))
+    x = torch.randn(4, 3, 16, device=device).transpose(0, 1)  # not contiguous: read through a copy
+    torch.testing.assert_close(rms_norm(x, (16,)), F.rms_norm(x, (16,), eps=1e-5), rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(layer_norm(x, (16,)), F.layer_norm(x, (16,)), rtol=2e-6, atol=2e-6)
+    x = torch.randn(3, 20, device=device)
+    x[1, 5] = float("nan")
+    for y in (layer_norm(x, (20,)), rms_norm(x, (20,))):
+        assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()
+    x = torch.randn(2, 3, 4, 5, device=device)  # several trailing dims normalized
+    torch.testing.assert_close(layer_norm(x, (4, 5)), F.layer_norm(x, (4, 5)), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("memory_efficient", [False, True], ids=["saves_x", "saves_y"])
+def test_gradcheck_fp64(device, memory_efficient):
+    x = torch.randn(3, 2, 9, device=device, dtype=torch.float64, requires_grad=True)
+    w = (torch.rand(9, device=device, dtype=torch.float64) + 0.5).requires_grad_()
+    b = torch.randn(9, device=device, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w, b: layer_norm(x, (9,), w, b, memory_efficient=memory_efficient),
+                                    (x, w, b))
+    assert torch.autograd.gradcheck(lambda x, w: rms_norm(x, (9,), w, memory_efficient=memory_efficient), (x, w))
+    assert torch.autograd.gradcheck(lambda x, r, w: fused_add_rms_norm(x, r, w, memory_efficient=memory_efficient),
+                                    (x, torch.randn_like(x, requires_grad=True), w))
+
+
+def test_memory_efficient_saves_the_output_not_the_input(device):
+    x = torch.randn(8, 64, device=device, requires_grad=True)
+    w = torch.rand(64, device=device).add(0.5).requires_grad_()
+    for fn in (lambda me: layer_norm(x, (64,), w, None, memory_efficient=me),
+               lambda me: rms_norm(x, (64,), w, memory_efficient=me)):
+        results = {}
+        for me in (False, True):
+            saved = []
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+                y = fn(me)
+            keeps_x = any(t.data_ptr() == x.data_ptr() for t in saved)
+            keeps_y = any(t.data_ptr() == y.data_ptr() for t in saved)
+            assert (keeps_x, keeps_y) == ((False, True) if me else (True, False))
+            results[me] = torch.autograd.grad(y, (x, w), torch.ones_like(y))
+        for a, b in zip(results[False], results[True]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # xhat from y: a few float32 roundings
+
+
+def test_torch_compile_equals_eager(device):
+    def step(x, w, b):
+        y = layer_norm(x, (32,), w, b) + rms_norm(x, (32,), w)
+        return y.square().sum()
+
+    x = torch.randn(6, 32, device=device, requires_grad=True)
+    w = torch.rand(32, device=device, requires_grad=True)
+    b = torch.randn(32, device=device, requires_grad=True)
+    eager = torch.autograd.grad(step(x, w, b), (x, w, b))
+    compiled = torch.autograd.grad(torch.compile(step, fullgraph=True)(x, w, b), (x, w, b))
+    for a, c in zip(eager, compiled):
+        torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)
+
+
+def test_fused_add_rms_norm(device):
+    x, w, _, _ = case(device, torch.float32, 4, 48)
+    res = torch.randn_like(x)
+    y, h = fused_add_rms_norm(x, res, w, eps=1e-6)
+    torch.testing.assert_close(h, x + res, rtol=0, atol=0)
+    torch.testing.assert_close(y, F.rms_norm(x + res, (48,), w, 1e-6), rtol=2e-6, atol=2e-6)
+
+
+def test_bad_input_is_named(device):
+    x = torch.randn(4, 8, device=device)
+    with pytest.raises(ValueError, match=r"normalized_shape \[7\] must be the trailing dims"):
+        layer_norm(x, (7,))
+    with pytest.raises(ValueError, match="weight has 6 elements; expected hidden=8"):
+        layer_norm(x, (8,), torch.ones(6, device=device))
+    with pytest.raises(TypeError, match="out_dtype must be input's dtype"):
+        rms_norm(x, (8,), out_dtype=torch.float16)
+    with pytest.raises(TypeError, match="input must be a floating-point tensor"):
+        rms_norm(torch.ones(2, 8, dtype=torch.int64, device=device), (8,))
+    with pytest.raises(ValueError, match="must have one shape"):
+        fused_add_rms_norm(x, torch.randn(4, 9, device=device), torch.ones(8, device=device))
