@@ -1,10 +1,10 @@
 """Apex's functional forms and autograd functions of its fused norms
 (``apex.normalization.fused_layer_norm.FusedLayerNormAffineFunction`` and kin), which
-Megatron-LM, NeMo and DeepSpeed import directly. They run torch's own fused
-``layer_norm`` / ``rms_norm`` (torch's autograd gives the backward) in float32 or
-wider, whatever the input and weight dtypes, and return the input's dtype; Apex's
-"mixed dtypes" forms (float32 weights with half inputs) return the weight's dtype. ``memory_efficient`` is
-accepted: torch's kernels save only the statistics anyway.
+Megatron-LM, NeMo and DeepSpeed import directly, on core_ops' norm ops (fused.py):
+statistics in float32 (float64 for float64 input) whatever the input and weight dtypes,
+output in the input's dtype; Apex's "mixed dtypes" forms (float32 weights with half
+inputs) return the weight's dtype. ``memory_efficient=True`` keeps the output instead of
+the input for backward, as Apex's did.
 
 Note [Norms under autocast]: as Apex's (``apex/_autocast_utils.py``), under
 ``torch.autocast`` for the input's device every floating argument is cast to the
@@ -15,20 +15,12 @@ is on autocast's float32 list and would return float32."""
 import functools
 
 import torch
-import torch.nn.functional as F
+
+from . import fused
 
 
 def _shape(normalized_shape):
     return (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-
-
-def _accumulation_dtype(x, weight):
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    return dtype if weight is None else torch.promote_types(dtype, weight.dtype)
-
-
-def _to(t, dtype):
-    return None if t is None else t.to(dtype)
 
 
 def autocast_dtype(t):
@@ -51,44 +43,51 @@ def in_autocast_dtype(fn):
     return run
 
 
+def _mixed_out(input, weight):
+    """The output dtype of Apex's mixed forms: the weight's; None where that is the
+    input's (or a dtype the op cannot write directly, cast afterwards)."""
+    return None if weight is None or weight.dtype == input.dtype else weight.dtype
+
+
 @in_autocast_dtype
 def fused_layer_norm_affine(input, weight, bias, normalized_shape, eps=1e-6, memory_efficient=False):
-    acc = _accumulation_dtype(input, weight)
-    return F.layer_norm(input.to(acc), _shape(normalized_shape), _to(weight, acc), _to(bias, acc),
-                        eps).to(input.dtype)
+    return fused.layer_norm(input, normalized_shape, weight, bias, eps, memory_efficient)
 
 
 @in_autocast_dtype
 def fused_layer_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):
-    return fused_layer_norm_affine(input, None, None, normalized_shape, eps)
+    return fused.layer_norm(input, normalized_shape, None, None, eps, memory_efficient)
 
 
 @in_autocast_dtype
 def fused_rms_norm_affine(input, weight, normalized_shape, eps=1e-6, memory_efficient=False):
-    acc = _accumulation_dtype(input, weight)
-    return F.rms_norm(input.to(acc), _shape(normalized_shape), _to(weight, acc), eps).to(input.dtype)
+    return fused.rms_norm(input, normalized_shape, weight, eps, memory_efficient)
 
 
 @in_autocast_dtype
 def fused_rms_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):
-    return fused_rms_norm_affine(input, None, normalized_shape, eps)
+    return fused.rms_norm(input, normalized_shape, None, eps, memory_efficient)
+
+
+def _in_weight_dtype(norm, input, weight, *args):
+    out = _mixed_out(input, weight)
+    if out is None or (out == torch.float32 and input.dtype in (torch.float16, torch.bfloat16)):
+        return norm(input, *args, out_dtype=out)
+    return norm(input, *args).to(out)
 
 
 @in_autocast_dtype
 def mixed_dtype_fused_layer_norm_affine(input, weight, bias, normalized_shape, eps=1e-6,
                                         memory_efficient=False):
     """As ``fused_layer_norm_affine``, the output in the weight's dtype (Apex's)."""
-    acc = _accumulation_dtype(input, weight)
-    return F.layer_norm(input.to(acc), _shape(normalized_shape), _to(weight, acc), _to(bias, acc),
-                        eps).to(weight.dtype)
+    return _in_weight_dtype(fused.layer_norm, input, weight, normalized_shape, weight, bias, eps, memory_efficient)
 
 
 @in_autocast_dtype
 def mixed_dtype_fused_rms_norm_affine(input, weight, normalized_shape, eps=1e-6,
                                       memory_efficient=False):
     """As ``fused_rms_norm_affine``, the output in the weight's dtype (Apex's)."""
-    acc = _accumulation_dtype(input, weight)
-    return F.rms_norm(input.to(acc), _shape(normalized_shape), _to(weight, acc), eps).to(weight.dtype)
+    return _in_weight_dtype(fused.rms_norm, input, weight, normalized_shape, weight, eps, memory_efficient)
 
 
 def _function(name, fn):

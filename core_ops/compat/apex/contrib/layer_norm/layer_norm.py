@@ -1,8 +1,8 @@
 """Apex's ``contrib.layer_norm``: ``FastLayerNorm(hidden_size, eps, memory_efficient)``
 and the autograd function Megatron-LM calls directly,
 ``FastLayerNormFN.apply(x, weight, bias, eps, memory_efficient=False)``. The math is
-``core_ops.reference.norms`` (float32 statistics); with ``memory_efficient`` backward
-works from the saved output, so the input is not kept. Under autocast the inputs are
+core_ops' norm ops (float32 statistics); with ``memory_efficient`` backward works from
+the saved output, so the input is not kept. Under autocast the inputs are
 cast to its dtype, as Apex's were."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .....reference import norms
+from ..... import _build
+from ....._library import op
 from ..._autocast_utils import _cast_if_autocast_enabled
 
 
@@ -21,21 +22,18 @@ class FastLayerNormFN(torch.autograd.Function):
         if x.shape[-1] != hidden or beta.numel() != hidden:
             raise ValueError(f"FastLayerNorm: the input's last dim ({x.shape[-1]}), gamma ({hidden}) and beta "
                              f"({beta.numel()}) must agree")
-        rows = x.reshape(-1, hidden)
-        y, mean, rstd = norms.layer_norm_forward(rows, gamma.reshape(-1), beta.reshape(-1), epsilon)
-        y = y.to(x.dtype)
-        ctx.memory_efficient, ctx.x_shape = memory_efficient, x.shape
-        saved = y if memory_efficient else rows
-        ctx.save_for_backward(saved, gamma, beta, mean, rstd)
-        return y.reshape(x.shape)
+        _build.ensure_for(x.device)
+        y, mean, rstd = op("layer_norm_fwd")(x, gamma, beta, hidden, epsilon, None, memory_efficient)
+        ctx.memory_efficient, ctx.dx_dtype = memory_efficient, x.dtype
+        ctx.save_for_backward(y if memory_efficient else x, gamma, beta, mean, rstd)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
         saved, gamma, beta, mean, rstd = ctx.saved_tensors
-        dx, dgamma, dbeta = norms.layer_norm_backward(dy.reshape(saved.shape), mean, rstd, saved,
-                                                      gamma.reshape(-1), beta.reshape(-1), ctx.memory_efficient)
-        return (dx.to(dy.dtype).reshape(ctx.x_shape), dgamma.to(gamma.dtype).reshape(gamma.shape),
-                dbeta.to(beta.dtype).reshape(beta.shape), None, None)
+        dx, dgamma, dbeta = op("layer_norm_bwd")(dy, saved, mean, rstd, gamma, beta, gamma.numel(),
+                                                 ctx.memory_efficient, ctx.dx_dtype)
+        return dx, dgamma, dbeta, None, None
 
 
 def _fast_layer_norm(x, weight, bias, epsilon, memory_efficient):
