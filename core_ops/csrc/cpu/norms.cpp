@@ -108,15 +108,6 @@ void row_out(const in_t* x, out_t* y, const acc_t* w, const acc_t* b, int64_t n,
   }
 }
 
-// Rows [0, rows) in parallel blocks of enough rows to be worth a thread.
-template <typename F>
-void for_rows(int64_t rows, int64_t n, const F& f) {
-  const int64_t grain = std::max<int64_t>(1, kSerialBelow / std::max<int64_t>(1, n));
-  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) f(r);
-  });
-}
-
 at::Tensor acc_param(const std::optional<at::Tensor>& p, int64_t n, at::ScalarType acc, double fill,
                      const at::Tensor& like) {
   if (p.has_value()) return p->reshape({n}).to(acc).contiguous();
@@ -146,9 +137,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input,
       const acc_t *wp = w.const_data_ptr<acc_t>(), *bp = b.const_data_ptr<acc_t>();
       const auto rows_of = [&](auto is_rms) {
         constexpr bool R = decltype(is_rms)::value;
-        for_rows(rows, hidden, [&](int64_t r) {
-          row_stats<R>(xp + r * hidden, hidden, eps, mp[r], rp[r]);
-          row_out<R>(xp + r * hidden, y_base + r * hidden, wp, bp, hidden, mp[r], rp[r]);
+        const int64_t grain = std::max<int64_t>(1, kSerialBelow / hidden);
+        at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            row_stats<R>(xp + r * hidden, hidden, eps, mp[r], rp[r]);
+            row_out<R>(xp + r * hidden, y_base + r * hidden, wp, bp, hidden, mp[r], rp[r]);
+          }
         });
       };
       bool_switch(rms, rows_of);
@@ -185,58 +179,63 @@ void row_backward(const out_t* dy, const saved_t* s, in_t* dx, const acc_t* w, c
       return V((v - V(mean)) * V(rstd));
     }
   };
+  // Pass 1: the row sums of g = dy * w and g * xhat. Pass 2: dx, and dy * xhat and dy
+  // into the block's weight / bias grad buffers. The bias is read only where xhat
+  // needs it (from the output of an affine layer norm).
+  constexpr bool needs_b = from_out && affine && !rms;
   acc_t sum_g = 0, sum_gx = 0;
   int64_t j = 0;
   constexpr bool vec = kVec<in_t> && kVec<out_t> && kVec<saved_t>;
   if constexpr (vec) {
-    fVec g0(0.f), g1(0.f), h0(0.f), h1(0.f);
+    fVec g0(0.f), g1(0.f), h0(0.f), h1(0.f), b0(0.f), b1(0.f);
     for (; j + kWidth <= n; j += kWidth) {
-      fVec d0, d1, v0, v1, w0, w1, b0, b1;
+      fVec d0, d1, v0, v1, w0, w1;
       load2(dy + j, d0, d1);
       load2(s + j, v0, v1);
       load2(w + j, w0, w1);
-      load2(b + j, b0, b1);
-      const fVec x0 = xhat(v0, w0, b0), x1 = xhat(v1, w1, b1);
+      if constexpr (needs_b) load2(b + j, b0, b1);
       const fVec gg0 = d0 * w0, gg1 = d1 * w1;
       g0 += gg0;
       g1 += gg1;
-      h0 = at::vec::fmadd(gg0, x0, h0);
-      h1 = at::vec::fmadd(gg1, x1, h1);
-      fVec a0, a1, c0, c1;
-      load2(dw + j, a0, a1);
-      load2(db + j, c0, c1);
-      VecIO<float>::store(dw + j, at::vec::fmadd(d0, x0, a0), at::vec::fmadd(d1, x1, a1));
-      VecIO<float>::store(db + j, c0 + d0, c1 + d1);
+      h0 = at::vec::fmadd(gg0, xhat(v0, w0, b0), h0);
+      h1 = at::vec::fmadd(gg1, xhat(v1, w1, b1), h1);
     }
     sum_g = horizontal_sum(g0 + g1);
     sum_gx = horizontal_sum(h0 + h1);
   }
   for (int64_t k = j; k < n; ++k) {
-    const acc_t d = static_cast<acc_t>(dy[k]);
-    const acc_t xh = xhat(static_cast<acc_t>(s[k]), w[k], b[k]);
-    sum_g += d * w[k];
-    sum_gx += d * w[k] * xh;
-    dw[k] += d * xh;
-    db[k] += d;
+    const acc_t g = static_cast<acc_t>(dy[k]) * w[k];
+    sum_g += g;
+    sum_gx += g * xhat(static_cast<acc_t>(s[k]), w[k], b[k]);
   }
   const acc_t inv_n = acc_t(1) / static_cast<acc_t>(n);
   const acc_t mean_g = rms ? acc_t(0) : sum_g * inv_n, mean_gx = sum_gx * inv_n;
   j = 0;
   if constexpr (vec) {
     const fVec r(rstd), mg(mean_g), mgx(mean_gx);
+    fVec b0(0.f), b1(0.f);
     for (; j + kWidth <= n; j += kWidth) {
-      fVec d0, d1, v0, v1, w0, w1, b0, b1;
+      fVec d0, d1, v0, v1, w0, w1, a0, a1, c0, c1;
       load2(dy + j, d0, d1);
       load2(s + j, v0, v1);
       load2(w + j, w0, w1);
-      load2(b + j, b0, b1);
+      if constexpr (needs_b) load2(b + j, b0, b1);
       const fVec x0 = xhat(v0, w0, b0), x1 = xhat(v1, w1, b1);
       VecIO<in_t>::store(dx + j, layer_norm_dx(d0 * w0, x0, r, mg, mgx), layer_norm_dx(d1 * w1, x1, r, mg, mgx));
+      load2(dw + j, a0, a1);
+      VecIO<float>::store(dw + j, at::vec::fmadd(d0, x0, a0), at::vec::fmadd(d1, x1, a1));
+      if constexpr (!rms) {  // RMS norm has no bias
+        load2(db + j, c0, c1);
+        VecIO<float>::store(db + j, c0 + d0, c1 + d1);
+      }
     }
   }
   for (; j < n; ++j) {
+    const acc_t d = static_cast<acc_t>(dy[j]);
     const acc_t xh = xhat(static_cast<acc_t>(s[j]), w[j], b[j]);
-    dx[j] = static_cast<in_t>(layer_norm_dx(static_cast<acc_t>(dy[j]) * w[j], xh, rstd, mean_g, mean_gx));
+    dx[j] = static_cast<in_t>(layer_norm_dx(d * w[j], xh, rstd, mean_g, mean_gx));
+    dw[j] += d * xh;
+    if constexpr (!rms) db[j] += d;
   }
 }
 
