@@ -4,7 +4,7 @@
 # the kernels build on first use). Prints one summary line per step, the benchmark
 # tables and the failures; exits 1 if any step failed.
 #   bash tests/gpu/run.sh            # from the repo root
-# Budget: the step limits add up to 530 s, under the device tool's 600 s per command
+# Budget: the step limits add up to 550 s, under the device tool's 600 s per command
 # (machine start-up is not counted there), so a slow step is cut and reported, never
 # the whole run.
 set -uo pipefail
@@ -32,16 +32,18 @@ gpu=$($PY -c "import torch; assert torch.cuda.is_available(), 'no GPU'; print(to
 # longer build) or ones CUDA 13 dropped (a failed one).
 export CORE_OPS_CUDA_ARCH=${CORE_OPS_CUDA_ARCH:-$($PY -c "import torch; print('%d.%d' % torch.cuda.get_device_capability(0))")}
 
-step build 200 $PY -m core_ops build --cuda
-step info 30 $PY -m core_ops info
-step tests 150 $PY -m pytest -q -p no:cacheprovider tests/multi_tensor_apply tests/optimizers tests/amp tests/test_op_registration.py -k "cuda or gpu"
+step build 230 $PY -m core_ops build --cuda
+step info 20 $PY -m core_ops info
+step tests 150 $PY -m pytest -q -p no:cacheprovider tests/multi_tensor_apply tests/optimizers tests/amp tests/normalization tests/test_op_registration.py -k "cuda or gpu"
 # core_ops.parallel: SyncBatchNorm's CUDA kernels vs torch.nn.SyncBatchNorm at world size 1.
-step syncbn 60 $PY -m pytest -q -s -p no:cacheprovider tests/parallel/test_sync_batchnorm_cuda.py tests/parallel/test_sync_batch_norm_ops.py -k "cuda or gpu or world_size or faster"
-step bench 90 $PY bench/bench_multi_tensor.py --device cuda --numel 200000000 --tensors 200
+step syncbn 50 $PY -m pytest -q -s -p no:cacheprovider tests/parallel/test_sync_batchnorm_cuda.py tests/parallel/test_sync_batch_norm_ops.py -k "cuda or gpu or world_size or faster"
+step bench 60 $PY bench/bench_multi_tensor.py --device cuda --numel 200000000 --tensors 200
+step norms 40 $PY bench/bench_norms.py --device cuda --repeats 20
 
 echo "==== core_ops GPU run: $gpu, arch $CORE_OPS_CUDA_ARCH ===="
 printf '%s\n' "${summary[@]}"
 echo "---- bench ----"; tail -n 20 "$LOG/bench.log"
+echo "---- norms ----"; tail -n 18 "$LOG/norms.log"
 echo "---- syncbn ----"; grep -E "SyncBN|passed|failed" "$LOG/syncbn.log" | tail -3
 echo "---- failures ----"; grep -hE "^(FAILED|ERROR)" "$LOG/tests.log" "$LOG/syncbn.log" | head -20
 exit $failed
