@@ -5,6 +5,8 @@
 // forward reads a row three times (sum, centered squares, output), backward twice.
 // Weight and bias grads are summed per block of rows into the block's own buffer and
 // the blocks are added in a fixed order: no races, and the same result every run.
+// The file has a namespace of its own: the unity build may put it in one translation
+// unit with sync_batch_norm.cpp, whose helpers have the same names.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -22,7 +24,7 @@
 
 #include "multi_tensor_apply.h"
 
-namespace core_ops::cpu {
+namespace core_ops::cpu::norms {
 namespace {
 
 template <typename T>
@@ -106,12 +108,6 @@ void row_out(const in_t* x, out_t* y, const acc_t* w, const acc_t* b, int64_t n,
       y[j] = static_cast<out_t>(layer_norm_out(v, mean, rstd, w[j], b[j]));
     }
   }
-}
-
-at::Tensor acc_param(const std::optional<at::Tensor>& p, int64_t n, at::ScalarType acc, double fill,
-                     const at::Tensor& like) {
-  if (p.has_value()) return p->reshape({n}).to(acc).contiguous();
-  return fill == 0 ? at::zeros({n}, like.options().dtype(acc)) : at::ones({n}, like.options().dtype(acc));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
@@ -304,42 +300,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
   return {dx, dw, db};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                                                              const std::optional<at::Tensor>& bias, int64_t hidden,
-                                                              double eps, std::optional<at::ScalarType> out_dtype,
-                                                              bool /*memory_efficient: for autograd*/) {
-  return norm_fwd(input, weight, bias, hidden, eps, out_dtype, false);
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                                                int64_t hidden, double eps, std::optional<at::ScalarType> out_dtype,
-                                                bool /*memory_efficient: for autograd*/) {
-  auto [out, mean, rstd] = norm_fwd(input, weight, std::nullopt, hidden, eps, out_dtype, true);
-  return {out, rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved,
-                                                              const at::Tensor& mean, const at::Tensor& rstd,
-                                                              const std::optional<at::Tensor>& weight,
-                                                              const std::optional<at::Tensor>& bias, int64_t hidden,
-                                                              bool memory_efficient, at::ScalarType dx_dtype) {
-  return norm_bwd(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype, false);
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved,
-                                                const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-                                                int64_t hidden, bool memory_efficient, at::ScalarType dx_dtype) {
-  auto [dx, dw, db] = norm_bwd(grad_out, saved, rstd, rstd, weight, std::nullopt, hidden, memory_efficient, dx_dtype, true);
-  return {dx, dw};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("layer_norm_fwd", &layer_norm_fwd);
-  m.impl("layer_norm_bwd", &layer_norm_bwd);
-  m.impl("rms_norm_fwd", &rms_norm_fwd);
-  m.impl("rms_norm_bwd", &rms_norm_bwd);
+  m.impl("layer_norm_fwd", &layer_norm_fwd<&norm_fwd>);
+  m.impl("layer_norm_bwd", &layer_norm_bwd<&norm_bwd>);
+  m.impl("rms_norm_fwd", &rms_norm_fwd<&norm_fwd>);
+  m.impl("rms_norm_bwd", &rms_norm_bwd<&norm_bwd>);
 }
 
-}  // namespace core_ops::cpu
+}  // namespace core_ops::cpu::norms

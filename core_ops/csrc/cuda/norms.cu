@@ -27,7 +27,7 @@
 #include <core_ops/norm_args.h>
 #include <core_ops/norm_math.h>
 
-namespace core_ops::cuda {
+namespace core_ops::cuda::norms {
 namespace {
 
 template <typename T>
@@ -194,12 +194,6 @@ int threads_for(int64_t n, int pack) {
   return static_cast<int>(std::clamp<int64_t>(want, 32, kMaxThreads));
 }
 
-at::Tensor acc_param(const std::optional<at::Tensor>& p, int64_t n, at::ScalarType acc, double fill,
-                     const at::Tensor& like) {
-  if (p.has_value()) return p->reshape({n}).to(acc).contiguous();
-  return fill == 0 ? at::zeros({n}, like.options().dtype(acc)) : at::ones({n}, like.options().dtype(acc));
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                                                         const std::optional<at::Tensor>& bias, int64_t hidden, double eps,
                                                         std::optional<at::ScalarType> out_dtype, bool rms) {
@@ -303,42 +297,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
   return {dx, dweight, dbias};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                                                              const std::optional<at::Tensor>& bias, int64_t hidden,
-                                                              double eps, std::optional<at::ScalarType> out_dtype,
-                                                              bool /*memory_efficient: for autograd*/) {
-  return norm_fwd(input, weight, bias, hidden, eps, out_dtype, false);
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                                                int64_t hidden, double eps, std::optional<at::ScalarType> out_dtype,
-                                                bool /*memory_efficient: for autograd*/) {
-  auto [out, mean, rstd] = norm_fwd(input, weight, std::nullopt, hidden, eps, out_dtype, true);
-  return {out, rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved,
-                                                              const at::Tensor& mean, const at::Tensor& rstd,
-                                                              const std::optional<at::Tensor>& weight,
-                                                              const std::optional<at::Tensor>& bias, int64_t hidden,
-                                                              bool memory_efficient, at::ScalarType dx_dtype) {
-  return norm_bwd(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype, false);
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved,
-                                                const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-                                                int64_t hidden, bool memory_efficient, at::ScalarType dx_dtype) {
-  auto [dx, dw, db] = norm_bwd(grad_out, saved, rstd, rstd, weight, std::nullopt, hidden, memory_efficient, dx_dtype, true);
-  return {dx, dw};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
-  m.impl("layer_norm_fwd", &layer_norm_fwd);
-  m.impl("layer_norm_bwd", &layer_norm_bwd);
-  m.impl("rms_norm_fwd", &rms_norm_fwd);
-  m.impl("rms_norm_bwd", &rms_norm_bwd);
+  m.impl("layer_norm_fwd", &layer_norm_fwd<&norm_fwd>);
+  m.impl("layer_norm_bwd", &layer_norm_bwd<&norm_bwd>);
+  m.impl("rms_norm_fwd", &rms_norm_fwd<&norm_fwd>);
+  m.impl("rms_norm_bwd", &rms_norm_bwd<&norm_bwd>);
 }
 
-}  // namespace core_ops::cuda
+}  // namespace core_ops::cuda::norms

@@ -1,12 +1,17 @@
-// Argument checks of the norm ops, shared by csrc/cpu/norms.cpp and csrc/cuda/norms.cu and
-// worded as _validate.check_norm_args (Note [Norm ops] in _library.py).
+// Host-side pieces of the norm ops shared by csrc/cpu/norms.cpp and csrc/cuda/norms.cu
+// (Note [Norm ops] in _library.py): the argument checks, worded as
+// _validate.check_norm_args; the params in the accumulation dtype; and the four ops'
+// entry points over a device's two launchers, norm_fwd and norm_bwd.
 #pragma once
 
 #include <initializer_list>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <core_ops/dispatch.h>
@@ -34,6 +39,52 @@ inline void check_norm_args(const at::Tensor& input, int64_t hidden,
                      dtype_name(input.scalar_type()), ") or, for half input, torch.float32; got ",
                      dtype_name(*out_dtype));
   }
+}
+
+// A weight or bias as `n` contiguous values of the accumulation dtype; ones / zeros
+// (fill) when absent, so the kernels need no branch for it.
+inline at::Tensor acc_param(const std::optional<at::Tensor>& p, int64_t n, at::ScalarType acc, double fill,
+                            const at::Tensor& like) {
+  if (p.has_value()) return p->reshape({n}).to(acc).contiguous();
+  return fill == 0 ? at::zeros({n}, like.options().dtype(acc)) : at::ones({n}, like.options().dtype(acc));
+}
+
+using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using OptTensor = std::optional<at::Tensor>;
+using NormFwd = Tensor3 (*)(const at::Tensor&, const OptTensor&, const OptTensor&, int64_t, double,
+                            std::optional<at::ScalarType>, bool rms);
+using NormBwd = Tensor3 (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const OptTensor&, const OptTensor&, int64_t, bool, at::ScalarType, bool rms);
+
+// The ops' schemas over a device's launchers (`memory_efficient` of the forwards only
+// tells their autograd what to keep).
+template <NormFwd fwd>
+Tensor3 layer_norm_fwd(const at::Tensor& input, const OptTensor& weight, const OptTensor& bias, int64_t hidden,
+                       double eps, std::optional<at::ScalarType> out_dtype, bool /*memory_efficient*/) {
+  return fwd(input, weight, bias, hidden, eps, out_dtype, false);
+}
+
+template <NormFwd fwd>
+std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor& input, const OptTensor& weight, int64_t hidden,
+                                                double eps, std::optional<at::ScalarType> out_dtype,
+                                                bool /*memory_efficient*/) {
+  auto [out, mean, rstd] = fwd(input, weight, std::nullopt, hidden, eps, out_dtype, true);
+  return {out, rstd};
+}
+
+template <NormBwd bwd>
+Tensor3 layer_norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved, const at::Tensor& mean,
+                       const at::Tensor& rstd, const OptTensor& weight, const OptTensor& bias, int64_t hidden,
+                       bool memory_efficient, at::ScalarType dx_dtype) {
+  return bwd(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype, false);
+}
+
+template <NormBwd bwd>
+std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved,
+                                                const at::Tensor& rstd, const OptTensor& weight, int64_t hidden,
+                                                bool memory_efficient, at::ScalarType dx_dtype) {
+  auto [dx, dw, db] = bwd(grad_out, saved, rstd, rstd, weight, std::nullopt, hidden, memory_efficient, dx_dtype, true);
+  return {dx, dw};
 }
 
 }  // namespace core_ops
