@@ -16,8 +16,10 @@ from core_ops.reference import KERNELS as REF
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # The CPU kernels work in vectors of 16 floats (two AVX2 registers): rows straddle one
-# and two of them; 65536 is a large row.
-HIDDEN = [1, 15, 16, 17, 31, 33, 1000, 65536]
+# and two of them. A CUDA block has up to 512 threads reading 16-byte packs (4 fp32, 8
+# half values): rows straddle 512 packs of fp32 (2048 values) and one value per thread
+# (511, 513, the unpacked path). 65536 is a large row.
+HIDDEN = [1, 15, 16, 17, 31, 33, 511, 513, 2047, 2049, 65536]
 # Native and reference differ in the order of their float32 sums and in FMA; an output
 # is then within one rounding of its dtype of the other's. Relative to the largest
 # element (a backward's dx cancels terms of that size).
