@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import harness
-from core_ops.normalization import layer_norm, rms_norm
+from core_ops.normalization import fused_add_rms_norm, layer_norm, rms_norm
 
 
 def tensors(args, dtype, device):
@@ -81,6 +81,9 @@ def main():
                      lambda: rms_norm(x, (args.hidden,), w, 1e-5)),
                     ("LayerNorm forward", "F.layer_norm", lambda: F.layer_norm(x, (args.hidden,), w, b, 1e-5),
                      lambda: layer_norm(x, (args.hidden,), w, b, 1e-5)),
+                    ("fused_add_rms_norm forward", "x + r, then F.rms_norm",
+                     lambda: F.rms_norm(x + dy, (args.hidden,), w, 1e-5),
+                     lambda: fused_add_rms_norm(x, dy, w, 1e-5)),
                     ("x.clone(), a copy into fresh memory", "x.clone()", lambda: x.clone(), lambda: x.clone())):
                 bt, ct = harness.time_ab(base, core, dev, args.repeats, args.warmup)
                 r = harness.row(f"{label} {shape} {name}", base_name, bt, ct)
@@ -98,7 +101,7 @@ def main():
     copy = harness.copy_bandwidth(dev)
     harness.report(rows, args)
     for r in rows:
-        if "core_ops_gbps" in r and "clone" not in r["case"]:
+        if "core_ops_gbps" in r and "clone" not in r["case"] and "fused_add" not in r["case"]:
             share = r["core_ops_gbps"] / copy
             print(f"{r['case']}: {r['core_ops_gbps']:.1f} GB/s, {100 * share:.0f}% of copy bandwidth "
                   f"({copy:.1f} GB/s) {'pass' if share >= 0.7 else 'FAIL'} (target >= 70%)")

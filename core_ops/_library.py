@@ -17,7 +17,7 @@ Conventions shared by all multi-tensor ops (Note [Multi-tensor conventions]):
 
 import torch
 
-from ._validate import (batch_norm_acc_dtype, check_batch_norm_args, check_lists, check_norm_args,
+from ._validate import (batch_norm_acc_dtype, check_batch_norm_args, check_lists, check_norm_args, check_residual,
                         check_optimizer_lists, check_per_tensor_state)
 
 LIB_NAME = "core_ops"
@@ -156,6 +156,13 @@ SCHEMAS = {
     "rms_norm_bwd": (
         "rms_norm_bwd(Tensor grad_out, Tensor saved, Tensor rstd, Tensor? weight, int hidden, "
         "bool memory_efficient, ScalarType dx_dtype) -> (Tensor, Tensor)"
+    ),
+    # The pre-norm residual step in one pass over its inputs: h = input + residual
+    # (rounded to their dtype), y = rms_norm(h) * weight; returns (y, h, rstd). Its
+    # backward is rms_norm_bwd plus h's own grad.
+    "fused_add_rms_norm_fwd": (
+        "fused_add_rms_norm_fwd(Tensor input, Tensor residual, Tensor? weight, int hidden, float eps, "
+        "bool memory_efficient=False) -> (Tensor, Tensor, Tensor)"
     ),
 }
 
@@ -324,6 +331,14 @@ def _(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dt
 def _(grad_out, saved, rstd, weight, hidden, memory_efficient, dx_dtype):
     check_norm_args(saved, hidden, (("weight", weight),), name="saved")
     return saved.new_empty(saved.shape, dtype=dx_dtype), _param_grad(weight, saved)
+
+
+@torch.library.register_fake("core_ops::fused_add_rms_norm_fwd")
+def _(input, residual, weight, hidden, eps, memory_efficient=False):
+    check_norm_args(input, hidden, (("weight", weight),))
+    check_residual(input, residual)
+    out, _, rstd = _norm_fwd_outputs(input, hidden, None)
+    return out, torch.empty_like(out), rstd
 
 
 def op(name):

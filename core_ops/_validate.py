@@ -255,3 +255,10 @@ def check_norm_args(input, hidden, params=(), out_dtype=None, name="input"):
     if out_dtype is not None and out_dtype != input.dtype and not (out_dtype == torch.float32 and input.dtype in _HALF):
         raise TypeError(f"out_dtype must be {name}'s dtype ({input.dtype}) or, for half input, torch.float32; "
                         f"got {out_dtype}")
+
+
+def check_residual(input, residual):
+    """fused_add_rms_norm's residual: input's shape, dtype and device."""
+    if residual.shape != input.shape or residual.dtype != input.dtype or residual.device != input.device:
+        raise ValueError(f"residual must match input: got {list(residual.shape)} {residual.dtype} on "
+                         f"{residual.device}, input {list(input.shape)} {input.dtype} on {input.device}")

@@ -43,6 +43,8 @@ def samples(device):
         "rms_norm_bwd": (torch.randn(6, 17, device=device), torch.randn(6, 17, device=device),
                          torch.rand(6, device=device) + 1, torch.rand(17, device=device) + 0.5, 17, True,
                          torch.float32),
+        "fused_add_rms_norm_fwd": (torch.randn(5, 24, device=device), torch.randn(5, 24, device=device),
+                                   torch.rand(24, device=device), 24, 1e-6, False),
         "update_scale_": (one * 1024, torch.zeros(1, dtype=torch.int32, device=device),
                           torch.ones(1, dtype=torch.int32, device=device), flag.clone(),
                           2.0, 0.5, 2000, 1, 0.0, 2.0 ** 24),

@@ -42,12 +42,14 @@ def rms_norm(input, normalized_shape, weight=None, eps=1e-5, memory_efficient=Fa
 
 def fused_add_rms_norm(input, residual, weight, eps=1e-5, memory_efficient=False):
     """``(rms_norm(input + residual) * weight, input + residual)``: the pre-norm residual
-    step of Llama-style blocks. The sum is taken once and normalized from memory."""
-    if input.shape != residual.shape:
-        raise ValueError(f"input {list(input.shape)} and residual {list(residual.shape)} must have one shape")
-    h = input + residual
-    hidden = weight.numel() if weight is not None else input.shape[-1]
-    return rms_norm(h, (hidden,) if weight is None else tuple(weight.shape), weight, eps, memory_efficient), h
+    step of Llama-style blocks, in one pass over input and residual (the sum is
+    normalized while it is in cache). The norm is over weight's shape (the last dim
+    without a weight)."""
+    _build.ensure_for(input.device)
+    shape = input.shape[-1:] if weight is None else tuple(weight.shape)
+    y, h, _ = op("fused_add_rms_norm_fwd")(input, residual, weight, _hidden(input, shape), float(eps),
+                                         bool(memory_efficient))
+    return y, h
 
 
 # ---- autograd ----------------------------------------------------------------------------
@@ -79,5 +81,24 @@ def _rms_backward(ctx, grad_out, grad_rstd):
     return dx, (dw if weight is not None else None), None, None, None, None
 
 
+def _add_rms_setup(ctx, inputs, output):
+    input, residual, weight, hidden, eps, memory_efficient = inputs
+    y, h, rstd = output
+    ctx.hidden, ctx.memory_efficient, ctx.dx_dtype = hidden, memory_efficient, input.dtype
+    ctx.save_for_backward(y if memory_efficient else h, rstd, weight)
+
+
+def _add_rms_backward(ctx, grad_y, grad_h, grad_rstd):
+    saved, rstd, weight = ctx.saved_tensors
+    if grad_y is None:
+        grad_y = torch.zeros_like(saved)
+    dh, dw = op("rms_norm_bwd")(grad_y, saved, rstd, weight, ctx.hidden, ctx.memory_efficient, ctx.dx_dtype)
+    if grad_h is not None:
+        dh = dh + grad_h  # h is also an output: its own grad joins the norm's
+    return dh, dh, (dw if weight is not None else None), None, None, None
+
+
 torch.library.register_autograd("core_ops::layer_norm_fwd", _ln_backward, setup_context=_ln_setup)
+torch.library.register_autograd("core_ops::fused_add_rms_norm_fwd", _add_rms_backward,
+                                setup_context=_add_rms_setup)
 torch.library.register_autograd("core_ops::rms_norm_fwd", _rms_backward, setup_context=_rms_setup)

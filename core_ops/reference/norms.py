@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_norm_args
+from .._validate import check_norm_args, check_residual
 
 
 def acc_dtype(dtype):
@@ -124,5 +124,13 @@ def rms_norm_bwd(grad_out, saved, rstd, weight, hidden, memory_efficient, dx_dty
     return dx.to(dx_dtype).reshape(saved.shape), _param_grad(dw, weight, saved)
 
 
+def fused_add_rms_norm_fwd(input, residual, weight, hidden, eps, memory_efficient=False):
+    check_residual(input, residual)
+    h = input + residual
+    y, rstd = rms_norm_fwd(h, weight, hidden, eps, None)
+    return y, h, rstd
+
+
 KERNELS = {"layer_norm_fwd": layer_norm_fwd, "layer_norm_bwd": layer_norm_bwd,
-           "rms_norm_fwd": rms_norm_fwd, "rms_norm_bwd": rms_norm_bwd}
+           "rms_norm_fwd": rms_norm_fwd, "rms_norm_bwd": rms_norm_bwd,
+           "fused_add_rms_norm_fwd": fused_add_rms_norm_fwd}

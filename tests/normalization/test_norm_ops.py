@@ -167,12 +167,30 @@ def test_torch_compile_equals_eager(device):
         torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)
 
 
-def test_fused_add_rms_norm(device):
-    x, w, _, _ = case(device, torch.float32, 4, 48)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("hidden", [1, 17, 513, 2048, 65536])
+def test_fused_add_rms_norm_native_equals_reference(device, dtype, hidden):
+    x, w, _, dy = case(device, dtype, 3, hidden)
     res = torch.randn_like(x)
-    y, h = fused_add_rms_norm(x, res, w, eps=1e-6)
-    torch.testing.assert_close(h, x + res, rtol=0, atol=0)
+    got = op("fused_add_rms_norm_fwd")(x, res, w, hidden, 1e-6, False)
+    want = REF["fused_add_rms_norm_fwd"](x, res, w, hidden, 1e-6)
+    assert torch.equal(got[1], x + res)  # h: the sum rounded once to the dtype, as torch's add
+    for g_, w_ in zip(got, want):
+        assert_near(g_, w_, dtype)
+
+
+def test_fused_add_rms_norm_grads_equal_the_unfused_form(device):
+    x, w, _, dy = case(device, torch.float32, 4, 48)
+    res = torch.randn_like(x)
+    leaves = [t.clone().requires_grad_() for t in (x, res, w)]
+    twins = [t.clone().requires_grad_() for t in (x, res, w)]
+    y, h = fused_add_rms_norm(*leaves, eps=1e-6)
+    (y * dy).sum().add(h.square().sum()).backward()  # both outputs carry grads
+    h2 = twins[0] + twins[1]
+    (F.rms_norm(h2, (48,), twins[2], 1e-6) * dy).sum().add(h2.square().sum()).backward()
     torch.testing.assert_close(y, F.rms_norm(x + res, (48,), w, 1e-6), rtol=2e-6, atol=2e-6)
+    for a, b in zip(leaves, twins):
+        torch.testing.assert_close(a.grad, b.grad, rtol=2e-5, atol=2e-5)
 
 
 def test_bad_input_is_named(device):
@@ -185,5 +203,7 @@ def test_bad_input_is_named(device):
         rms_norm(x, (8,), out_dtype=torch.float16)
     with pytest.raises(TypeError, match="input must be a floating-point tensor"):
         rms_norm(torch.ones(2, 8, dtype=torch.int64, device=device), (8,))
-    with pytest.raises(ValueError, match="must have one shape"):
+    with pytest.raises(ValueError, match="residual must match input"):
         fused_add_rms_norm(x, torch.randn(4, 9, device=device), torch.ones(8, device=device))
+    with pytest.raises(ValueError, match="residual must match input"):
+        fused_add_rms_norm(x, x.double(), torch.ones(8, device=device))

@@ -300,6 +300,54 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
   return {dx, dw, db};
 }
 
+// h = x + r for one row, rounded to in_t as the output h is (the norm then reads h).
+template <typename in_t>
+void add_row(const in_t* x, const in_t* r, in_t* h, int64_t n) {
+  int64_t j = 0;
+  if constexpr (kVec<in_t>) {
+    for (; j + kWidth <= n; j += kWidth) {
+      fVec a0, a1, b0, b1;
+      load2(x + j, a0, a1);
+      load2(r + j, b0, b1);
+      VecIO<in_t>::store(h + j, a0 + b0, a1 + b1);
+    }
+  }
+  for (; j < n; ++j) h[j] = static_cast<in_t>(static_cast<acc_of<in_t>>(x[j]) + static_cast<acc_of<in_t>>(r[j]));
+}
+
+Tensor3 fused_add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residual,
+                               const std::optional<at::Tensor>& weight, int64_t hidden, double eps,
+                               bool /*memory_efficient: for autograd*/) {
+  check_norm_args(input, hidden, {{"weight", &weight}});
+  check_residual(input, residual);
+  const at::Tensor x = input.contiguous(), res = residual.contiguous();
+  const int64_t rows = x.numel() / hidden;
+  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor y = at::empty(input.sizes(), x.options()), h = at::empty(input.sizes(), x.options());
+  at::Tensor rstd = at::empty({rows}, x.options().dtype(acc));
+  if (rows == 0) return {y, h, rstd};
+  const at::Tensor w = acc_param(weight, hidden, acc, 1, x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "core_ops fused_add_rms_norm", [&] {
+    using in_t = scalar_t;
+    using acc_t = acc_of<in_t>;
+    const in_t *xp = x.const_data_ptr<in_t>(), *rp = res.const_data_ptr<in_t>();
+    in_t *hp = h.data_ptr<in_t>(), *yp = y.data_ptr<in_t>();
+    acc_t* sp = rstd.data_ptr<acc_t>();
+    const acc_t* wp = w.const_data_ptr<acc_t>();
+    at::parallel_for(0, rows, std::max<int64_t>(1, kSerialBelow / hidden), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        // One pass over x and r from memory: the row of h is then read from cache.
+        const int64_t o = r * hidden;
+        add_row(xp + o, rp + o, hp + o, hidden);
+        acc_t mean = 0;
+        row_stats<true>(hp + o, hidden, eps, mean, sp[r]);
+        row_out<true>(hp + o, yp + o, wp, wp, hidden, acc_t(0), sp[r]);
+      }
+    });
+  });
+  return {y, h, rstd};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
@@ -307,6 +355,7 @@ TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
   m.impl("layer_norm_bwd", &layer_norm_bwd<&norm_bwd>);
   m.impl("rms_norm_fwd", &rms_norm_fwd<&norm_fwd>);
   m.impl("rms_norm_bwd", &rms_norm_bwd<&norm_bwd>);
+  m.impl("fused_add_rms_norm_fwd", &fused_add_rms_norm_fwd);
 }
 
 }  // namespace core_ops::cpu::norms

@@ -13,6 +13,7 @@
 // memory_efficient, affine) are uniform over a launch, so their branches cost nothing
 // and are not template parameters (fewer kernels to compile).
 #include <algorithm>
+#include <tuple>
 #include <type_traits>
 
 #include <ATen/Dispatch.h>
@@ -185,6 +186,39 @@ __global__ void norm_bwd_dw_kernel(const out_t* __restrict__ dy, const saved_t* 
   }
 }
 
+// fused_add_rms_norm: h = x + r (rounded to in_t, as stored) and its squares in one read
+// of x and r; then y from h, read back from L2.
+template <int N, typename in_t, typename acc_t>
+__global__ void add_rms_fwd_kernel(const in_t* __restrict__ x, const in_t* __restrict__ r, in_t* __restrict__ h,
+                                   in_t* __restrict__ y, const acc_t* __restrict__ w, acc_t* __restrict__ rstd_out,
+                                   int64_t n, acc_t eps) {
+  __shared__ acc_t shared[32];
+  const int64_t o = int64_t(blockIdx.x) * n;
+  const int64_t step = int64_t(blockDim.x) * N;
+  acc_t q = 0;
+  for (int64_t j = int64_t(threadIdx.x) * N; j < n; j += step) {
+    const auto a = load_pack<N>(x + o + j);
+    const auto b = load_pack<N>(r + o + j);
+    Pack<in_t, N> s;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      s.v[k] = static_cast<in_t>(static_cast<acc_t>(a.v[k]) + static_cast<acc_t>(b.v[k]));
+      const acc_t v = static_cast<acc_t>(s.v[k]);
+      q += v * v;
+    }
+    *reinterpret_cast<Pack<in_t, N>*>(h + o + j) = s;
+  }
+  const acc_t rstd = acc_t(1) / sqrt(block_sum(q, shared) / acc_t(n) + eps);
+  if (threadIdx.x == 0) rstd_out[blockIdx.x] = rstd;
+  for (int64_t j = int64_t(threadIdx.x) * N; j < n; j += step) {
+    const auto s = load_pack<N>(h + o + j);  // this thread's own writes
+    Pack<in_t, N> out;
+#pragma unroll
+    for (int k = 0; k < N; ++k) out.v[k] = static_cast<in_t>(rms_norm_out(static_cast<acc_t>(s.v[k]), rstd, w[j + k]));
+    *reinterpret_cast<Pack<in_t, N>*>(y + o + j) = out;
+  }
+}
+
 bool aligned(const void* p, int bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
@@ -297,6 +331,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
   return {dx, dweight, dbias};
 }
 
+Tensor3 fused_add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residual,
+                               const std::optional<at::Tensor>& weight, int64_t hidden, double eps,
+                               bool /*memory_efficient: for autograd*/) {
+  check_norm_args(input, hidden, {{"weight", &weight}});
+  check_residual(input, residual);
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::Tensor x = input.contiguous(), res = residual.contiguous();
+  const int64_t rows = x.numel() / hidden;
+  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor y = at::empty(input.sizes(), x.options()), h = at::empty(input.sizes(), x.options());
+  at::Tensor rstd = at::empty({rows}, x.options().dtype(acc));
+  if (rows == 0) return {y, h, rstd};
+  const at::Tensor w = acc_param(weight, hidden, acc, 1, x);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "core_ops fused_add_rms_norm (CUDA)", [&] {
+    using in_t = scalar_t;
+    using acc_t = acc_of<in_t>;
+    constexpr int N = 16 / sizeof(in_t);
+    const bool vec = hidden % N == 0 && aligned(x.const_data_ptr(), 16) && aligned(res.const_data_ptr(), 16);
+    const int threads = threads_for(hidden, vec ? N : 1);
+    const auto args = std::make_tuple(x.const_data_ptr<in_t>(), res.const_data_ptr<in_t>(), h.data_ptr<in_t>(),
+                                      y.data_ptr<in_t>(), w.const_data_ptr<acc_t>(), rstd.data_ptr<acc_t>(), hidden,
+                                      acc_t(eps));
+    if (vec) {
+      std::apply([&](auto... a) { add_rms_fwd_kernel<N><<<rows, threads, 0, stream>>>(a...); }, args);
+    } else {
+      std::apply([&](auto... a) { add_rms_fwd_kernel<1><<<rows, threads, 0, stream>>>(a...); }, args);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {y, h, rstd};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
@@ -304,6 +371,7 @@ TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
   m.impl("layer_norm_bwd", &layer_norm_bwd<&norm_bwd>);
   m.impl("rms_norm_fwd", &rms_norm_fwd<&norm_fwd>);
   m.impl("rms_norm_bwd", &rms_norm_bwd<&norm_bwd>);
+  m.impl("fused_add_rms_norm_fwd", &fused_add_rms_norm_fwd);
 }
 
 }  // namespace core_ops::cuda::norms

@@ -41,6 +41,14 @@ inline void check_norm_args(const at::Tensor& input, int64_t hidden,
   }
 }
 
+inline void check_residual(const at::Tensor& input, const at::Tensor& residual) {
+  TORCH_CHECK_VALUE(residual.sizes() == input.sizes() && residual.scalar_type() == input.scalar_type() &&
+                        residual.device() == input.device(),
+                    "residual must match input: got ", residual.sizes(), " ", dtype_name(residual.scalar_type()),
+                    " on ", residual.device(), ", input ", input.sizes(), " ", dtype_name(input.scalar_type()), " on ",
+                    input.device());
+}
+
 // A weight or bias as `n` contiguous values of the accumulation dtype; ones / zeros
 // (fill) when absent, so the kernels need no branch for it.
 inline at::Tensor acc_param(const std::optional<at::Tensor>& p, int64_t n, at::ScalarType acc, double fill,
