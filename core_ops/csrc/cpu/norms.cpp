@@ -318,15 +318,8 @@ void add_row(const in_t* x, const in_t* r, in_t* h, int64_t n) {
 Tensor3 fused_add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residual,
                                const std::optional<at::Tensor>& weight, int64_t hidden, double eps,
                                bool /*memory_efficient: for autograd*/) {
-  check_norm_args(input, hidden, {{"weight", &weight}});
-  check_residual(input, residual);
-  const at::Tensor x = input.contiguous(), res = residual.contiguous();
-  const int64_t rows = x.numel() / hidden;
-  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor y = at::empty(input.sizes(), x.options()), h = at::empty(input.sizes(), x.options());
-  at::Tensor rstd = at::empty({rows}, x.options().dtype(acc));
+  auto [x, res, y, h, rstd, w, rows] = add_rms_norm_io(input, residual, weight, hidden);
   if (rows == 0) return {y, h, rstd};
-  const at::Tensor w = acc_param(weight, hidden, acc, 1, x);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "core_ops fused_add_rms_norm", [&] {
     using in_t = scalar_t;
     using acc_t = acc_of<in_t>;

@@ -21,6 +21,17 @@ def _grads_overflow(params):
     return any(bool(multi_tensor_check_finite(grads).item()) for grads in groups.values())
 
 
+def windowed_update(scale, factor, window, iteration, last_overflow, overflow):
+    """Apex's pre-amp dynamic scale rule for one iteration: ``(scale, last_overflow)``
+    after it. An overflow divides the scale by ``factor`` (never below 1); otherwise it
+    is multiplied every ``window`` iterations counted from the last overflow."""
+    if overflow:
+        return max(scale / factor, 1), iteration
+    if (iteration - last_overflow) % window == 0:
+        return scale * factor, last_overflow
+    return scale, last_overflow
+
+
 class LossScaler:
     """A fixed loss scale: ``backward(loss)`` runs backward on ``loss * scale``."""
 
@@ -69,9 +80,6 @@ class DynamicLossScaler(LossScaler):
         return not bool(torch.isfinite(x).all())
 
     def update_scale(self, overflow):
-        if overflow:
-            self.cur_scale = max(self.cur_scale / self.scale_factor, 1)
-            self.last_overflow_iter = self.cur_iter
-        elif (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
-            self.cur_scale *= self.scale_factor
+        self.cur_scale, self.last_overflow_iter = windowed_update(
+            self.cur_scale, self.scale_factor, self.scale_window, self.cur_iter, self.last_overflow_iter, overflow)
         self.cur_iter += 1

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
@@ -59,6 +60,25 @@ inline at::Tensor acc_param(const std::optional<at::Tensor>& p, int64_t n, at::S
 
 using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using OptTensor = std::optional<at::Tensor>;
+
+// fused_add_rms_norm_fwd's checked, contiguous inputs, its outputs (y, h, rstd) and the
+// weight in the accumulation dtype, for either device's kernel (on CUDA, allocate
+// under the input's device guard).
+struct AddRmsNormIo {
+  at::Tensor x, residual, y, h, rstd, w;
+  int64_t rows;
+};
+
+inline AddRmsNormIo add_rms_norm_io(const at::Tensor& input, const at::Tensor& residual, const OptTensor& weight,
+                                    int64_t hidden) {
+  check_norm_args(input, hidden, {{"weight", &weight}});
+  check_residual(input, residual);
+  const at::Tensor x = input.contiguous();
+  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const int64_t rows = x.numel() / hidden;
+  return {x, residual.contiguous(), at::empty(input.sizes(), x.options()), at::empty(input.sizes(), x.options()),
+          at::empty({rows}, x.options().dtype(acc)), acc_param(weight, hidden, acc, 1, x), rows};
+}
 using NormFwd = Tensor3 (*)(const at::Tensor&, const OptTensor&, const OptTensor&, int64_t, double,
                             std::optional<at::ScalarType>, bool rms);
 using NormBwd = Tensor3 (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,

@@ -11,6 +11,7 @@ import torch
 
 from .....multi_tensor_apply import multi_tensor_l2norm
 from ...fp16_utils.fp16util import zero_grads
+from ...fp16_utils.loss_scaler import windowed_update
 from ..._wrapper import ForwardsToOptimizer
 
 
@@ -63,11 +64,8 @@ class FP16_Optimizer(ForwardsToOptimizer):
         if skip and self.verbose:
             print(f"\nGrad overflow on iteration {self.cur_iter}; loss scale {self.cur_scale}")
         if self.dynamic_loss_scale:
-            if skip:
-                self.cur_scale = max(self.cur_scale / self.scale_factor, 1)
-                self.last_overflow_iter = self.cur_iter
-            elif (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
-                self.cur_scale *= self.scale_factor
+            self.cur_scale, self.last_overflow_iter = windowed_update(
+                self.cur_scale, self.scale_factor, self.scale_window, self.cur_iter, self.last_overflow_iter, skip)
         self.cur_iter += 1
 
     def state_dict(self):
