@@ -153,7 +153,10 @@ def cpu_flags() -> list[str]:
     # memory, not arithmetic, so nothing is lost.
     flags = ["-O3", "-fopenmp", "-ffp-contract=off"]
     cap = torch.backends.cpu.get_cpu_capability()
-    if cap in ("AVX2", "AVX512"):
+    if cap == "AVX512":
+        flags += ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+                  "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]
+    elif cap == "AVX2":
         # at::vec selects its AVX2 specializations from these macros.
         flags += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
     return flags

@@ -15,11 +15,11 @@ from core_ops.normalization.fused import fused_add_rms_norm, layer_norm, rms_nor
 from core_ops.reference import KERNELS as REF
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
-# The CPU kernels work in vectors of 16 floats (two AVX2 registers): rows straddle one
-# and two of them. A CUDA block has up to 512 threads reading 16-byte packs (4 fp32, 8
+# The CPU kernels work in steps of two vector registers, 16 floats with AVX2 and 32 with
+# AVX-512: rows straddle one and two steps of either. A CUDA block has up to 512 threads reading 16-byte packs (4 fp32, 8
 # half values): rows straddle 512 packs of fp32 (2048 values) and one value per thread
 # (511, 513, the unpacked path). 65536 is a large row.
-HIDDEN = [1, 15, 16, 17, 31, 33, 511, 513, 2047, 2049, 65536]
+HIDDEN = [1, 15, 16, 17, 31, 33, 63, 65, 511, 513, 2047, 2049, 65536]
 # Native and reference differ in the order of their float32 sums and in FMA; an output
 # is then within one rounding of its dtype of the other's. Relative to the largest
 # element (a backward's dx cancels terms of that size).
@@ -87,6 +87,27 @@ def test_rms_norm_native_equals_reference(device, dtype, hidden, affine, memory_
     ref = REF["rms_norm_bwd"](dy, saved, got[1], w, hidden, memory_efficient, dtype)
     for g_, r_ in zip(grads, ref):
         assert_near(g_, r_, dtype)
+
+
+# The CPU forward takes a row's variance as mean(x^2) - mean^2 from one pass while
+# mean^2 <= mean(x^2) / 2, and sums the squares around the mean in a second pass when
+# not (row_stats in csrc/cpu/norms.cpp). Rows of mean 100 * their spread take the
+# second pass; one pass would lose about 13 of float32's 24 bits of their variance.
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("hidden", [33, 4096])
+def test_layer_norm_rows_with_a_large_mean(device, dtype, hidden):
+    x, w, b, dy = case(device, dtype, 6, hidden)
+    offset = torch.tensor([100.0, -100.0, 1.0, 1.5, 0.0, 300.0], device=device)[:, None]
+    x = (x.double() / 3 + offset * x.double().std()).to(dtype)  # rows 3-4: one pass
+    got = op("layer_norm_fwd")(x, w, b, hidden, 1e-5, None, False)
+    ref = REF["layer_norm_fwd"](x, w, b, hidden, 1e-5, None)
+    exact = REF["layer_norm_fwd"](x.double(), w.double(), b.double(), hidden, 1e-5, None)
+    # Subtracting a large mean cancels digits in any float32 method (the reference's
+    # error here reaches 1e-5 of y): the kernel's error is held to the reference's.
+    for g_, r_, e_ in zip(got, ref, exact):
+        err = lambda t: ((t.double() - e_).abs().max() / e_.abs().max()).item()
+        assert err(g_) <= 2 * err(r_) + TOL[dtype], f"{err(g_):.3g} against the reference's {err(r_):.3g}"
+    torch.testing.assert_close(got[2].double(), exact[2], rtol=10 * TOL[dtype], atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
@@ -177,6 +198,39 @@ def test_fused_add_rms_norm_native_equals_reference(device, dtype, hidden):
     assert torch.equal(got[1], x + res)  # h: the sum rounded once to the dtype, as torch's add
     for g_, w_ in zip(got, want):
         assert_near(g_, w_, dtype)
+
+
+# Outputs of 32 MiB or more are written with streaming stores on CPU (kStreamFrom in
+# csrc/cpu/stream_store.h), smaller ones with normal stores. Rows are computed alike
+# either way, so the first and last rows of a large call equal, bit for bit, the same
+# rows normalized in a small call; all rows are checked against the reference.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_outputs_past_the_streaming_size_equal_normal_stores(device, dtype):
+    hidden = 4096
+    rows = (32 << 20) // (hidden * dtype.itemsize)
+    x, w, b, dy = case(device, dtype, rows, hidden)
+    ends = (slice(0, 8), slice(rows - 8, rows))
+    runs = {
+        "layer_norm": lambda x, dy: (
+            (y := op("layer_norm_fwd")(x, w, b, hidden, 1e-5, None, False))[0],
+            op("layer_norm_bwd")(dy, x, y[1], y[2], w, b, hidden, False, dtype)[0]),
+        "rms_norm": lambda x, dy: (
+            (y := op("rms_norm_fwd")(x, w, hidden, 1e-5, None, False))[0],
+            op("rms_norm_bwd")(dy, x, y[1], w, hidden, False, dtype)[0]),
+        "fused_add_rms_norm": lambda x, dy: op("fused_add_rms_norm_fwd")(x, dy, w, hidden, 1e-5, False)[:2],
+    }
+    for name, run in runs.items():
+        large = run(x, dy)
+        for rows_ in ends:
+            for got, want in zip(large, run(x[rows_], dy[rows_])):
+                assert torch.equal(got[rows_], want), f"{name}: rows {rows_} differ from a small call"
+    y, mean, rstd = op("layer_norm_fwd")(x, w, b, hidden, 1e-5, None, False)
+    assert_near(y, REF["layer_norm_fwd"](x, w, b, hidden, 1e-5, None)[0], dtype)
+    dx = op("layer_norm_bwd")(dy, x, mean, rstd, w, b, hidden, False, dtype)[0]
+    assert_near(dx, REF["layer_norm_bwd"](dy, x, mean, rstd, w, b, hidden, False, dtype)[0], dtype)
+    y, h, _ = op("fused_add_rms_norm_fwd")(x, dy, w, hidden, 1e-5, False)
+    assert torch.equal(h, x + dy)
+    assert_near(y, REF["fused_add_rms_norm_fwd"](x, dy, w, hidden, 1e-5)[0], dtype)
 
 
 def test_fused_add_rms_norm_grads_equal_the_unfused_form(device):

@@ -23,6 +23,7 @@
 #include <core_ops/norm_math.h>
 
 #include "multi_tensor_apply.h"
+#include "stream_store.h"
 
 namespace core_ops::cpu::norms {
 namespace {
@@ -37,31 +38,11 @@ inline void load2(const T* p, fVec& a, fVec& b) {
   VecIO<T>::load(p, a, b);
 }
 
-// Row statistics: (mean, rstd) for layer norm, (0, rstd) for RMS norm.
-template <bool rms, typename in_t, typename acc_t = acc_of<in_t>>
-void row_stats(const in_t* x, int64_t n, double eps, acc_t& mean, acc_t& rstd) {
-  acc_t sum = 0;
-  int64_t j = 0;
-  if constexpr (!rms) {
-    if constexpr (kVec<in_t>) {
-      fVec s0(0.f), s1(0.f);
-      for (; j + kWidth <= n; j += kWidth) {
-        fVec a, b;
-        load2(x + j, a, b);
-        s0 += a;
-        s1 += b;
-      }
-      sum = horizontal_sum(s0 + s1);
-    }
-    for (; j < n; ++j) sum += static_cast<acc_t>(x[j]);
-    mean = sum / static_cast<acc_t>(n);
-  } else {
-    mean = 0;
-  }
-  // Squares around the mean (layer norm) or zero (RMS): a second pass, so no large
-  // numbers are subtracted.
+// Sum of (x - mean)^2 over a row.
+template <typename in_t, typename acc_t = acc_of<in_t>>
+acc_t centered_squares(const in_t* x, int64_t n, acc_t mean) {
   acc_t sq = 0;
-  j = 0;
+  int64_t j = 0;
   if constexpr (kVec<in_t>) {
     const fVec m(mean);
     fVec q0(0.f), q1(0.f);
@@ -79,12 +60,50 @@ void row_stats(const in_t* x, int64_t n, double eps, acc_t& mean, acc_t& rstd) {
     const acc_t d = static_cast<acc_t>(x[j]) - mean;
     sq += d * d;
   }
-  rstd = acc_t(1) / std::sqrt(sq / static_cast<acc_t>(n) + static_cast<acc_t>(eps));
+  return sq;
 }
 
-// y = norm(x) * w + b for one row (w, b hold n values: ones / zeros when absent).
+// Row statistics: (mean, rstd) for layer norm, (0, rstd) for RMS norm, from one pass
+// that sums x and x^2. Layer norm's var = mean(x^2) - mean^2 then loses the digits that
+// mean^2 shares with mean(x^2); while mean^2 <= mean(x^2) / 2, var keeps at least half
+// of mean(x^2) and so loses at most one bit. Past that (large means, NaN, inf) a second
+// pass sums the squares around the mean, which loses none.
+template <bool rms, typename in_t, typename acc_t = acc_of<in_t>>
+void row_stats(const in_t* x, int64_t n, double eps, acc_t& mean, acc_t& rstd) {
+  acc_t sum = 0, sq = 0;
+  int64_t j = 0;
+  if constexpr (kVec<in_t>) {
+    fVec s0(0.f), s1(0.f), q0(0.f), q1(0.f);
+    for (; j + kWidth <= n; j += kWidth) {
+      fVec a, b;
+      load2(x + j, a, b);
+      if constexpr (!rms) {
+        s0 += a;
+        s1 += b;
+      }
+      q0 = at::vec::fmadd(a, a, q0);
+      q1 = at::vec::fmadd(b, b, q1);
+    }
+    sum = horizontal_sum(s0 + s1);
+    sq = horizontal_sum(q0 + q1);
+  }
+  for (; j < n; ++j) {
+    const acc_t v = static_cast<acc_t>(x[j]);
+    sum += v;
+    sq += v * v;
+  }
+  const acc_t count = static_cast<acc_t>(n);
+  mean = rms ? acc_t(0) : sum / count;
+  acc_t var = sq / count - mean * mean;
+  if (!rms && !(mean * mean <= acc_t(0.5) * (sq / count))) var = centered_squares(x, n, mean) / count;
+  rstd = acc_t(1) / std::sqrt(var + static_cast<acc_t>(eps));
+}
+
+// y = norm(x) * w + b for one row (w, b hold n values: ones / zeros when absent);
+// stream: y is stored with streaming stores (stream_store.h).
 template <bool rms, typename in_t, typename out_t, typename acc_t = acc_of<in_t>>
-void row_out(const in_t* x, out_t* y, const acc_t* w, const acc_t* b, int64_t n, acc_t mean, acc_t rstd) {
+void row_out(const in_t* x, out_t* y, const acc_t* w, const acc_t* b, int64_t n, acc_t mean, acc_t rstd,
+             bool stream) {
   int64_t j = 0;
   if constexpr (kVec<in_t> && kVec<out_t>) {
     const fVec m(mean), r(rstd);
@@ -93,10 +112,10 @@ void row_out(const in_t* x, out_t* y, const acc_t* w, const acc_t* b, int64_t n,
       load2(x + j, a0, a1);
       load2(w + j, w0, w1);
       if constexpr (rms) {
-        VecIO<out_t>::store(y + j, rms_norm_out(a0, r, w0), rms_norm_out(a1, r, w1));
+        store2(y + j, rms_norm_out(a0, r, w0), rms_norm_out(a1, r, w1), stream);
       } else {
         load2(b + j, b0, b1);
-        VecIO<out_t>::store(y + j, layer_norm_out(a0, m, r, w0, b0), layer_norm_out(a1, m, r, w1, b1));
+        store2(y + j, layer_norm_out(a0, m, r, w0, b0), layer_norm_out(a1, m, r, w1, b1), stream);
       }
     }
   }
@@ -131,14 +150,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input,
       const in_t* xp = x.const_data_ptr<in_t>();
       acc_t *mp = mean.data_ptr<acc_t>(), *rp = rstd.data_ptr<acc_t>();
       const acc_t *wp = w.const_data_ptr<acc_t>(), *bp = b.const_data_ptr<acc_t>();
+      const bool stream = stream_rows(y_base, rows, hidden);
       const auto rows_of = [&](auto is_rms) {
         constexpr bool R = decltype(is_rms)::value;
         const int64_t grain = std::max<int64_t>(1, kSerialBelow / hidden);
         at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
           for (int64_t r = r0; r < r1; ++r) {
             row_stats<R>(xp + r * hidden, hidden, eps, mp[r], rp[r]);
-            row_out<R>(xp + r * hidden, y_base + r * hidden, wp, bp, hidden, mp[r], rp[r]);
+            row_out<R>(xp + r * hidden, y_base + r * hidden, wp, bp, hidden, mp[r], rp[r], stream);
           }
+          if (stream) stream_fence();
         });
       };
       bool_switch(rms, rows_of);
@@ -159,7 +180,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input,
 template <bool rms, bool from_out, bool affine, typename in_t, typename out_t, typename saved_t,
           typename acc_t = acc_of<in_t>>
 void row_backward(const out_t* dy, const saved_t* s, in_t* dx, const acc_t* w, const acc_t* b, int64_t n, acc_t mean,
-                  acc_t rstd, acc_t* dw, acc_t* db) {
+                  acc_t rstd, acc_t* dw, acc_t* db, bool stream) {
   // xhat of element j, from the input or from the output.
   const auto xhat = [&](auto v, auto wj, auto bj) {
     using V = decltype(v);
@@ -217,7 +238,7 @@ void row_backward(const out_t* dy, const saved_t* s, in_t* dx, const acc_t* w, c
       load2(w + j, w0, w1);
       if constexpr (needs_b) load2(b + j, b0, b1);
       const fVec x0 = xhat(v0, w0, b0), x1 = xhat(v1, w1, b1);
-      VecIO<in_t>::store(dx + j, layer_norm_dx(d0 * w0, x0, r, mg, mgx), layer_norm_dx(d1 * w1, x1, r, mg, mgx));
+      store2(dx + j, layer_norm_dx(d0 * w0, x0, r, mg, mgx), layer_norm_dx(d1 * w1, x1, r, mg, mgx), stream);
       load2(dw + j, a0, a1);
       VecIO<float>::store(dw + j, at::vec::fmadd(d0, x0, a0), at::vec::fmadd(d1, x1, a1));
       if constexpr (!rms) {  // RMS norm has no bias
@@ -262,6 +283,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
         const acc_t *wp = w.const_data_ptr<acc_t>(), *bp = b.const_data_ptr<acc_t>();
         const acc_t *mp = m.const_data_ptr<acc_t>(), *rp = r.const_data_ptr<acc_t>();
         acc_t* pp = partial.data_ptr<acc_t>();
+        const bool stream = stream_rows(dxp, rows, hidden);
         at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
           for (int64_t blk = b0; blk < b1; ++blk) {
             acc_t* dwp = pp + blk * 2 * hidden;
@@ -270,13 +292,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
                              A = decltype(has_weight)::value;
               for (int64_t row = rows * blk / blocks; row < rows * (blk + 1) / blocks; ++row) {
                 row_backward<R, O, A, in_t>(dyp + row * hidden, sp + row * hidden, dxp + row * hidden, wp, bp,
-                                            hidden, R ? acc_t(0) : mp[row], rp[row], dwp, dwp + hidden);
+                                            hidden, R ? acc_t(0) : mp[row], rp[row], dwp, dwp + hidden, stream);
               }
             };
             bool_switch(rms, [&](auto R) {
               bool_switch(memory_efficient, [&](auto O) { bool_switch(affine, [&](auto A) { run_rows(R, O, A); }); });
             });
           }
+          if (stream) stream_fence();
         });
       };
       const at::ScalarType out_type = dy.scalar_type();
@@ -315,6 +338,20 @@ void add_row(const in_t* x, const in_t* r, in_t* h, int64_t n) {
   for (; j < n; ++j) h[j] = static_cast<in_t>(static_cast<acc_of<in_t>>(x[j]) + static_cast<acc_of<in_t>>(r[j]));
 }
 
+// A row copied with streaming stores (the caller checked stream_rows).
+template <typename T>
+void stream_row(const T* src, T* dst, int64_t n) {
+  int64_t j = 0;
+  if constexpr (kVec<T>) {
+    for (; j + kWidth <= n; j += kWidth) {
+      fVec a, b;
+      load2(src + j, a, b);
+      stream_store(dst + j, a, b);
+    }
+  }
+  for (; j < n; ++j) dst[j] = src[j];
+}
+
 Tensor3 fused_add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residual,
                                const std::optional<at::Tensor>& weight, int64_t hidden, double eps,
                                bool /*memory_efficient: for autograd*/) {
@@ -327,15 +364,23 @@ Tensor3 fused_add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residu
     in_t *hp = h.data_ptr<in_t>(), *yp = y.data_ptr<in_t>();
     acc_t* sp = rstd.data_ptr<acc_t>();
     const acc_t* wp = w.const_data_ptr<acc_t>();
+    // y and h are the same size and dtype, so both stream or neither.
+    const bool stream = stream_rows(yp, rows, hidden) && stream_rows(hp, rows, hidden);
     at::parallel_for(0, rows, std::max<int64_t>(1, kSerialBelow / hidden), [&](int64_t r0, int64_t r1) {
+      // One pass over x and r from memory; the norm then reads the row of h from
+      // cache: from h itself, or from a scratch row when h is streamed (a streamed
+      // row is not in cache).
+      std::vector<in_t> scratch(stream ? hidden : 0);
       for (int64_t r = r0; r < r1; ++r) {
-        // One pass over x and r from memory: the row of h is then read from cache.
         const int64_t o = r * hidden;
-        add_row(xp + o, rp + o, hp + o, hidden);
+        in_t* hr = stream ? scratch.data() : hp + o;
+        add_row(xp + o, rp + o, hr, hidden);
         acc_t mean = 0;
-        row_stats<true>(hp + o, hidden, eps, mean, sp[r]);
-        row_out<true>(hp + o, yp + o, wp, wp, hidden, acc_t(0), sp[r]);
+        row_stats<true>(hr, hidden, eps, mean, sp[r]);
+        row_out<true>(hr, yp + o, wp, wp, hidden, acc_t(0), sp[r], stream);
+        if (stream) stream_row(hr, hp + o, hidden);
       }
+      if (stream) stream_fence();
     });
   });
   return {y, h, rstd};
