@@ -60,8 +60,12 @@ def cache_root() -> Path:
 
 
 def sources(kind: str) -> list[Path]:
-    pattern = "*.cpp" if kind == "cpu" else "*.cu"
-    return sorted((CSRC / kind).glob(pattern))
+    """The CPU library's .cpp files; the CUDA library's .cu files and the .cpp files of
+    its host-only code (compiled by the host compiler: nvcc is slower at it)."""
+    folder = CSRC / kind
+    if kind == "cpu":
+        return sorted(folder.glob("*.cpp"))
+    return sorted(folder.glob("*.cu")) + sorted(folder.glob("*.cpp"))
 
 
 def _usable_cores() -> int:

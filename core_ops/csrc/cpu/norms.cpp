@@ -317,7 +317,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
       }
     });
   }
-  const at::Tensor sums = partial.sum(0);  // the blocks in a fixed order
+  const at::Tensor sums = blocks == 1 ? partial[0] : partial.sum(0);  // the blocks in a fixed order
   at::Tensor dw = affine ? sums[0].to(weight->scalar_type()).reshape(weight->sizes()) : at::empty({0}, s.options());
   at::Tensor db = bias.has_value() ? sums[1].to(bias->scalar_type()).reshape(bias->sizes()) : at::empty({0}, s.options());
   return {dx, dw, db};
