@@ -201,7 +201,7 @@ def test_fused_add_rms_norm_native_equals_reference(device, dtype, hidden):
 
 
 # Outputs of 32 MiB or more are written with streaming stores on CPU (kStreamFrom in
-# csrc/cpu/large_outputs.h), smaller ones with normal stores. Rows are computed alike
+# csrc/cpu/stream_store.h), smaller ones with normal stores. Rows are computed alike
 # either way, so the first and last rows of a large call equal, bit for bit, the same
 # rows normalized in a small call; all rows are checked against the reference.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)

@@ -23,7 +23,7 @@
 #include <core_ops/norm_math.h>
 
 #include "multi_tensor_apply.h"
-#include "large_outputs.h"
+#include "stream_store.h"
 
 namespace core_ops::cpu::norms {
 namespace {
@@ -100,7 +100,7 @@ void row_stats(const in_t* x, int64_t n, double eps, acc_t& mean, acc_t& rstd) {
 }
 
 // y = norm(x) * w + b for one row (w, b hold n values: ones / zeros when absent);
-// stream: y is stored with streaming stores (large_outputs.h).
+// stream: y is stored with streaming stores (stream_store.h).
 template <bool rms, typename in_t, typename out_t, typename acc_t = acc_of<in_t>>
 void row_out(const in_t* x, out_t* y, const acc_t* w, const acc_t* b, int64_t n, acc_t mean, acc_t rstd,
              bool stream) {
@@ -139,7 +139,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input,
   const at::ScalarType out_type = out_dtype.value_or(in);
   const at::ScalarType acc = in == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor out = at::empty(input.sizes(), x.options().dtype(out_type));
-  advise_huge_pages(out);
   at::Tensor mean = at::empty({rows}, x.options().dtype(acc));
   at::Tensor rstd = at::empty({rows}, x.options().dtype(acc));
   if (rows == 0) return {out, mean, rstd};
@@ -269,7 +268,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
   const int64_t rows = hidden > 0 ? s.numel() / hidden : 0;
   const at::ScalarType acc = dx_dtype == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor dx = at::empty(saved.sizes(), s.options().dtype(dx_dtype));
-  advise_huge_pages(dx);
   const at::Tensor w = acc_param(weight, hidden, acc, 1, s), b = acc_param(bias, hidden, acc, 0, s);
   const bool affine = weight.has_value();
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>({rows, int64_t(at::get_num_threads()),
@@ -358,8 +356,6 @@ Tensor3 fused_add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residu
                                const std::optional<at::Tensor>& weight, int64_t hidden, double eps,
                                bool /*memory_efficient: for autograd*/) {
   auto [x, res, y, h, rstd, w, rows] = add_rms_norm_io(input, residual, weight, hidden);
-  advise_huge_pages(y);
-  advise_huge_pages(h);
   if (rows == 0) return {y, h, rstd};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "core_ops fused_add_rms_norm", [&] {
     using in_t = scalar_t;
