@@ -4,6 +4,11 @@ every dtype, row lengths around the vector width, empty batches and large rows; 
 public functions' autograd (gradcheck in fp64), torch.compile, memory_efficient, the
 mixed output dtype, the fused residual form and bad input."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +19,7 @@ from core_ops._library import op
 from core_ops.normalization.fused import fused_add_rms_norm, layer_norm, rms_norm
 from core_ops.reference import KERNELS as REF
 
+HERE = Path(__file__).resolve().parent
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # The CPU kernels work in steps of two vector registers, 16 floats with AVX2 and 32 with
 # AVX-512: rows straddle one and two steps of either. A CUDA block has up to 512 threads reading 16-byte packs (4 fp32, 8
@@ -200,12 +206,13 @@ def test_fused_add_rms_norm_native_equals_reference(device, dtype, hidden):
         assert_near(g_, w_, dtype)
 
 
-# Outputs of 32 MiB or more are written with streaming stores on CPU (kStreamFrom in
-# csrc/cpu/stream_store.h), smaller ones with normal stores. Rows are computed alike
-# either way, so the first and last rows of a large call equal, bit for bit, the same
-# rows normalized in a small call; all rows are checked against the reference.
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-def test_outputs_past_the_streaming_size_equal_normal_stores(device, dtype):
+# Outputs of 32 MiB or more in memory already in use are written with streaming stores
+# on CPU (stream_rows in csrc/cpu/stream_store.h); smaller ones, and memory fresh from
+# the OS, with normal stores. Rows are computed alike either way, so the first and last
+# rows of a large call equal, bit for bit, the same rows normalized in a small call;
+# all rows are checked against the reference. Every call runs twice: the second finds
+# its outputs in memory the first freed.
+def check_large_outputs(device, dtype):
     hidden = 4096
     rows = (32 << 20) // (hidden * dtype.itemsize)
     x, w, b, dy = case(device, dtype, rows, hidden)
@@ -220,17 +227,41 @@ def test_outputs_past_the_streaming_size_equal_normal_stores(device, dtype):
         "fused_add_rms_norm": lambda x, dy: op("fused_add_rms_norm_fwd")(x, dy, w, hidden, 1e-5, False)[:2],
     }
     for name, run in runs.items():
-        large = run(x, dy)
-        for rows_ in ends:
-            for got, want in zip(large, run(x[rows_], dy[rows_])):
-                assert torch.equal(got[rows_], want), f"{name}: rows {rows_} differ from a small call"
-    y, mean, rstd = op("layer_norm_fwd")(x, w, b, hidden, 1e-5, None, False)
-    assert_near(y, REF["layer_norm_fwd"](x, w, b, hidden, 1e-5, None)[0], dtype)
-    dx = op("layer_norm_bwd")(dy, x, mean, rstd, w, b, hidden, False, dtype)[0]
-    assert_near(dx, REF["layer_norm_bwd"](dy, x, mean, rstd, w, b, hidden, False, dtype)[0], dtype)
-    y, h, _ = op("fused_add_rms_norm_fwd")(x, dy, w, hidden, 1e-5, False)
-    assert torch.equal(h, x + dy)
-    assert_near(y, REF["fused_add_rms_norm_fwd"](x, dy, w, hidden, 1e-5)[0], dtype)
+        for _ in range(2):
+            large = run(x, dy)
+            for rows_ in ends:
+                for got, want in zip(large, run(x[rows_], dy[rows_])):
+                    assert torch.equal(got[rows_], want), f"{name}: rows {rows_} differ from a small call"
+            del large
+    for _ in range(2):
+        y, mean, rstd = op("layer_norm_fwd")(x, w, b, hidden, 1e-5, None, False)
+        assert_near(y, REF["layer_norm_fwd"](x, w, b, hidden, 1e-5, None)[0], dtype)
+        dx = op("layer_norm_bwd")(dy, x, mean, rstd, w, b, hidden, False, dtype)[0]
+        assert_near(dx, REF["layer_norm_bwd"](dy, x, mean, rstd, w, b, hidden, False, dtype)[0], dtype)
+        y, h, _ = op("fused_add_rms_norm_fwd")(x, dy, w, hidden, 1e-5, False)
+        assert torch.equal(h, x + dy)
+        assert_near(y, REF["fused_add_rms_norm_fwd"](x, dy, w, hidden, 1e-5)[0], dtype)
+        del y, h, dx
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_large_outputs_in_fresh_memory(device, dtype):
+    check_large_outputs(device, dtype)  # glibc maps blocks this large anew: normal stores
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_large_outputs_in_reused_memory_streamed(device, dtype):
+    if device != "cpu":
+        pytest.skip("streaming stores are the CPU kernels'")
+    # glibc told to keep freed memory (as a caching allocator does), and 1 GiB of it
+    # touched and freed first, so the outputs land in memory in use: streaming stores.
+    env = dict(os.environ, MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(1 << 40),
+               PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    code = ("import torch, test_norm_ops as t; assert t._build.ensure('cpu').native; "
+            "pool = torch.ones(1 << 30, dtype=torch.uint8); del pool; "
+            f"t.check_large_outputs('cpu', torch.{dtype}); print('OK')")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_fused_add_rms_norm_grads_equal_the_unfused_form(device):

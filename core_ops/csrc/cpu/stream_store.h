@@ -4,7 +4,10 @@
 // read. On this project's 2-core machine a 128 MB scale-and-copy ran at 23 GB/s with
 // normal stores and 30 GB/s with streaming ones (bench/README, "Streaming stores").
 // An output that fits in cache is better stored normally: the next op reads it from
-// there. Streaming stores need vector-aligned addresses, and are weakly ordered: a
+// there. So is memory fresh from the OS (glibc maps every block over 32 MB anew): the
+// first write to each page faults, the OS zeroes the page through the cache, and a
+// normal store then hits that line where a streaming one would evict it (43 -> 51 ms
+// for the same 128 MB scale into fresh memory). Streaming stores need vector-aligned addresses, and are weakly ordered: a
 // thread fences (stream_fence) before its writes are read by another.
 #pragma once
 
@@ -13,6 +16,10 @@
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #include <immintrin.h>
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 #include "multi_tensor_apply.h"
@@ -23,15 +30,30 @@ namespace core_ops::cpu {
 // CPUs this runs on (32 MB here), so no later op finds them in cache anyway.
 constexpr int64_t kStreamFrom = int64_t(32) << 20;
 
+// Whether the page holding p is in memory already (memory in reuse), not fresh from
+// the OS and still to be faulted in. Unknown counts as in memory.
+inline bool resident(const void* p) {
+#if defined(__linux__)
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  unsigned char in_core = 1;
+  mincore(reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) & ~(page - 1)), page, &in_core);
+  return in_core & 1;
+#else
+  (void)p;
+  return true;
+#endif
+}
+
 // Whether `rows` rows of `hidden` T starting at `base` are worth streaming and can be:
-// every row start on a vector boundary, which holds for the usual hidden sizes
-// (multiples of 16 floats or 32 halves) of an aligned tensor.
+// large, in reused memory (its middle page resident: the first page of a fresh block
+// holds the allocator's header), and every row start on a vector boundary, which
+// holds for the usual hidden sizes (multiples of 16 floats or 32 halves).
 template <typename T>
 bool stream_rows(const T* base, int64_t rows, int64_t hidden) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   constexpr int64_t align = sizeof(fVec);
   return rows * hidden * int64_t(sizeof(T)) >= kStreamFrom && reinterpret_cast<uintptr_t>(base) % align == 0 &&
-         hidden * int64_t(sizeof(T)) % align == 0;
+         hidden * int64_t(sizeof(T)) % align == 0 && resident(base + rows * hidden / 2);
 #else
   (void)base, (void)rows, (void)hidden;
   return false;
