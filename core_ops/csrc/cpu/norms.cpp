@@ -389,11 +389,7 @@ Tensor3 fused_add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residu
 }  // namespace
 
 TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("layer_norm_fwd", &layer_norm_fwd<&norm_fwd>);
-  m.impl("layer_norm_bwd", &layer_norm_bwd<&norm_bwd>);
-  m.impl("rms_norm_fwd", &rms_norm_fwd<&norm_fwd>);
-  m.impl("rms_norm_bwd", &rms_norm_bwd<&norm_bwd>);
-  m.impl("fused_add_rms_norm_fwd", &fused_add_rms_norm_fwd);
+  register_norm_kernels<&norm_fwd, &norm_bwd>(m, &fused_add_rms_norm_fwd);
 }
 
 }  // namespace core_ops::cpu::norms

@@ -1,7 +1,8 @@
 // Host-side pieces of the norm ops shared by csrc/cpu/norms.cpp and csrc/cuda/norms.cu
 // (Note [Norm ops] in _library.py): the argument checks, worded as
 // _validate.check_norm_args; the params in the accumulation dtype; and the four ops'
-// entry points over a device's two launchers, norm_fwd and norm_bwd.
+// entry points over a device's two launchers, norm_fwd and norm_bwd, and their
+// registration.
 #pragma once
 
 #include <initializer_list>
@@ -14,6 +15,7 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <core_ops/dispatch.h>
 
@@ -113,6 +115,16 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& grad_out, cons
                                                 bool memory_efficient, at::ScalarType dx_dtype) {
   auto [dx, dw, db] = bwd(grad_out, saved, rstd, rstd, weight, std::nullopt, hidden, memory_efficient, dx_dtype, true);
   return {dx, dw};
+}
+
+// The five norm kernels of a device, for its TORCH_LIBRARY_IMPL(core_ops, <Device>, m).
+template <NormFwd fwd, NormBwd bwd, typename AddRmsNormFwd>
+void register_norm_kernels(torch::Library& m, AddRmsNormFwd fused_add_rms_norm_fwd) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd<fwd>);
+  m.impl("layer_norm_bwd", &layer_norm_bwd<bwd>);
+  m.impl("rms_norm_fwd", &rms_norm_fwd<fwd>);
+  m.impl("rms_norm_bwd", &rms_norm_bwd<bwd>);
+  m.impl("fused_add_rms_norm_fwd", fused_add_rms_norm_fwd);
 }
 
 }  // namespace core_ops
