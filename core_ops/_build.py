@@ -180,7 +180,12 @@ def cuda_archs(arch: str | None = None) -> str:
 
 def cuda_flags() -> list[str]:
     # No --use_fast_math: the non-finite probe needs IEEE inf/nan (Note [Non-finite probe]).
-    return ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
+    # -fmad=false: as -ffp-contract=off on the CPU (cpu_flags), each * and + rounds once,
+    # so a CUDA kernel rounds exactly as the CPU kernel running the same math header
+    # does, and the two agree bit for bit; nvcc's default contraction into FMAs moved
+    # results by an ulp a step, differently per op. Division and sqrt stay IEEE
+    # (-prec-div / -prec-sqrt default to true). The kernels are bound by memory.
+    return ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "-fmad=false"]
 
 
 def build_key(kind: str, arch: str | None = None, toolchain: bool = True) -> str:

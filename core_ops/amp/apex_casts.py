@@ -25,6 +25,8 @@ autocast on (RNN modules accept half inputs to float32 weights, the registered
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -120,6 +122,14 @@ def _widest(args, kwargs):
     return widest
 
 
+def _autocast_off(args, kwargs):
+    """A block with autocast off for the device types of the floating-point arguments."""
+    stack = contextlib.ExitStack()
+    for device_type in sorted({t.device.type for t in _floating((args, kwargs))}):
+        stack.enter_context(torch.autocast(device_type, enabled=False))
+    return stack
+
+
 class ApexCasts(TorchFunctionMode):
     """Casts the arguments of Apex's listed functions (module doc). ``paused`` lets
     them through untouched (the handle's ``_disable_casts``)."""
@@ -141,7 +151,10 @@ class ApexCasts(TorchFunctionMode):
         if kind == "banned":
             if not self.allow_banned:
                 raise NotImplementedError(BANNED[func])
-            kind = "fp32"
+            # Allowed, it runs in float32 as in Apex, and outside autocast: CUDA's
+            # autocast refuses binary_cross_entropy whatever its input dtype.
+            with _autocast_off(args, kwargs):
+                return func(*cast_tree(args, torch.float32), **cast_tree(kwargs, torch.float32))
         if kind == "promote":
             dtype = _widest(args, kwargs)
         else:

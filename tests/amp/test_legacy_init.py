@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core_ops import amp
-from core_ops.amp import _state
+from core_ops.amp import _state, apex_casts
 
 
 @pytest.fixture
@@ -68,6 +68,26 @@ def test_binary_cross_entropy_is_banned_unless_allowed(handle):
     allowed = amp.init(allow_banned=True)
     try:
         assert nn.BCELoss()(p, torch.rand(4, dtype=H)).dtype == FL
+    finally:
+        allowed._deactivate()
+
+
+def test_an_allowed_banned_function_runs_in_float32_outside_autocast(handle, monkeypatch):
+    """CUDA's autocast raises for binary_cross_entropy whatever its input dtype, so an
+    allowed banned function must run with autocast off (it failed Apex's
+    test_bce_is_float_with_allow_banned on the H200). CPU autocast does not ban BCE:
+    torch.mm, which CPU autocast runs in bfloat16, stands in for it here."""
+    handle._deactivate()
+    monkeypatch.setitem(apex_casts.RULES, torch.mm, ("banned", False))
+    monkeypatch.setitem(apex_casts.BANNED, torch.mm, "mm is banned in this test")
+    a, b = torch.randn(4, 4, dtype=torch.bfloat16), torch.randn(4, 4)
+    want = torch.mm(a.float(), b)
+    allowed = amp.init(allow_banned=True, half_dtype=torch.bfloat16)
+    try:
+        out = torch.mm(a, b)
+        assert out.dtype == FL
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        assert torch.is_autocast_enabled("cpu")  # only the banned call ran outside it
     finally:
         allowed._deactivate()
 

@@ -52,8 +52,12 @@ def scaled_grads(params, scale, seed=1):
 
 
 def unscaled(grad, scale):
+    """grad / scale correctly rounded, as every kernel and torch's fused optimizers
+    divide. Computed on the CPU: CUDA's ``tensor / python_float`` multiplies by the
+    rounded reciprocal instead (ATen's div_true_kernel_cuda), an ulp off for a scale
+    of 3, so an oracle computed there failed every exact comparison on the H200."""
     math = torch.float64 if grad.dtype == torch.float64 else torch.float32
-    return (grad.to(math) / scale).to(grad.dtype)
+    return (grad.cpu().to(math) / scale).to(grad.dtype).to(grad.device)
 
 
 def backend(kind, which, monkeypatch):
