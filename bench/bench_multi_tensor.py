@@ -47,6 +47,33 @@ class Alternating:
         return self.scales[self.i]
 
 
+def torch_has_amp_unscale(device, dtype):
+    """Whether torch's fused unscale + check takes ``dtype`` on ``device``: CUDA's has
+    no bfloat16 kernel (torch 2.11 and 2.14), the CPU's has."""
+    try:
+        torch._amp_foreach_non_finite_check_and_unscale_(
+            [torch.ones(2, dtype=dtype, device=device)], torch.zeros(1, device=device),
+            torch.ones(1, device=device))
+    except (NotImplementedError, RuntimeError):
+        return False
+    return True
+
+
+def unscale_baseline(device, dtype):
+    """(name, fn(ts, found_inf, inv_scale)): torch's fused unscale where it takes the
+    dtype, else what a user writes instead: a foreach multiply, then the largest
+    |value| per tensor (inf or nan wherever a value is) into the flag."""
+    if torch_has_amp_unscale(device, dtype):
+        return "_amp_foreach_non_finite_check_and_unscale_", torch._amp_foreach_non_finite_check_and_unscale_
+
+    def foreach_unscale(ts, found_inf, inv):
+        torch._foreach_mul_(ts, inv.reshape(()))
+        peak = torch.stack(torch._foreach_norm(ts, float("inf"))).max()
+        found_inf.copy_(torch.maximum(found_inf, (~torch.isfinite(peak)).float().reshape(1)))
+
+    return "_foreach_mul_ + isfinite(_foreach_norm(inf))", foreach_unscale
+
+
 def foreach_global_norm(ts):
     # With no dtype, the norm of a bf16 list comes back in bf16 (accumulated in fp32
     # inside); dtype=torch.float32 is ~3x slower on CPU, so the fast form is the
@@ -73,9 +100,10 @@ def twin_inputs(args, dtype):
 def case_unscale(args, dtype):
     """In-place unscale with the inf/nan check."""
     base_ts, core_ts, base_flag, core_flag = twin_inputs(args, dtype)
+    base_name, unscale = unscale_baseline(args.device, dtype)
 
     def base(inv):
-        torch._amp_foreach_non_finite_check_and_unscale_(base_ts, base_flag, inv)
+        unscale(base_ts, base_flag, inv)
 
     def core(inv):
         core_ops.multi_tensor_scale(core_ts, core_ts, inv, core_flag)
@@ -96,8 +124,7 @@ def case_unscale(args, dtype):
     base_flag.zero_(), core_flag.zero_()
 
     bi, ci = Alternating(args.device), Alternating(args.device)
-    return ("_amp_foreach_non_finite_check_and_unscale_", lambda: base(bi()),
-            lambda: core(ci()), 2 * nbytes(core_ts))
+    return base_name, lambda: base(bi()), lambda: core(ci()), 2 * nbytes(core_ts)
 
 
 def case_l2norm(args, dtype):
@@ -115,9 +142,10 @@ def case_check_finite(args, dtype):
     ts = make_tensors(args.numel, args.tensors, dtype, args.device)
     one = torch.ones(1, device=args.device)
     base_flag, core_flag = torch.zeros(1, device=args.device), torch.zeros(1, device=args.device)
+    base_name, unscale = unscale_baseline(args.device, dtype)
 
     def base():
-        torch._amp_foreach_non_finite_check_and_unscale_(ts, base_flag, one)
+        unscale(ts, base_flag, one)
 
     def core():
         core_ops.multi_tensor_check_finite(ts, core_flag)
@@ -129,15 +157,17 @@ def case_check_finite(args, dtype):
     check_flags(base_flag, core_flag, 1)
     ts[args.tensors // 2][7] = 1.0
     base_flag.zero_(), core_flag.zero_()
-    return ("_amp_foreach_non_finite_check_and_unscale_(inv_scale=1)", base, core, nbytes(ts))
+    return f"{base_name} (inv_scale=1)", base, core, nbytes(ts)
 
 
 def case_unscale_l2norm(args, dtype):
     """Unscale in place, check inf/nan and take the norm of the unscaled values."""
     base_ts, core_ts, base_flag, core_flag = twin_inputs(args, dtype)
 
+    base_name, unscale = unscale_baseline(args.device, dtype)
+
     def base(inv):
-        torch._amp_foreach_non_finite_check_and_unscale_(base_ts, base_flag, inv)
+        unscale(base_ts, base_flag, inv)
         return foreach_global_norm(base_ts)
 
     def core(inv):
@@ -150,8 +180,7 @@ def case_unscale_l2norm(args, dtype):
     check_flags(base_flag, core_flag, 0)
 
     bi, ci = Alternating(args.device), Alternating(args.device)
-    return ("_amp_..._unscale_ + foreach norm", lambda: base(bi()),
-            lambda: core(ci()), 2 * nbytes(core_ts))
+    return f"{base_name} + foreach norm", lambda: base(bi()), lambda: core(ci()), 2 * nbytes(core_ts)
 
 
 def axpby_baselines(xs, ys, out, a, b):
@@ -217,6 +246,8 @@ CASES = [
     ("unscale bf16", case_unscale, torch.bfloat16, None),
     ("l2norm bf16", case_l2norm, torch.bfloat16, None),
     ("check_finite bf16", case_check_finite, torch.bfloat16, None),
+    ("unscale+l2norm bf16", case_unscale_l2norm, torch.bfloat16, None),
+    ("unscale fp16", case_unscale, torch.float16, None),
 ]
 
 
