@@ -17,7 +17,8 @@ Conventions shared by all multi-tensor ops (Note [Multi-tensor conventions]):
 
 import torch
 
-from ._validate import (batch_norm_acc_dtype, check_batch_norm_args, check_lists, check_norm_args, check_residual,
+from ._validate import (batch_norm_acc_dtype, check_batch_norm_args, check_lists, check_norm_args,
+                        check_norm_bwd_args, check_residual,
                         check_optimizer_lists, check_per_tensor_state)
 
 LIB_NAME = "core_ops"
@@ -324,12 +325,14 @@ def _(input, weight, hidden, eps, out_dtype, memory_efficient=False):
 @torch.library.register_fake("core_ops::layer_norm_bwd")
 def _(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype):
     check_norm_args(saved, hidden, (("weight", weight), ("bias", bias)), name="saved")
+    check_norm_bwd_args(grad_out, saved, (("mean", mean), ("rstd", rstd)), hidden, dx_dtype)
     return (saved.new_empty(saved.shape, dtype=dx_dtype), _param_grad(weight, saved), _param_grad(bias, saved))
 
 
 @torch.library.register_fake("core_ops::rms_norm_bwd")
 def _(grad_out, saved, rstd, weight, hidden, memory_efficient, dx_dtype):
     check_norm_args(saved, hidden, (("weight", weight),), name="saved")
+    check_norm_bwd_args(grad_out, saved, (("rstd", rstd),), hidden, dx_dtype)
     return saved.new_empty(saved.shape, dtype=dx_dtype), _param_grad(weight, saved)
 
 

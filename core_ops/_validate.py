@@ -204,9 +204,10 @@ def check_batch_norm_args(input, *, grad_out=None, stats=(), weight=None, bias=N
     if input.dtype not in FLOAT_DTYPES:
         raise TypeError(f"input: expected float32, float16, bfloat16 or float64, got {input.dtype}")
     channels, acc = input.shape[1], batch_norm_acc_dtype(input.dtype)
-    if grad_out is not None and (grad_out.shape != input.shape or grad_out.dtype != input.dtype):
-        raise ValueError(f"grad_out has shape {tuple(grad_out.shape)} and dtype {grad_out.dtype} "
-                         f"but input has {tuple(input.shape)} and {input.dtype}")
+    if grad_out is not None and (grad_out.shape != input.shape or grad_out.dtype != input.dtype
+                                 or grad_out.device != input.device):
+        raise ValueError(f"grad_out has shape {tuple(grad_out.shape)} and dtype {grad_out.dtype} on "
+                         f"{grad_out.device} but input has {tuple(input.shape)} and {input.dtype} on {input.device}")
     for name, t in stats:
         if t.shape != (channels,) or t.dtype != acc or t.device != input.device:
             raise ValueError(f"{name} must be a ({channels},) {acc} tensor on {input.device}, got "
@@ -255,6 +256,21 @@ def check_norm_args(input, hidden, params=(), out_dtype=None, name="input"):
     if out_dtype is not None and out_dtype != input.dtype and not (out_dtype == torch.float32 and input.dtype in _HALF):
         raise TypeError(f"out_dtype must be {name}'s dtype ({input.dtype}) or, for half input, torch.float32; "
                         f"got {out_dtype}")
+
+
+def check_norm_bwd_args(grad_out, saved, stats, hidden, dx_dtype):
+    """The norm backwards' other inputs: ``grad_out`` with saved's elements on its
+    device, and each of ``stats`` (name, tensor) one value per row in the accumulation
+    dtype on that device: the kernels index them by row, unchecked."""
+    if grad_out.numel() != saved.numel() or grad_out.device != saved.device:
+        raise ValueError(f"grad_out has {grad_out.numel()} elements on {grad_out.device}; expected "
+                         f"{saved.numel()} on {saved.device}, as saved")
+    rows = saved.numel() // hidden if hidden >= 1 else 0
+    acc = torch.float64 if dx_dtype == torch.float64 else torch.float32
+    for name, t in stats:
+        if t.numel() != rows or t.dtype != acc or t.device != saved.device:
+            raise ValueError(f"{name} must hold {rows} {acc} values (one per row) on {saved.device}, got "
+                             f"{t.numel()} {t.dtype} on {t.device}")
 
 
 def check_residual(input, residual):

@@ -18,6 +18,7 @@ import torch
 
 from .. import _build
 from .._library import op
+from .._validate import check_norm_args, check_residual
 
 
 def _hidden(input, normalized_shape):
@@ -28,16 +29,24 @@ def _hidden(input, normalized_shape):
     return math.prod(shape)
 
 
+# Note [Norm checks before dispatch]: each public entry point checks its arguments in
+# Python before the op is called, the C++ autograd checks them again before it builds
+# a node (norm_autograd.h), and each kernel checks them once more. A bad input then
+# raises the same error on every device and never reaches device code or the
+# autograd machinery; on the H200 one reached the CUDA path and the process died.
+
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, memory_efficient=False, out_dtype=None):
+    hidden = _hidden(input, normalized_shape)
+    check_norm_args(input, hidden, (("weight", weight), ("bias", bias)), out_dtype)
     _build.ensure_for(input.device)
-    return op("layer_norm_fwd")(input, weight, bias, _hidden(input, normalized_shape), float(eps), out_dtype,
-                                bool(memory_efficient))[0]
+    return op("layer_norm_fwd")(input, weight, bias, hidden, float(eps), out_dtype, bool(memory_efficient))[0]
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=1e-5, memory_efficient=False, out_dtype=None):
+    hidden = _hidden(input, normalized_shape)
+    check_norm_args(input, hidden, (("weight", weight),), out_dtype)
     _build.ensure_for(input.device)
-    return op("rms_norm_fwd")(input, weight, _hidden(input, normalized_shape), float(eps), out_dtype,
-                              bool(memory_efficient))[0]
+    return op("rms_norm_fwd")(input, weight, hidden, float(eps), out_dtype, bool(memory_efficient))[0]
 
 
 def fused_add_rms_norm(input, residual, weight, eps=1e-5, memory_efficient=False):
@@ -45,10 +54,12 @@ def fused_add_rms_norm(input, residual, weight, eps=1e-5, memory_efficient=False
     step of Llama-style blocks, in one pass over input and residual (the sum is
     normalized while it is in cache). The norm is over weight's shape (the last dim
     without a weight)."""
-    _build.ensure_for(input.device)
     shape = input.shape[-1:] if weight is None else tuple(weight.shape)
-    y, h, _ = op("fused_add_rms_norm_fwd")(input, residual, weight, _hidden(input, shape), float(eps),
-                                         bool(memory_efficient))
+    hidden = _hidden(input, shape)
+    check_norm_args(input, hidden, (("weight", weight),))
+    check_residual(input, residual)
+    _build.ensure_for(input.device)
+    y, h, _ = op("fused_add_rms_norm_fwd")(input, residual, weight, hidden, float(eps), bool(memory_efficient))
     return y, h
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_norm_args, check_residual
+from .._validate import check_norm_args, check_norm_bwd_args, check_residual
 
 
 def acc_dtype(dtype):
@@ -111,6 +111,7 @@ def rms_norm_fwd(input, weight, hidden, eps, out_dtype, memory_efficient=False):
 
 def layer_norm_bwd(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype):
     check_norm_args(saved, hidden, (("weight", weight), ("bias", bias)), name="saved")
+    check_norm_bwd_args(grad_out, saved, (("mean", mean), ("rstd", rstd)), hidden, dx_dtype)
     rows = saved.reshape(-1, hidden)
     dx, dw, db = layer_norm_backward(grad_out.reshape(rows.shape), mean, rstd, rows, _flat(weight), _flat(bias),
                                      memory_efficient)
@@ -119,6 +120,7 @@ def layer_norm_bwd(grad_out, saved, mean, rstd, weight, bias, hidden, memory_eff
 
 def rms_norm_bwd(grad_out, saved, rstd, weight, hidden, memory_efficient, dx_dtype):
     check_norm_args(saved, hidden, (("weight", weight),), name="saved")
+    check_norm_bwd_args(grad_out, saved, (("rstd", rstd),), hidden, dx_dtype)
     rows = saved.reshape(-1, hidden)
     dx, dw = rms_norm_backward(grad_out.reshape(rows.shape), rstd, rows, _flat(weight), memory_efficient)
     return dx.to(dx_dtype).reshape(saved.shape), _param_grad(dw, weight, saved)

@@ -292,3 +292,53 @@ def test_bad_input_is_named(device):
         fused_add_rms_norm(x, torch.randn(4, 9, device=device), torch.ones(8, device=device))
     with pytest.raises(ValueError, match="residual must match input"):
         fused_add_rms_norm(x, x.double(), torch.ones(8, device=device))
+
+
+def _no_kernel(name):
+    raise AssertionError(f"{name} reached the dispatcher with bad input")
+
+
+@pytest.mark.parametrize("case", ["weight", "bias", "shape", "dtype", "out_dtype", "residual"])
+def test_bad_input_raises_before_any_op_runs(device, case, monkeypatch):
+    """Note [Norm checks before dispatch]: the public functions check in Python before
+    calling an op, so a bad input never reaches device code or the C++ autograd (on
+    the H200, layer_norm with a short weight took the CUDA process down)."""
+    import core_ops.normalization.fused as fused
+    monkeypatch.setattr(fused, "op", _no_kernel)
+    x = torch.randn(4, 8, device=device, requires_grad=True)
+    ones = lambda n, **kw: torch.ones(n, device=device, **kw)  # noqa: E731
+    call, error = {
+        "weight": (lambda: layer_norm(x, (8,), ones(6)), "weight has 6 elements; expected hidden=8"),
+        "bias": (lambda: layer_norm(x, (8,), ones(8), ones(9)), "bias has 9 elements; expected hidden=8"),
+        "shape": (lambda: rms_norm(x, (4, 8, 1)), r"normalized_shape \[4, 8, 1\] must be the trailing dims"),
+        "dtype": (lambda: rms_norm(x, (8,), ones(8, dtype=torch.int32)), "weight must be floating-point"),
+        "out_dtype": (lambda: layer_norm(x, (8,), out_dtype=torch.float16), "out_dtype must be input's dtype"),
+        "residual": (lambda: fused_add_rms_norm(x, x[:, :4], ones(8)), "residual must match input"),
+    }[case]
+    with pytest.raises((ValueError, TypeError), match=error):
+        call()
+
+
+def test_ops_called_directly_check_before_their_autograd_and_kernels(device):
+    """The ops themselves, with grad (the C++ autograd at Autograd<Device>, which checks
+    before it builds a node) and without (the kernel's own checks); and the backwards'
+    statistics, which the kernels index by row: a short rstd was read past its end."""
+    x = torch.randn(4, 8, device=device)
+    for grad in (True, False):
+        xi = x.clone().requires_grad_(grad)
+        with pytest.raises(ValueError, match="weight has 6 elements; expected hidden=8"):
+            op("layer_norm_fwd")(xi, torch.ones(6, device=device), None, 8, 1e-5, None, False)
+        with pytest.raises(ValueError, match="weight has 6 elements; expected hidden=8"):
+            op("rms_norm_fwd")(xi, torch.ones(6, device=device), 8, 1e-5, None, False)
+        with pytest.raises(ValueError, match="residual must match input"):
+            op("fused_add_rms_norm_fwd")(xi, x.double(), None, 8, 1e-5, False)
+    stats = torch.ones(4, device=device)
+    with pytest.raises(ValueError, match=r"rstd must hold 4 torch.float32 values \(one per row\)"):
+        op("rms_norm_bwd")(x, x, stats[:3], None, 8, False, torch.float32)
+    with pytest.raises(ValueError, match=r"mean must hold 4 torch.float32 values"):
+        op("layer_norm_bwd")(x, x, stats.double(), stats, None, None, 8, False, torch.float32)
+    with pytest.raises(ValueError, match="grad_out has 16 elements"):
+        op("layer_norm_bwd")(x[:2], x, stats, stats, None, None, 8, False, torch.float32)
+    for name, kernel in (("reference", REF["rms_norm_bwd"]),):
+        with pytest.raises(ValueError, match="rstd must hold 4"):
+            kernel(x, x, stats[:3], None, 8, False, torch.float32)

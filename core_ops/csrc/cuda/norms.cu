@@ -274,8 +274,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
                                                         const std::optional<at::Tensor>& bias, int64_t hidden,
                                                         bool memory_efficient, at::ScalarType dx_dtype, bool rms) {
   check_norm_args(saved, hidden, {{"weight", &weight}, {"bias", &bias}}, std::nullopt, "saved");
-  TORCH_CHECK_VALUE(grad_out.numel() == saved.numel(), "grad_out has ", grad_out.numel(), " elements, saved ",
-                    saved.numel());
+  if (rms) {
+    check_norm_bwd_args(grad_out, saved, {{"rstd", &rstd}}, hidden, dx_dtype);
+  } else {
+    check_norm_bwd_args(grad_out, saved, {{"mean", &mean}, {"rstd", &rstd}}, hidden, dx_dtype);
+  }
   const c10::cuda::CUDAGuard guard(saved.device());
   const at::Tensor dy = grad_out.contiguous(), s = saved.contiguous();
   const int64_t rows = s.numel() / hidden;

@@ -44,6 +44,23 @@ inline void check_norm_args(const at::Tensor& input, int64_t hidden,
   }
 }
 
+// The backwards' other inputs, worded as _validate.check_norm_bwd_args: the kernels
+// index grad_out like saved and the statistics by row, unchecked.
+inline void check_norm_bwd_args(const at::Tensor& grad_out, const at::Tensor& saved,
+                                std::initializer_list<std::pair<const char*, const at::Tensor*>> stats,
+                                int64_t hidden, at::ScalarType dx_dtype) {
+  TORCH_CHECK_VALUE(grad_out.numel() == saved.numel() && grad_out.device() == saved.device(), "grad_out has ",
+                    grad_out.numel(), " elements on ", grad_out.device(), "; expected ", saved.numel(), " on ",
+                    saved.device(), ", as saved");
+  const int64_t rows = hidden >= 1 ? saved.numel() / hidden : 0;
+  const at::ScalarType acc = dx_dtype == at::kDouble ? at::kDouble : at::kFloat;
+  for (const auto& [name, t] : stats) {
+    TORCH_CHECK_VALUE(t->numel() == rows && t->scalar_type() == acc && t->device() == saved.device(), name,
+                      " must hold ", rows, " ", dtype_name(acc), " values (one per row) on ", saved.device(),
+                      ", got ", t->numel(), " ", dtype_name(t->scalar_type()), " on ", t->device());
+  }
+}
+
 inline void check_residual(const at::Tensor& input, const at::Tensor& residual) {
   TORCH_CHECK_VALUE(residual.sizes() == input.sizes() && residual.scalar_type() == input.scalar_type() &&
                         residual.device() == input.device(),

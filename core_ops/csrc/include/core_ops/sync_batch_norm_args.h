@@ -73,10 +73,11 @@ inline void check_batch_norm_args(const at::Tensor& input, const at::Tensor* gra
   const int64_t channels = input.size(1);
   const auto acc = dt == at::kDouble ? at::kDouble : at::kFloat;
   if (grad_out != nullptr) {
-    TORCH_CHECK_VALUE(grad_out->sizes() == input.sizes() && grad_out->scalar_type() == dt,
+    TORCH_CHECK_VALUE(grad_out->sizes() == input.sizes() && grad_out->scalar_type() == dt &&
+                          grad_out->device() == input.device(),
                       "grad_out has shape ", shape_str(*grad_out), " and dtype ",
-                      dtype_name(grad_out->scalar_type()), " but input has ", shape_str(input),
-                      " and ", dtype_name(dt));
+                      dtype_name(grad_out->scalar_type()), " on ", grad_out->device(), " but input has ",
+                      shape_str(input), " and ", dtype_name(dt), " on ", input.device());
   }
   for (const auto& [name, t] : stats) {
     TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == channels && t->scalar_type() == acc &&
