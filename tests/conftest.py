@@ -15,8 +15,9 @@ def dtype_id(dtype):
 
 
 # Note [Test tolerances]: elementwise results differ from the reference by at most
-# one rounding of the output dtype (the CUDA kernels may fuse a*x + b*y into one FMA,
-# the reference and the CPU kernels, built with -ffp-contract=off, round twice), so rtol is one ulp of the output dtype and atol
+# one rounding of the output dtype (the reference runs torch's own kernels, which may
+# fuse a*x + b*y into one FMA; ours, built with -ffp-contract=off and -fmad=false,
+# round twice), so rtol is one ulp of the output dtype and atol
 # covers results near zero. Norms are sums of up to ~1e6 squares accumulated in float32
 # in a different order (vector lanes, chunks) than torch, so 1e-5 relative.
 ELEMENTWISE_TOL = {

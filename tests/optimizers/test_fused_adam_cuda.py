@@ -3,17 +3,26 @@ torch.optim's fused CUDA Adam / AdamW: numerics over 20 steps, master weights,
 found_inf and grad_scale read on the device, many tensors, misaligned and
 channels_last memory, no host sync (CUDA graphs).
 
-Note [CUDA optimizer tolerances]: the CUDA kernel runs the same math as the CPU
-kernel (core_ops/adam_math.h) but nvcc fuses multiply-adds (m, v, and AdamW's
-p*(1-lr*wd) + update into one FMA) where the CPU kernel, built with
--ffp-contract=off, rounds twice. A param then differs by at most one ulp of its own
-value per step, with a random sign; over 20 steps that random walk reaches ~20 ulps
-of a value in the worst of ~10^5 elements, which is ~5 ulps of the largest |param|
-(measured on an FMA emulation of the kernel). torch's fused CUDA kernel computes the
-decay and the moments in double, ours rounds 1 - lr*wd to float as torch.optim's
-single-tensor path does: a further <= 0.5 ulp per step, ~10 ulps of the largest
-|param| after 20 steps. Hence, in float32 ulps of the largest |expected| value:
-12 against the CPU kernel, 20 against torch, 8 for exp_avg / exp_avg_sq (within ~4).
+Note [CUDA optimizer tolerances]: against the CPU kernel, none: the two devices run
+one math header with the same roundings (Note [CUDA against CPU kernels] in
+test_optimizer_device_contract.py), so params and state are compared bit for bit.
+
+Against torch's fused CUDA Adam, two differences, one per kind:
+- torch's kernel rounds beta1, beta2, lr and weight_decay to float32 before using them
+  (FusedAdamMathFunctor's opmath casts), so it runs Adam with beta2 = float(0.999) =
+  0.99900001287..., whose 1 - beta2 is 1.29e-5 relative off 0.001; ours and
+  torch.optim's other paths take 1 - beta2 in double. That bias, not rounding, was the
+  H200's exp_avg_sq failures (9.6e-7 relative with beta2 = 0.99, 1.28e-5 with 0.999).
+  The comparisons therefore use hyperparameters that float32 holds exactly (1 - beta
+  too, and lr * weight_decay), where the two formulas are the same function.
+- Then only rounding order remains: torch forms m and v each as one fma expression
+  (one rounding), we as torch.optim's single-tensor path (lerp and addcmul: one more
+  rounding each, of at most half an ulp of the result), and the bias corrections come
+  from float powf there, double pow here (an ulp of a coefficient: ~1e-9 of a param
+  after 20 steps at these lr). m and v then differ by at most one ulp of their own value
+  per step, decaying by beta after: <= 20 ulps after 20 steps (STATE_ULPS); a param by
+  at most one rounding of its own value per step when its update differs: <= 20 ulps
+  (TORCH_ULPS); both in float32 ulps of the largest |expected| of the tensor.
 """
 
 import copy
@@ -21,7 +30,7 @@ import copy
 import pytest
 import torch
 from cuda_cases import _both_native  # noqa: F401  (autouse: both native libraries loaded)
-from cuda_cases import STEPS, assert_unchanged, make_grads, make_params, run, snapshot, ulps_close
+from cuda_cases import STEPS, make_grads, make_params, run, ulps_close
 
 import core_ops  # noqa: F401  (registers the ops)
 from core_ops._library import op
@@ -29,14 +38,16 @@ from core_ops.optimizers import FusedAdam
 
 pytestmark = pytest.mark.gpu
 
-CPU_ULPS, TORCH_ULPS, STATE_ULPS = 12, 20, 8
+CPU_ULPS, TORCH_ULPS, STATE_ULPS = 0, 20, 20
+# float32 holds these, and 1 - beta, lr * weight_decay and 1 - lr * weight_decay, exactly.
+EXACT = dict(lr=2.0 ** -8, betas=(0.75, 1 - 2.0 ** -7), eps=2.0 ** -20, weight_decay=2.0 ** -4)
 
 
 @pytest.mark.parametrize("adam_w_mode", [True, False], ids=["adamw", "adam"])
 @pytest.mark.parametrize("amsgrad", [False, True], ids=["", "amsgrad"])
 @pytest.mark.parametrize("maximize", [False, True], ids=["", "maximize"])
 def test_fp32_matches_cpu_kernel_and_torch_fused(adam_w_mode, amsgrad, maximize):
-    kw = dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05, amsgrad=amsgrad, maximize=maximize)
+    kw = dict(EXACT, amsgrad=amsgrad, maximize=maximize)
     gpu, cpu, ref = make_params("cuda"), make_params("cpu"), make_params("cuda")
     opt_gpu = FusedAdam(gpu, adam_w_mode=adam_w_mode, **kw)
     opt_cpu = FusedAdam(cpu, adam_w_mode=adam_w_mode, **kw)
@@ -58,7 +69,7 @@ def test_fp32_matches_cpu_kernel_and_torch_fused(adam_w_mode, amsgrad, maximize)
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_master_weights_follow_the_fp32_run(dtype):
-    kw = dict(lr=1e-2, weight_decay=0.01)
+    kw = dict(EXACT, betas=(0.875, 1 - 2.0 ** -10))
     gpu, cpu = make_params("cuda", dtype), make_params("cpu", dtype)
     fp32 = [p.detach().float().requires_grad_() for p in make_params("cuda", dtype)]  # the same rounded start
     opt_gpu = FusedAdam(gpu, master_weights=True, **kw)
@@ -76,60 +87,6 @@ def test_master_weights_follow_the_fp32_run(dtype):
         assert torch.equal(a.detach(), master.to(dtype))  # the param is the master, rounded
         ulps_close(opt_gpu.state[a]["exp_avg_sq"], opt_ref.state[r]["exp_avg_sq"], STATE_ULPS)
         assert opt_gpu.state[a]["step"].item() == STEPS
-
-
-def test_fp64_matches_cpu_kernel():
-    kw = dict(lr=1e-2, weight_decay=0.1, amsgrad=True)
-    gpu, cpu = make_params("cuda", torch.float64), make_params("cpu", torch.float64)
-    opt_gpu, opt_cpu = FusedAdam(gpu, **kw), FusedAdam(cpu, **kw)
-    grads = make_grads(dtype=torch.float64)
-    run(opt_gpu, gpu, grads)
-    run(opt_cpu, cpu, grads)
-    for a, c in zip(gpu, cpu):
-        assert opt_gpu.state[a]["exp_avg"].dtype == torch.float64
-        torch.testing.assert_close(a.detach().cpu(), c.detach(), rtol=1e-12, atol=1e-12)
-
-
-def test_found_inf_skips_everything():
-    # bf16 + master + amsgrad: all six lists, the deepest launch.
-    params = make_params("cuda", torch.bfloat16, sizes=(17, 300, 65536 + 1))
-    opt = FusedAdam(params, lr=1e-2, master_weights=True, amsgrad=True)
-    grads = make_grads(sizes=(17, 300, 65536 + 1), steps=3)
-    run(opt, params, grads[:2])
-    before = snapshot(opt, params)
-    for flag in (torch.ones(1, device="cuda"), torch.ones(1, dtype=torch.int32, device="cuda")):
-        run(opt, params, grads[2:], found_inf=flag)
-        assert_unchanged(before, opt, params)
-        assert all(torch.equal(p.grad.cpu(), g.to(p.dtype)) for p, g in zip(params, grads[2]))  # untouched
-        assert flag.item() == 1  # read, never written
-    run(opt, params, grads[2:], found_inf=torch.zeros(1, device="cuda"))
-    assert all(opt.state[p]["step"].item() == 3 for p in params)
-    assert not torch.equal(params[2].detach(), before[0][2])
-
-
-def test_grad_scale_divides_grads_on_the_device():
-    a, b = make_params("cuda", sizes=(1000, 70000)), make_params("cuda", sizes=(1000, 70000))
-    oa, ob = FusedAdam(a, lr=1e-2), FusedAdam(b, lr=1e-2)
-    g = [torch.randn(p.shape, device="cuda") for p in a]
-    for p, q, x in zip(a, b, g):
-        p.grad, q.grad = x * 1024, x.clone()
-    oa.step(grad_scale=torch.tensor([1024.0], device="cuda"))  # a power of two: exact
-    ob.step()
-    for p, q, x in zip(a, b, g):
-        assert torch.equal(p.detach(), q.detach())
-        assert torch.equal(p.grad, x)  # written back unscaled, exactly (a power of two)
-
-
-@pytest.mark.parametrize("maximize", [False, True], ids=["", "maximize"])
-def test_grad_scale_matches_cpu_kernel(maximize):
-    kw = dict(lr=3e-3, weight_decay=0.05, maximize=maximize)
-    gpu, cpu = make_params("cuda"), make_params("cpu")
-    opt_gpu, opt_cpu = FusedAdam(gpu, **kw), FusedAdam(cpu, **kw)
-    grads = make_grads()
-    run(opt_gpu, gpu, grads, grad_scale=torch.tensor([3.0], device="cuda"))
-    run(opt_cpu, cpu, grads, grad_scale=torch.tensor([3.0]))
-    for a, c in zip(gpu, cpu):
-        ulps_close(a, c, CPU_ULPS)
 
 
 def test_torch_grad_scaler_protocol_matches_torch_fused():

@@ -5,19 +5,17 @@ per-tensor norms read by stage 2 on the device (trust ratio, zero norms included
 channels_last memory, no host sync.
 
 Tolerances: Note [CUDA optimizer tolerances] in test_fused_adam_cuda.py. The CUDA
-kernels run the CPU kernels' math (core_ops/lamb_math.h), but nvcc fuses the
-multiply-adds (the moments, wd*p + u, p + neg_step*u) where the CPU kernels, built
-with -ffp-contract=off, round twice; the per-tensor norms between the stages are
-summed in another order on the GPU (multi_tensor_l2norm), moving each trust ratio by
-a few ulps. A param then still moves by about one ulp of its value per step, with a
-random sign, so Adam's budgets hold (in float32 ulps of the largest |expected|): 12
-against the CPU kernel, 8 for exp_avg / exp_avg_sq.
+kernel runs the CPU kernel's math (core_ops/lamb_math.h) with the same roundings, but
+the per-tensor norms between the stages are summed in another order on the GPU (multi_tensor_l2norm),
+moving each per-tensor coefficient by a few ulps. A param then moves by about one
+ulp of its value per step, with a random sign (in float32 ulps of the largest
+|expected|): 12 against the CPU kernel, 8 for the moments.
 """
 
 import pytest
 import torch
 from cuda_cases import _both_native  # noqa: F401  (autouse: both native libraries loaded)
-from cuda_cases import STEPS, assert_unchanged, make_grads, make_params, run, snapshot, ulps_close
+from cuda_cases import STEPS, make_grads, make_params, run, ulps_close
 
 import core_ops  # noqa: F401  (registers the ops)
 from core_ops._library import op
@@ -69,60 +67,6 @@ def test_master_weights_match_cpu_kernel(dtype):
         assert torch.equal(a.detach(), master.to(dtype))  # the param is the master, rounded
         ulps_close(opt_gpu.state[a]["exp_avg_sq"], opt_cpu.state[c]["exp_avg_sq"], STATE_ULPS)
         assert opt_gpu.state[a]["step"].item() == STEPS
-
-
-def test_fp64_matches_cpu_kernel():
-    kw = dict(lr=1e-2, weight_decay=0.1)
-    gpu, cpu = make_params("cuda", torch.float64), make_params("cpu", torch.float64)
-    opt_gpu, opt_cpu = FusedLAMB(gpu, **kw), FusedLAMB(cpu, **kw)
-    grads = make_grads(dtype=torch.float64)
-    run(opt_gpu, gpu, grads)
-    run(opt_cpu, cpu, grads)
-    for a, c in zip(gpu, cpu):
-        torch.testing.assert_close(a.detach().cpu(), c.detach(), rtol=1e-10, atol=1e-12)
-
-
-def test_found_inf_skips_everything():
-    sizes = (17, 300, 65536 + 1)
-    params = make_params("cuda", torch.bfloat16, sizes=sizes)
-    opt = FusedLAMB(params, lr=1e-2, weight_decay=0.01, master_weights=True)
-    grads = make_grads(sizes=sizes, steps=3)
-    run(opt, params, grads[:2])
-    before = snapshot(opt, params)
-    for flag in (torch.ones(1, device="cuda"), torch.ones(1, dtype=torch.int32, device="cuda")):
-        run(opt, params, grads[2:], found_inf=flag)
-        assert_unchanged(before, opt, params)
-        assert all(torch.equal(p.grad.cpu(), g.to(p.dtype)) for p, g in zip(params, grads[2]))  # untouched
-        assert flag.item() == 1  # read, never written
-    run(opt, params, grads[2:], found_inf=torch.zeros(1, device="cuda"))
-    assert all(opt.state[p]["step"].item() == 3 for p in params)
-    assert not torch.equal(params[2].detach(), before[0][2])
-
-
-@pytest.mark.parametrize("maximize", [False, True], ids=["", "maximize"])
-def test_grad_scale_matches_cpu_kernel(maximize):
-    kw = dict(lr=3e-3, weight_decay=0.05, maximize=maximize, max_grad_norm=0.0)
-    gpu, cpu = make_params("cuda"), make_params("cpu")
-    opt_gpu, opt_cpu = FusedLAMB(gpu, **kw), FusedLAMB(cpu, **kw)
-    grads = make_grads()
-    run(opt_gpu, gpu, grads, grad_scale=torch.tensor([3.0], device="cuda"))
-    run(opt_cpu, cpu, grads, grad_scale=torch.tensor([3.0]))
-    for a, c in zip(gpu, cpu):
-        ulps_close(a, c, CPU_ULPS)
-
-
-def test_grad_scale_divides_grads_on_the_device():
-    kw = dict(lr=1e-2, max_grad_norm=0.0)
-    a, b = make_params("cuda", sizes=(1000, 70000)), make_params("cuda", sizes=(1000, 70000))
-    oa, ob = FusedLAMB(a, **kw), FusedLAMB(b, **kw)
-    g = [torch.randn(p.shape, device="cuda") for p in a]
-    for p, q, x in zip(a, b, g):
-        p.grad, q.grad = x * 1024, x.clone()
-    oa.step(grad_scale=torch.tensor([1024.0], device="cuda"))  # a power of two: exact
-    ob.step()
-    for p, q, x in zip(a, b, g):
-        assert torch.equal(p.detach(), q.detach())
-        assert torch.equal(p.grad, x)  # written back unscaled, exactly (a power of two)
 
 
 def stage2_lists(device, seed=0):

@@ -6,20 +6,17 @@ and norms divided inside), the per-tensor second moments kept on the device,
 channels_last memory, no host sync.
 
 Tolerances: Note [CUDA optimizer tolerances] in test_fused_adam_cuda.py. The CUDA
-kernel runs the CPU kernel's math (core_ops/novograd_math.h), but nvcc fuses the
-multiply-adds (the momentum, wd*p + update, p + (-lr)*update, and in double the
-second-moment blend) where the CPU kernel, built with -ffp-contract=off, rounds
-twice; the grad norms are summed in another order on the GPU (multi_tensor_l2norm),
-moving each denom by a few ulps. A param then still moves by about one ulp of its
-value per step, with a random sign, so Adam's budgets hold (in float32 ulps of the
-largest |expected|): 12 against the CPU kernel, 8 for exp_avg and the per-tensor
-exp_avg_sq.
+kernel runs the CPU kernel's math (core_ops/novograd_math.h) with the same roundings, but
+the grad norms are summed in another order on the GPU (multi_tensor_l2norm),
+moving each per-tensor coefficient by a few ulps. A param then moves by about one
+ulp of its value per step, with a random sign (in float32 ulps of the largest
+|expected|): 12 against the CPU kernel, 8 for the moments.
 """
 
 import pytest
 import torch
 from cuda_cases import _both_native  # noqa: F401  (autouse: both native libraries loaded)
-from cuda_cases import STEPS, assert_unchanged, make_grads, make_params, run, snapshot, ulps_close
+from cuda_cases import STEPS, make_grads, make_params, run, ulps_close
 
 import core_ops  # noqa: F401  (registers the ops)
 from core_ops._library import op
@@ -77,35 +74,6 @@ def test_master_weights_match_cpu_kernel(dtype, norm_type):
         master = opt_gpu.state[a]["master_param"]
         assert master.dtype == torch.float32 and master.device == a.device
         assert torch.equal(a.detach(), master.to(dtype))  # the param is the master, rounded
-
-
-def test_fp64_matches_cpu_kernel():
-    kw = dict(lr=5e-2, weight_decay=0.1)
-    gpu, cpu = make_params("cuda", torch.float64), make_params("cpu", torch.float64)
-    opt_gpu, opt_cpu = FusedNovoGrad(gpu, **kw), FusedNovoGrad(cpu, **kw)
-    grads = make_grads(dtype=torch.float64)
-    run(opt_gpu, gpu, grads)
-    run(opt_cpu, cpu, grads)
-    for a, c in zip(gpu, cpu):
-        assert opt_gpu.state[a]["exp_avg_sq"].dtype == torch.float64
-        torch.testing.assert_close(a.detach().cpu(), c.detach(), rtol=1e-10, atol=1e-12)
-
-
-def test_found_inf_skips_everything():
-    sizes = (17, 300, 65536 + 1)
-    params = make_params("cuda", torch.bfloat16, sizes=sizes)
-    opt = FusedNovoGrad(params, lr=5e-2, weight_decay=0.1, master_weights=True)
-    grads = make_grads(sizes=sizes, steps=3)
-    run(opt, params, grads[:2])
-    before = snapshot(opt, params)
-    for flag in (torch.ones(1, device="cuda"), torch.ones(1, dtype=torch.int32, device="cuda")):
-        run(opt, params, grads[2:], found_inf=flag)
-        assert_unchanged(before, opt, params)
-        assert all(torch.equal(p.grad.cpu(), g.to(p.dtype)) for p, g in zip(params, grads[2]))  # untouched
-        assert flag.item() == 1  # read, never written
-    run(opt, params, grads[2:], found_inf=torch.zeros(1, device="cuda"))
-    assert all(opt.state[p]["step"].item() == 3 for p in params)
-    assert not torch.equal(params[2].detach(), before[0][2])
 
 
 def test_a_skipped_first_step_leaves_the_first_step_to_come():
