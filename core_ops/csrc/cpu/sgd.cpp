@@ -1,4 +1,6 @@
 // CPU kernel of fused_sgd_: the math is core_ops/sgd_math.h; this file moves memory.
+#include <type_traits>
+
 #include <torch/library.h>
 
 #include <core_ops/sgd_math.h>
@@ -17,6 +19,9 @@ void sgd_chunk(void* param, void* grad, void* buffer, void* master, int64_t begi
   auto* b = static_cast<acc_t*>(buffer);
   auto* w = static_cast<acc_t*>(master);
   const GradReader<acc_t> grads(unscale);
+  // Note [Half params without masters]: torch's roundings for a half param alone.
+  using Round = std::conditional_t<!kMaster && !std::is_same_v<param_t, acc_t>, RoundTo<param_t>, NoRound>;
+  const Round round;
   int64_t i = begin;
   if constexpr (!std::is_same_v<param_t, double>) {
     for (; i + kWidth <= end; i += kWidth) {
@@ -24,8 +29,8 @@ void sgd_chunk(void* param, void* grad, void* buffer, void* master, int64_t begi
       if constexpr (kMaster) load2(w + i, p0, p1); else load2(p + i, p0, p1);
       grads.load(g + i, g0, g1);
       if constexpr (kMomentum) load2(b + i, b0, b1);
-      sgd_math<kMomentum, kNesterov>(p0, g0, b0, c);
-      sgd_math<kMomentum, kNesterov>(p1, g1, b1, c);
+      sgd_math<kMomentum, kNesterov>(p0, g0, b0, c, round);
+      sgd_math<kMomentum, kNesterov>(p1, g1, b1, c, round);
       if constexpr (kMomentum) store2(b + i, b0, b1);
       if constexpr (kMaster) store2(w + i, p0, p1);
       store2(p + i, p0, p1);
@@ -34,7 +39,7 @@ void sgd_chunk(void* param, void* grad, void* buffer, void* master, int64_t begi
   for (; i < end; ++i) {
     acc_t pv = kMaster ? w[i] : static_cast<acc_t>(p[i]);
     acc_t bv = kMomentum ? b[i] : acc_t(0);
-    sgd_math<kMomentum, kNesterov>(pv, grads.load(g + i), bv, c);
+    sgd_math<kMomentum, kNesterov>(pv, grads.load(g + i), bv, c, round);
     if constexpr (kMomentum) b[i] = bv;
     if constexpr (kMaster) w[i] = pv;
     p[i] = static_cast<param_t>(pv);

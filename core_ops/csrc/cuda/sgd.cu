@@ -45,6 +45,9 @@ struct SgdOp {
     const SgdCoeffs<acc_t> c = sgd_coeffs<acc_t>(s.lr_tensor.get(s.lr), s.momentum, s.dampening,
                                                  s.weight_decay, s.first_step, s.wd_after_momentum);
     const GradReader<acc_t> grads(s.grad_scale, s.maximize);
+    // Note [Half params without masters]: torch's roundings for a half param alone.
+    using Round = std::conditional_t<!kMaster && !std::is_same_v<param_t, acc_t>, RoundTo<param_t>, NoRound>;
+    const Round round;
 
     param_t* p = static_cast<param_t*>(meta.addresses[0][t]) + begin;
     param_t* g = static_cast<param_t*>(meta.addresses[1][t]) + begin;
@@ -73,7 +76,7 @@ struct SgdOp {
 #pragma unroll
       for (int k = 0; k < kILP; ++k) {
         // Padding beyond n is computed on zeros and never stored.
-        sgd_math<kMomentum, kNesterov>(x[k], gr[k], bf[k], c);
+        sgd_math<kMomentum, kNesterov>(x[k], gr[k], bf[k], c, round);
       }
       if constexpr (kMomentum) store_pack(b + i, bf, n, vec);
       if constexpr (kMaster) store_pack(w + i, x, n, vec);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <tuple>
 
 #include <core_ops/macros.h>
 
@@ -19,6 +20,26 @@ CORE_OPS_HD float vsqrt(float x) { return sqrtf(x); }
 CORE_OPS_HD double vsqrt(double x) { return sqrt(x); }
 CORE_OPS_HD float vmax(float a, float b) { return fmaxf(a, b); }
 CORE_OPS_HD double vmax(double a, double b) { return fmax(a, b); }
+
+// Note [Half params without masters]: a half param stepped without fp32 master
+// weights is updated as torch.optim updates half tensors: every op's result rounded
+// to the param's dtype before the next op uses it (its state is kept in float32,
+// holding those rounded values). RoundTo<T> is that rounding, NoRound its absence
+// (float, double and master-weight steps).
+struct NoRound {
+  template <typename V>
+  CORE_OPS_HD V operator()(const V& x) const { return x; }
+};
+
+template <typename T>
+struct RoundTo {
+  CORE_OPS_HD float operator()(float x) const { return static_cast<float>(static_cast<T>(x)); }
+#if !defined(__CUDACC__) && !defined(__HIPCC__)
+  at::vec::Vectorized<float> operator()(const at::vec::Vectorized<float>& x) const {
+    return std::get<0>(at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(x, x)));
+  }
+#endif
+};
 
 #if !defined(__CUDACC__) && !defined(__HIPCC__)
 inline at::vec::Vectorized<float> vsqrt(const at::vec::Vectorized<float>& x) { return x.sqrt(); }

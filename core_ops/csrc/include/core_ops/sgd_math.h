@@ -8,6 +8,7 @@
 #pragma once
 
 #include <core_ops/macros.h>
+#include <core_ops/primitives.h>
 
 namespace core_ops {
 
@@ -25,15 +26,19 @@ CORE_OPS_HD SgdCoeffs<S> sgd_coeffs(double lr, double momentum, double dampening
           wd_after_momentum};
 }
 
-template <bool kMomentum, bool kNesterov, typename T, typename S>
-CORE_OPS_HD void sgd_math(T& param, T grad, T& buf, const SgdCoeffs<S>& c) {
-  T d = grad;
-  if (!c.wd_after_momentum) d = d + T(c.weight_decay) * param;
+// `round` rounds each op's result as torch.optim does for a half param stepped
+// without masters (Note [Half params without masters] in primitives.h): the grad as
+// the param's dtype holds it, d after weight decay, the buffer after its multiply and
+// after its add, d after Nesterov's add; param's own rounding is its store.
+template <bool kMomentum, bool kNesterov, typename T, typename S, typename R = NoRound>
+CORE_OPS_HD void sgd_math(T& param, T grad, T& buf, const SgdCoeffs<S>& c, const R& round = R()) {
+  T d = round(grad);
+  if (!c.wd_after_momentum) d = round(d + T(c.weight_decay) * param);
   if (kMomentum) {
-    buf = c.first_step ? d : buf * T(c.momentum) + T(c.one_minus_dampening) * d;
-    d = kNesterov ? d + T(c.momentum) * buf : buf;
+    buf = c.first_step ? d : round(round(buf * T(c.momentum)) + T(c.one_minus_dampening) * d);
+    d = kNesterov ? round(d + T(c.momentum) * buf) : buf;
   }
-  if (c.wd_after_momentum) d = d + T(c.weight_decay) * param;
+  if (c.wd_after_momentum) d = round(d + T(c.weight_decay) * param);
   param = param + T(c.neg_lr) * d;
 }
 
