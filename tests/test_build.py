@@ -184,6 +184,56 @@ def test_cuda_extension_compiles_for_sm80_and_sm90_and_loads():
     assert "cuda: ok: native" in proc.stdout
 
 
+CUDA_ENTRY_CHECKS = textwrap.dedent("""
+    import torch
+    from core_ops import _build
+    from core_ops._library import op
+    assert _build.ensure("cpu").native and _build.ensure("cuda", arch="8.0;9.0").native
+    CUDA = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+
+    class ClaimsCuda(torch.Tensor):
+        # Metadata only, dispatched as a CUDA tensor: reaching device code would raise
+        # below, so every error seen comes from a check before it.
+        @staticmethod
+        def __new__(cls, shape, dtype=torch.float32, grad=False):
+            return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device="cuda", requires_grad=grad)
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            raise AssertionError(f"{func} got past the checks")
+
+    def raises(fn, text):
+        try:
+            fn()
+        except ValueError as e:
+            assert text in str(e), str(e)
+            return
+        raise AssertionError("no error: " + text)
+
+    x, w6 = ClaimsCuda((4, 8), grad=True), ClaimsCuda((6,))
+    fwd, bwd = op("layer_norm_fwd"), op("rms_norm_bwd")
+    # the C++ autograd registered at AutogradCUDA, then the CUDA kernel itself
+    raises(lambda: fwd(x, w6, None, 8, 1e-5, None, False), "weight has 6 elements; expected hidden=8")
+    raises(lambda: fwd.redispatch(CUDA, x, w6, None, 8, 1e-5, None, False), "weight has 6 elements")
+    raises(lambda: bwd.redispatch(CUDA, x, x, ClaimsCuda((3,)), None, 8, False, torch.float32),
+           "rstd must hold 4 torch.float32 values")
+    raises(lambda: bwd.redispatch(CUDA, torch.ones(4, 8), x, ClaimsCuda((4,)), None, 8, False, torch.float32),
+           "grad_out has 32 elements on cpu")
+    print("CHECKED")
+""")
+
+
+@pytest.mark.skipif(_build.cuda_home() is None or not Path(_build.cuda_home(), "bin", "nvcc").exists(),
+                    reason="no CUDA toolkit on this machine")
+def test_cuda_library_checks_bad_input_before_device_code():
+    """Note [Norm checks before dispatch]: the CUDA library's norm entry points (its C++
+    autograd and its kernels) reject bad input before any device code, exercised with
+    no GPU through a tensor that only claims to be on CUDA. On the H200, a bad weight
+    reached the CUDA path and the process died. Loads the library the test above built."""
+    proc = subprocess.run([PY, "-c", CUDA_ENTRY_CHECKS], capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stdout + proc.stderr[-5000:]
+
+
 def test_unity_files_cover_every_cpu_source_once(tmp_path, monkeypatch):
     """Note [Unity build]: with 2 jobs, 2 unity files include every CPU source once;
     with a job per source, the sources compile as they are."""
