@@ -231,7 +231,7 @@ int threads_for(int64_t n, int pack) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                                                         const std::optional<at::Tensor>& bias, int64_t hidden, double eps,
                                                         std::optional<at::ScalarType> out_dtype, bool rms) {
-  check_norm_args(input, hidden, {{"weight", &weight}, {"bias", &bias}}, out_dtype);
+  // Arguments checked by the op's entry point (norm_args.h layer_norm_fwd / rms_norm_fwd).
   const c10::cuda::CUDAGuard guard(input.device());
   const at::Tensor x = input.contiguous();
   const int64_t rows = x.numel() / hidden;
@@ -273,12 +273,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
                                                         const std::optional<at::Tensor>& weight,
                                                         const std::optional<at::Tensor>& bias, int64_t hidden,
                                                         bool memory_efficient, at::ScalarType dx_dtype, bool rms) {
-  check_norm_args(saved, hidden, {{"weight", &weight}, {"bias", &bias}}, std::nullopt, "saved");
-  if (rms) {
-    check_norm_bwd_args(grad_out, saved, {{"rstd", &rstd}}, hidden, dx_dtype);
-  } else {
-    check_norm_bwd_args(grad_out, saved, {{"mean", &mean}, {"rstd", &rstd}}, hidden, dx_dtype);
-  }
+  // Arguments checked by the op's entry point (norm_args.h layer_norm_bwd / rms_norm_bwd).
   const c10::cuda::CUDAGuard guard(saved.device());
   const at::Tensor dy = grad_out.contiguous(), s = saved.contiguous();
   const int64_t rows = s.numel() / hidden;

@@ -104,10 +104,13 @@ using NormBwd = Tensor3 (*)(const at::Tensor&, const at::Tensor&, const at::Tens
                             const OptTensor&, const OptTensor&, int64_t, bool, at::ScalarType, bool rms);
 
 // The ops' schemas over a device's launchers (`memory_efficient` of the forwards only
-// tells their autograd what to keep).
+// tells their autograd what to keep). Every argument is checked here, once for both
+// devices, before a launcher runs (Note [Norm checks before dispatch] in
+// normalization/fused.py).
 template <NormFwd fwd>
 Tensor3 layer_norm_fwd(const at::Tensor& input, const OptTensor& weight, const OptTensor& bias, int64_t hidden,
                        double eps, std::optional<at::ScalarType> out_dtype, bool /*memory_efficient*/) {
+  check_norm_args(input, hidden, {{"weight", &weight}, {"bias", &bias}}, out_dtype);
   return fwd(input, weight, bias, hidden, eps, out_dtype, false);
 }
 
@@ -115,6 +118,7 @@ template <NormFwd fwd>
 std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor& input, const OptTensor& weight, int64_t hidden,
                                                 double eps, std::optional<at::ScalarType> out_dtype,
                                                 bool /*memory_efficient*/) {
+  check_norm_args(input, hidden, {{"weight", &weight}}, out_dtype);
   auto [out, mean, rstd] = fwd(input, weight, std::nullopt, hidden, eps, out_dtype, true);
   return {out, rstd};
 }
@@ -123,6 +127,8 @@ template <NormBwd bwd>
 Tensor3 layer_norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved, const at::Tensor& mean,
                        const at::Tensor& rstd, const OptTensor& weight, const OptTensor& bias, int64_t hidden,
                        bool memory_efficient, at::ScalarType dx_dtype) {
+  check_norm_args(saved, hidden, {{"weight", &weight}, {"bias", &bias}}, std::nullopt, "saved");
+  check_norm_bwd_args(grad_out, saved, {{"mean", &mean}, {"rstd", &rstd}}, hidden, dx_dtype);
   return bwd(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype, false);
 }
 
@@ -130,6 +136,8 @@ template <NormBwd bwd>
 std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved,
                                                 const at::Tensor& rstd, const OptTensor& weight, int64_t hidden,
                                                 bool memory_efficient, at::ScalarType dx_dtype) {
+  check_norm_args(saved, hidden, {{"weight", &weight}}, std::nullopt, "saved");
+  check_norm_bwd_args(grad_out, saved, {{"rstd", &rstd}}, hidden, dx_dtype);
   auto [dx, dw, db] = bwd(grad_out, saved, rstd, rstd, weight, std::nullopt, hidden, memory_efficient, dx_dtype, true);
   return {dx, dw};
 }

@@ -148,25 +148,34 @@ struct FusedAddRmsNorm : torch::autograd::Function<FusedAddRmsNorm> {
 };
 
 // The forwards check their arguments before apply builds a node (Note [Norm checks
-// before dispatch] in normalization/fused.py); the kernels check them again.
+// before dispatch] in normalization/fused.py); the kernels check them again. Traced
+// with dynamic shapes (torch.compile, AOT dispatch) the sizes are symbolic and cannot
+// be read here: the fake kernels (_library.py) check them then.
+inline bool symbolic(const at::Tensor& t) { return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
+inline bool symbolic(const OptTensor& t) { return t.has_value() && symbolic(*t); }
+
 inline Tensor3 layer_norm_fwd(const at::Tensor& input, const OptTensor& weight, const OptTensor& bias, int64_t hidden,
                               double eps, OptDtype out_dtype, bool memory_efficient) {
-  check_norm_args(input, hidden, {{"weight", &weight}, {"bias", &bias}}, out_dtype);
+  if (!symbolic(input) && !symbolic(weight) && !symbolic(bias)) {
+    check_norm_args(input, hidden, {{"weight", &weight}, {"bias", &bias}}, out_dtype);
+  }
   auto r = LayerNorm::apply(input, weight, bias, hidden, eps, out_dtype, memory_efficient);
   return {r[0], r[1], r[2]};
 }
 
 inline Tensor2 rms_norm_fwd(const at::Tensor& input, const OptTensor& weight, int64_t hidden, double eps,
                             OptDtype out_dtype, bool memory_efficient) {
-  check_norm_args(input, hidden, {{"weight", &weight}}, out_dtype);
+  if (!symbolic(input) && !symbolic(weight)) check_norm_args(input, hidden, {{"weight", &weight}}, out_dtype);
   auto r = RmsNorm::apply(input, weight, hidden, eps, out_dtype, memory_efficient);
   return {r[0], r[1]};
 }
 
 inline Tensor3 fused_add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residual, const OptTensor& weight,
                                       int64_t hidden, double eps, bool memory_efficient) {
-  check_norm_args(input, hidden, {{"weight", &weight}});
-  check_residual(input, residual);
+  if (!symbolic(input) && !symbolic(residual) && !symbolic(weight)) {
+    check_norm_args(input, hidden, {{"weight", &weight}});
+    check_residual(input, residual);
+  }
   auto r = FusedAddRmsNorm::apply(input, residual, weight, hidden, eps, memory_efficient);
   return {r[0], r[1], r[2]};
 }
