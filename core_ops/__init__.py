@@ -6,7 +6,7 @@ native kernels build on first use (Note [Native build] in ``_build.py``) and eve
 has a pure-PyTorch reference to fall back on.
 """
 
-from . import _library, reference  # noqa: F401  (op schemas, then reference kernels)
+from . import _library, _fallback  # noqa: F401  (op schemas, then the non-native kernels)
 from ._info import backend_report
 from .multi_tensor_apply import (
     clip_grad_norm_,

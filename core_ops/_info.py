@@ -4,16 +4,22 @@ import platform
 
 import torch
 
-from . import _build
+from . import _build, torch_fused
 from ._library import LIB_NAME, OP_NAMES
 
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 
 
 def op_backend(name, kind):
-    """'native' if the dispatcher holds a C++ kernel of ``name`` for ``kind``."""
-    has = torch._C._dispatch_has_kernel_for_dispatch_key(f"{LIB_NAME}::{name}", _DISPATCH_KEYS[kind])
-    return "native" if has else "reference"
+    """Which tier of Note [Backend tiers] (torch_fused.py) ``name`` takes on ``kind``:
+    'native' if the dispatcher holds a C++ kernel for the device, else 'torch (<its
+    kernel>) where the call fits, else reference' for an op torch has a fused kernel
+    of, else 'reference'."""
+    if torch._C._dispatch_has_kernel_for_dispatch_key(f"{LIB_NAME}::{name}", _DISPATCH_KEYS[kind]):
+        return "native"
+    if name in torch_fused.KERNELS and not _build.forced_reference():
+        return f"torch ({torch_fused.COVERS[name]}) where the call fits, else reference"
+    return "reference"
 
 
 def backend_report(build=True):

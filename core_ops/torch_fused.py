@@ -1,0 +1,154 @@
+"""The middle tier: ops on torch's own fused kernels where no native kernel is loaded.
+
+Note [Backend tiers]: each op runs on the first of
+  1. native: core_ops' C++ / CUDA kernel for the device (csrc/), once built and loaded;
+  2. torch: for the ops whose math torch has as one fused kernel, that kernel
+     (``torch._fused_adam_`` / ``_fused_adamw_``, ``_fused_sgd_``, ``_fused_adagrad_``,
+     ``_amp_foreach_non_finite_check_and_unscale_``), when the call's arguments are ones
+     it takes: plain float32 / float64 tensors, dense and contiguous, the state in the
+     params' dtype, no master weights, and the options torch has (no Apex-only ones
+     such as ``wd_after_momentum``, ``adagrad_w_mode`` or ``bias_correction=False``);
+  3. reference: the pure-PyTorch kernel (core_ops/reference/), for everything else.
+A GPU box with no CUDA toolkit (torch's pip wheels carry none) thus still steps at
+torch's fused speed instead of the reference's. Tiers 2 and 3 are registered as one
+CompositeExplicitAutograd kernel per op (_fallback.py); a native kernel, once loaded,
+takes its device's key over it. Results agree with the reference within the
+tolerances its tests state (torch's fused Adam forms its moments with fused
+multiply-adds and float32 hyperparameters: a few ulps a step,
+tests/test_torch_fused_tier.py). ``CORE_OPS_BACKEND=reference`` skips tier 2 too.
+
+The steps: torch's fused optimizers read step counts already advanced and leave the
+advancing to their Python callers; core_ops' ops advance them themselves, and not
+on a skipped step. Here they are advanced before the kernel and taken back by the
+device-side flag after it: no host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _build
+from ._validate import check_lists, check_optimizer_lists
+from .reference import KERNELS as REFERENCE
+
+_PLAIN = (torch.float32, torch.float64)
+
+
+def _available(name):
+    return getattr(torch, name, None) is not None
+
+
+def _plain(*lists):
+    """Dense contiguous float32 / float64 tensors, one dtype and device across ``lists``."""
+    first = next((t for ts in lists for t in ts), None)
+    if first is None or first.dtype not in _PLAIN or first.layout != torch.strided:
+        return False
+    return all(t.dtype == first.dtype and t.device == first.device and t.layout == torch.strided
+               and t.is_contiguous() for ts in lists for t in ts)
+
+
+def _fits(*lists):
+    return not _build.forced_reference() and _plain(*lists)
+
+
+def _flag(found_inf):
+    """torch's kernels skip on a float32 flag equal to 1; core_ops' ops on any flag > 0."""
+    return None if found_inf is None else (found_inf > 0).to(torch.float32).reshape(())
+
+
+def _scale(grad_scale):
+    return None if grad_scale is None else grad_scale.to(torch.float32).reshape(())
+
+
+def _lr(lr, lr_tensor, like):
+    return lr if lr_tensor is None else lr_tensor.to(like.device, torch.float32).reshape(())
+
+
+def _stepped(steps, flag, kernel):
+    """Advance ``steps``, run ``kernel``, take the steps back where ``flag`` is set."""
+    torch._foreach_add_(steps, 1.0)
+    kernel()
+    if flag is not None:
+        torch._foreach_sub_(steps, [flag.to(s.dtype) for s in steps])
+
+
+def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps,
+                lr, beta1, beta2, eps, weight_decay, adam_w_mode, bias_correction, amsgrad,
+                maximize, lr_tensor, grad_scale, found_inf):
+    args = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr, beta1, beta2, eps,
+            weight_decay, adam_w_mode, bias_correction, amsgrad, maximize, lr_tensor, grad_scale, found_inf)
+    maxes = max_exp_avg_sqs if amsgrad else []
+    if master_params or not bias_correction or not _fits(params, grads, exp_avgs, exp_avg_sqs, maxes):
+        return REFERENCE["fused_adam_"](*args)
+    check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
+                          max_exp_avg_sqs=maxes if amsgrad else None)
+    kernel = torch._fused_adamw_ if adam_w_mode else torch._fused_adam_
+    flag = _flag(found_inf)
+    _stepped(steps, flag, lambda: kernel(
+        params, grads, exp_avgs, exp_avg_sqs, maxes, steps, lr=_lr(lr, lr_tensor, params[0]), beta1=beta1,
+        beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=amsgrad, maximize=maximize,
+        grad_scale=_scale(grad_scale), found_inf=flag))
+
+
+def fused_sgd_(params, grads, momentum_buffers, master_params, lr, momentum, dampening, weight_decay,
+               nesterov, wd_after_momentum, first_step, maximize, lr_tensor, grad_scale, found_inf):
+    args = (params, grads, momentum_buffers, master_params, lr, momentum, dampening, weight_decay, nesterov,
+            wd_after_momentum, first_step, maximize, lr_tensor, grad_scale, found_inf)
+    bufs = momentum_buffers if momentum else []
+    if master_params or wd_after_momentum or (nesterov and not momentum) or not _fits(params, grads, bufs):
+        return REFERENCE["fused_sgd_"](*args)
+    check_optimizer_lists(params, grads, None, momentum_buffers=bufs if momentum else None)
+    torch._fused_sgd_(params, grads, bufs, weight_decay=weight_decay, momentum=momentum,
+                      lr=_lr(lr, lr_tensor, params[0]), dampening=dampening, nesterov=nesterov,
+                      maximize=maximize, is_first_step=first_step, grad_scale=_scale(grad_scale),
+                      found_inf=_flag(found_inf))
+
+
+def fused_adagrad_(params, grads, state_sums, master_params, steps, lr, lr_decay, eps, weight_decay,
+                   adagrad_w_mode, maximize, lr_tensor, grad_scale, found_inf):
+    args = (params, grads, state_sums, master_params, steps, lr, lr_decay, eps, weight_decay, adagrad_w_mode,
+            maximize, lr_tensor, grad_scale, found_inf)
+    if master_params or adagrad_w_mode or not _fits(params, grads, state_sums):
+        return REFERENCE["fused_adagrad_"](*args)
+    check_optimizer_lists(params, grads, steps, state_sums=state_sums)
+    flag = _flag(found_inf)
+    _stepped(steps, flag, lambda: torch._fused_adagrad_(
+        params, grads, state_sums, steps, lr=_lr(lr, lr_tensor, params[0]), lr_decay=lr_decay,
+        weight_decay=weight_decay, eps=eps, maximize=maximize, grad_scale=_scale(grad_scale), found_inf=flag))
+
+
+def _unscalable(ts):
+    """Dtypes torch's unscale kernel takes: float16 too, bfloat16 on the CPU only."""
+    first = ts[0] if ts else None
+    if first is None or _build.forced_reference():
+        return False
+    half_ok = first.dtype == torch.float16 or (first.dtype == torch.bfloat16 and first.device.type == "cpu")
+    return (half_ok or first.dtype in _PLAIN) and all(
+        t.dtype == first.dtype and t.device == first.device and t.layout == torch.strided and t.is_contiguous()
+        for t in ts)
+
+
+def multi_tensor_scale_(src, dst, scale, found_inf):
+    """In place (dst is src, as an unscale is), torch's unscale-and-check kernel."""
+    in_place = len(src) == len(dst) and all(s is d for s, d in zip(src, dst))
+    if not (in_place and _unscalable(src) and found_inf.dtype == torch.float32 and found_inf.numel() == 1
+            and scale.numel() == 1 and found_inf.device == scale.device == src[0].device):
+        return REFERENCE["multi_tensor_scale_"](src, dst, scale, found_inf)
+    check_lists(("src", src), ("dst", dst))
+    # torch's kernel sets the flag to 1 where ours ORs into it: the same for a flag of 0 or 1.
+    torch._amp_foreach_non_finite_check_and_unscale_(dst, found_inf, scale.to(torch.float32).reshape(()))
+
+
+# What tier 2 covers, for ``core_ops info``.
+COVERS = {
+    "fused_adam_": "torch._fused_adam_ / _fused_adamw_",
+    "fused_sgd_": "torch._fused_sgd_",
+    "fused_adagrad_": "torch._fused_adagrad_",
+    "multi_tensor_scale_": "torch._amp_foreach_non_finite_check_and_unscale_ (in place)",
+}
+_TORCH_OPS = {"fused_adam_": ("_fused_adam_", "_fused_adamw_"), "fused_sgd_": ("_fused_sgd_",),
+              "fused_adagrad_": ("_fused_adagrad_",),
+              "multi_tensor_scale_": ("_amp_foreach_non_finite_check_and_unscale_",)}
+KERNELS = {name: fn for name, fn in (("fused_adam_", fused_adam_), ("fused_sgd_", fused_sgd_),
+                                     ("fused_adagrad_", fused_adagrad_), ("multi_tensor_scale_", multi_tensor_scale_))
+           if all(_available(t) for t in _TORCH_OPS[name])}

@@ -1,0 +1,207 @@
+"""Note [Backend tiers] (core_ops/torch_fused.py): where no native kernel is loaded, an op
+whose math torch has as a fused kernel runs on torch's, when the call fits it, and on
+the reference otherwise. Its kernels are called here directly against the reference
+(the specification), in the tolerances the optimizer tests state (Note [Optimizer
+tolerances]: 8 ulps of the largest |param| after 20 steps; torch's fused Adam forms
+its moments with fused multiply-adds and float32 betas, a few ulps); then a process
+that cannot compile (CXX=/bin/false, a fresh cache) reports and uses the tiers."""
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from core_ops import torch_fused
+from core_ops.reference import KERNELS as REF
+
+TIER = torch_fused.KERNELS
+SIZES = (1, 16, 17, 16385, 40000)
+STEPS = 20
+
+
+@pytest.fixture
+def torch_calls(monkeypatch):
+    """Counts the calls of torch's fused kernels, so a tier that fell back to the
+    reference by mistake fails."""
+    calls = {}
+    for name in ("_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_",
+                 "_amp_foreach_non_finite_check_and_unscale_"):
+        original = getattr(torch, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(torch, name, counted)
+    return calls
+
+
+def ulps_close(actual, expected, n=8):
+    scale = expected.abs().max().item() if expected.numel() else 1.0
+    tol = n * torch.finfo(expected.dtype).eps * max(scale, 1e-30)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=tol)
+
+
+def adam_lists(dtype=torch.float32, amsgrad=True, masters=False):
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(n, generator=g).to(dtype) for n in SIZES]
+    state = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    z = lambda: [torch.zeros(n, dtype=state) for n in SIZES]  # noqa: E731
+    return dict(params=params, exp_avgs=z(), exp_avg_sqs=z(), maxes=z() if amsgrad else [],
+                masters=[p.to(torch.float32) for p in params] if masters else [],
+                steps=[torch.zeros(()) for _ in SIZES])
+
+
+def adam_step(kernel, lists, seed, grad_scale=None, found_inf=None, lr_tensor=None, adam_w_mode=True,
+              bias_correction=True, amsgrad=True, maximize=False, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    grads = [(torch.randn(p.shape, generator=g) * scale).to(p.dtype) for p in lists["params"]]
+    kernel(lists["params"], grads, lists["exp_avgs"], lists["exp_avg_sqs"], lists["maxes"], lists["masters"],
+           lists["steps"], 1e-2, 0.9, 0.999, 1e-8, 0.05, adam_w_mode, bias_correction, amsgrad, maximize,
+           lr_tensor, grad_scale, found_inf)
+    return grads
+
+
+@pytest.mark.parametrize("adam_w_mode", [True, False], ids=["adamw", "adam"])
+@pytest.mark.parametrize("amsgrad", [True, False], ids=["amsgrad", ""])
+@pytest.mark.parametrize("maximize", [False, True], ids=["", "maximize"])
+def test_adam_on_torch_follows_the_reference(adam_w_mode, amsgrad, maximize, torch_calls):
+    ours, ref = adam_lists(amsgrad=amsgrad), adam_lists(amsgrad=amsgrad)
+    kw = dict(adam_w_mode=adam_w_mode, amsgrad=amsgrad, maximize=maximize, scale=4.0,
+              grad_scale=torch.tensor([4.0]), found_inf=torch.zeros(1), lr_tensor=torch.tensor([1e-2]))
+    for seed in range(STEPS):
+        g_ours = adam_step(TIER["fused_adam_"], ours, seed, **kw)
+        g_ref = adam_step(REF["fused_adam_"], ref, seed, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(g_ours, g_ref))  # written back unscaled (exact: 4)
+    assert torch_calls == {"_fused_adamw_" if adam_w_mode else "_fused_adam_": STEPS}
+    for key in ("params", "exp_avgs", "exp_avg_sqs", "maxes"):
+        for a, b in zip(ours[key], ref[key]):
+            ulps_close(a, b)
+    assert [s.item() for s in ours["steps"]] == [float(STEPS)] * len(SIZES)
+
+
+@pytest.mark.parametrize("flag", [torch.ones(1), torch.ones(1, dtype=torch.int32), torch.full((1,), 2.0)],
+                         ids=["float", "int32", "two"])
+def test_a_skipped_adam_step_changes_nothing(flag):
+    lists = adam_lists()
+    adam_step(TIER["fused_adam_"], lists, 0)
+    before = copy.deepcopy(lists)
+    grads = adam_step(TIER["fused_adam_"], lists, 1, grad_scale=torch.tensor([8.0]), found_inf=flag, scale=8.0)
+    for key, ts in lists.items():
+        assert all(torch.equal(a, b) for a, b in zip(ts, before[key])), key  # steps included
+    g = torch.Generator().manual_seed(1)
+    assert all(torch.equal(x, (torch.randn(x.shape, generator=g) * 8.0)) for x in grads)  # not unscaled
+    assert flag.item() > 0  # read, not written
+
+
+@pytest.mark.parametrize("case", ["masters", "no_bias_correction", "bf16"])
+def test_calls_torch_cannot_take_run_on_the_reference_exactly(case, torch_calls):
+    dtype = torch.bfloat16 if case in ("bf16", "masters") else torch.float32
+    ours, ref = adam_lists(dtype, masters=case == "masters"), adam_lists(dtype, masters=case == "masters")
+    kw = dict(bias_correction=case != "no_bias_correction")
+    for seed in range(3):
+        adam_step(TIER["fused_adam_"], ours, seed, **kw)
+        adam_step(REF["fused_adam_"], ref, seed, **kw)
+    for key in ("params", "exp_avgs", "exp_avg_sqs", "masters"):
+        assert all(torch.equal(a, b) for a, b in zip(ours[key], ref[key])), key
+    assert torch_calls == {}
+
+
+@pytest.mark.parametrize("kw", [dict(momentum=0.0, weight_decay=0.0, nesterov=False, dampening=0.0),
+                                dict(momentum=0.9, weight_decay=0.01, nesterov=False, dampening=0.1),
+                                dict(momentum=0.9, weight_decay=0.01, nesterov=True, dampening=0.0)],
+                         ids=["plain", "momentum", "nesterov"])
+@pytest.mark.parametrize("maximize", [False, True], ids=["", "maximize"])
+def test_sgd_on_torch_follows_the_reference(kw, maximize, torch_calls):
+    g = torch.Generator().manual_seed(0)
+    start = [torch.randn(n, generator=g) for n in SIZES]
+    runs = []
+    for kernel in (TIER["fused_sgd_"], REF["fused_sgd_"]):
+        params, bufs = [p.clone() for p in start], [torch.zeros(n) for n in SIZES]
+        gen = torch.Generator().manual_seed(1)
+        for step in range(STEPS):
+            grads = [torch.randn(n, generator=gen) * 2.0 for n in SIZES]
+            kernel(params, grads, bufs, [], 0.05, kw["momentum"], kw["dampening"], kw["weight_decay"],
+                   kw["nesterov"], False, step == 0, maximize, None, torch.tensor([2.0]), torch.zeros(1))
+        runs.append((params, bufs))
+    assert torch_calls == {"_fused_sgd_": STEPS}
+    for a, b in zip(*[p for p, _ in runs]):
+        ulps_close(a, b)
+    for a, b in zip(*[m for _, m in runs]):
+        ulps_close(a, b)
+
+
+@pytest.mark.parametrize("kw", [dict(lr_decay=0.0, weight_decay=0.0), dict(lr_decay=0.01, weight_decay=0.05)],
+                         ids=["plain", "decays"])
+def test_adagrad_on_torch_follows_the_reference(kw, torch_calls):
+    g = torch.Generator().manual_seed(0)
+    start = [torch.randn(n, generator=g) for n in SIZES]
+    runs = []
+    for kernel in (TIER["fused_adagrad_"], REF["fused_adagrad_"]):
+        params, sums, steps = [p.clone() for p in start], [torch.zeros(n) for n in SIZES], [torch.zeros(())
+                                                                                             for _ in SIZES]
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(STEPS):
+            grads = [torch.randn(n, generator=gen) for n in SIZES]
+            kernel(params, grads, sums, [], steps, 0.05, kw["lr_decay"], 1e-10, kw["weight_decay"], False, False,
+                   None, None, torch.zeros(1))
+        runs.append((params, sums, steps))
+    assert torch_calls == {"_fused_adagrad_": STEPS}
+    for key in range(2):
+        for a, b in zip(runs[0][key], runs[1][key]):
+            ulps_close(a, b)
+    assert [s.item() for s in runs[0][2]] == [float(STEPS)] * len(SIZES)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_in_place_unscale_on_torch_equals_the_reference(dtype, torch_calls):
+    g = torch.Generator().manual_seed(0)
+    ts = [(torch.randn(n, generator=g) * 1000).to(dtype) for n in SIZES]
+    ours, ref = [t.clone() for t in ts], [t.clone() for t in ts]
+    flag_ours, flag_ref = torch.zeros(1), torch.zeros(1)
+    scale = torch.tensor([1 / 3.0])
+    TIER["multi_tensor_scale_"](ours, ours, scale, flag_ours)
+    REF["multi_tensor_scale_"](ref, ref, scale, flag_ref)
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref)) and flag_ours.item() == flag_ref.item() == 0
+    assert torch_calls == {"_amp_foreach_non_finite_check_and_unscale_": 1}
+    ours[2][5] = float("nan")
+    TIER["multi_tensor_scale_"](ours, ours, scale, flag_ours)
+    assert flag_ours.item() == 1
+
+
+TIERS_WITHOUT_A_COMPILER = """
+import torch, core_ops
+from core_ops import _build
+from core_ops.optimizers import FusedAdam
+assert not _build.ensure("cpu").native
+print(core_ops._info.format_report(core_ops.backend_report()))
+torch.manual_seed(0)
+ours = [torch.randn(n, requires_grad=True) for n in (17, 40000)]
+theirs = [p.detach().clone().requires_grad_() for p in ours]
+a = FusedAdam(ours, lr=1e-2, weight_decay=0.05)
+b = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.05, fused=True)
+for _ in range(10):
+    for p, q in zip(ours, theirs):
+        p.grad = torch.randn(p.shape)
+        q.grad = p.grad.clone()
+    a.step(); b.step()
+print("MAXDIFF", max(float((p - q).abs().max()) for p, q in zip(ours, theirs)))
+"""
+
+
+def test_a_process_that_cannot_compile_uses_and_reports_the_tiers(tmp_path):
+    env = dict(os.environ, CXX="/bin/false", CORE_OPS_CACHE_DIR=str(tmp_path))
+    env.pop("CORE_OPS_BACKEND", None)
+    proc = subprocess.run([sys.executable, "-c", "import core_ops._info\n" + TIERS_WITHOUT_A_COMPILER],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    cpu = proc.stdout.split("[cpu]")[1].split("[cuda]")[0]
+    lines = {line.split()[0]: line for line in cpu.splitlines()[1:] if line.strip()}
+    assert "torch (torch._fused_adam_ / _fused_adamw_) where the call fits" in lines["fused_adam_"]
+    assert "torch (torch._fused_sgd_)" in lines["fused_sgd_"]
+    assert lines["fused_lamb_stage1_"].split()[-1] == "reference"
+    # The same kernel as torch's own fused AdamW: equal but for the scalars' rounding.
+    assert float(proc.stdout.split("MAXDIFF")[1]) <= 8 * torch.finfo(torch.float32).eps * 5
