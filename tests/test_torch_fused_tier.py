@@ -110,6 +110,15 @@ def test_calls_torch_cannot_take_run_on_the_reference_exactly(case, torch_calls)
     assert torch_calls == {}
 
 
+def test_bad_input_gets_the_reference_s_errors():
+    lists = adam_lists()
+    bad = [torch.zeros(3)] + [torch.zeros(n) for n in SIZES[1:]]
+    with pytest.raises(ValueError, match=r"grads\[0\] has shape \[3\]"):
+        TIER["fused_adam_"](lists["params"], bad, lists["exp_avgs"], lists["exp_avg_sqs"], [], [], lists["steps"],
+                            1e-2, 0.9, 0.999, 1e-8, 0.0, True, True, False, False, None, None, None)
+    assert [s.item() for s in lists["steps"]] == [0.0] * len(SIZES)  # nothing changed
+
+
 @pytest.mark.parametrize("kw", [dict(momentum=0.0, weight_decay=0.0, nesterov=False, dampening=0.0),
                                 dict(momentum=0.9, weight_decay=0.01, nesterov=False, dampening=0.1),
                                 dict(momentum=0.9, weight_decay=0.01, nesterov=True, dampening=0.0)],
