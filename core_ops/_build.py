@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from . import _cuda_toolkit
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 KINDS = ("cpu", "cuda")
 DEFAULT_CUDA_ARCHS = "8.0;9.0"
@@ -122,30 +124,8 @@ def cxx() -> str | None:
 
 
 def cuda_home() -> str | None:
-    """The CUDA toolkit root: $CUDA_HOME / $CUDA_PATH, else asked of the nvcc on PATH.
-
-    nvcc is often a wrapper script (as here) so its folder's parent is not the
-    toolkit; ``nvcc --dryrun`` prints the real root as ``TOP=``.
-    """
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            return os.environ[var]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        try:
-            out = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-                                 capture_output=True, text=True, timeout=30)
-            for line in (out.stdout + out.stderr).splitlines():
-                if "TOP=" in line:
-                    return os.path.normpath(line.split("TOP=", 1)[1].strip())
-        except (OSError, subprocess.SubprocessError):
-            pass
-        root = Path(nvcc).resolve().parent.parent
-        if (root / "include" / "cuda_runtime.h").exists():
-            return str(root)
-    if Path("/usr/local/cuda/include/cuda_runtime.h").exists():
-        return "/usr/local/cuda"
-    return None
+    """The CUDA toolkit root (Note [CUDA toolkit from pip] in _cuda_toolkit.py)."""
+    return _cuda_toolkit.find_root()
 
 
 def cpu_flags() -> list[str]:
@@ -276,7 +256,9 @@ def _compile(kind: str, name: str, build_dir: Path, arch: str | None) -> None:
         os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_archs(arch)
         nvidia = Path(torch.__file__).resolve().parent.parent / "nvidia"
         includes += [str(p) for p in nvidia.glob("*/include")]
-        extra = dict(extra_cflags=["-O3"], extra_cuda_cflags=cuda_flags())
+        pip_includes, link_flags = _cuda_toolkit.build_flags(home, build_dir)
+        includes += [p for p in pip_includes if p not in includes]
+        extra = dict(extra_cflags=["-O3"], extra_cuda_cflags=cuda_flags(), extra_ldflags=link_flags)
     with _ninja_on_path():
         cpp_extension.load(
             name=name,
@@ -342,8 +324,13 @@ def _precondition(kind: str) -> str | None:
     if kind == "cuda":
         if torch.version.cuda is None:
             return "this PyTorch build has no CUDA"
-        if cuda_home() is None:
-            return "no CUDA toolkit found (no nvcc on PATH and CUDA_HOME unset)"
+        home = cuda_home()
+        if home is None:
+            return ("no CUDA toolkit found (no nvcc on PATH, CUDA_HOME unset, no pip-installed compiler: "
+                    "pip install \"core-ops[cuda]\")")
+        problem = _cuda_toolkit.mismatch(home)
+        if problem:
+            return problem
     if not shutil.which("ninja") and not _pip_ninja_folder():
         return "ninja not found (pip install ninja)"
     return None

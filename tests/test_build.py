@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from core_ops import _build
+import torch
+
+from core_ops import _build, _cuda_toolkit
 
 PY = sys.executable
 CALL = textwrap.dedent("""
@@ -232,6 +234,71 @@ def test_cuda_library_checks_bad_input_before_device_code():
     reached the CUDA path and the process died. Loads the library the test above built."""
     proc = subprocess.run([PY, "-c", CUDA_ENTRY_CHECKS], capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stdout + proc.stderr[-5000:]
+
+
+HIDE_THE_TOOLKIT_AND_BUILD = """
+set -e
+for target in "$@"; do
+  if [ -d "$target" ]; then mount --bind "$EMPTY_DIR" "$target"; else mount --bind "$EMPTY_FILE" "$target"; fi
+done
+unset CUDA_HOME CUDA_PATH
+"$PY" -m core_ops build --cuda --arch 9.0
+"$PY" -m core_ops info
+"""
+NVCC_TOOLS = ("nvcc", "ptxas", "cudafe++", "fatbinary", "nvlink", "bin2c", "__nvcc_device_query")
+
+
+def _system_toolkit(pip):
+    """What a private mount namespace hides so that only the pip root is left: the
+    toolkit folders and every CUDA tool (or wrapper) on PATH outside the pip root."""
+    hide = set()
+    for root in (_cuda_toolkit.find_root(), "/usr/local/cuda"):
+        if root and Path(root).exists() and Path(root).resolve() != pip.resolve():
+            hide.add(str(Path(root).resolve()))
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        for name in NVCC_TOOLS:
+            tool = Path(folder, name)
+            if tool.is_file() and pip.resolve() not in tool.resolve().parents:
+                hide.add(str(tool))
+    return sorted(hide)
+
+
+@pytest.mark.skipif(_cuda_toolkit.pip_root() is None or shutil.which("unshare") is None
+                    or not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="needs the [cuda] extra's pip packages, unshare and root")
+def test_the_cuda_kernels_build_from_pip_packages_alone(tmp_path):
+    """Note [CUDA toolkit from pip]: with the system toolkit and every nvcc wrapper
+    hidden (a private mount namespace: hiding nvcc from PATH alone is not enough,
+    cpp_extension also looks in /usr/local/cuda) and CUDA_HOME unset, the CUDA library
+    builds for sm_90 from the pip packages in a fresh cache, loads, and `info` names
+    the pip root as the toolkit."""
+    pip = _cuda_toolkit.pip_root()
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty_file").write_text("")
+    env = dict(os.environ, PY=PY, EMPTY_DIR=str(tmp_path / "empty"), EMPTY_FILE=str(tmp_path / "empty_file"),
+               CORE_OPS_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run(["unshare", "-m", "bash", "-c", HIDE_THE_TOOLKIT_AND_BUILD, "hide",
+                           *_system_toolkit(pip)], capture_output=True, text=True, env=env, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "cuda: ok: native" in proc.stdout
+    assert f"cuda toolkit: {pip}" in proc.stdout
+
+
+def test_a_compiler_of_another_cuda_major_version_is_named(tmp_path, monkeypatch):
+    """A toolkit whose CUDA major version is not torch's gets a reason that says so
+    (and how to get the right one), not a compile error."""
+    (tmp_path / "bin").mkdir()
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 11.8, V11.8.89'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    message = _cuda_toolkit.mismatch(str(tmp_path))
+    assert "is CUDA 11.8 but this torch was built with CUDA 13.0" in message and "core-ops[cuda]" in message
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.2, V13.2.51'\n")
+    assert _cuda_toolkit.mismatch(str(tmp_path)) is None  # a minor version apart builds
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.1'\n")
+    assert "is CUDA 12.4" in _build._precondition("cuda")
 
 
 def test_unity_files_cover_every_cpu_source_once(tmp_path, monkeypatch):

@@ -8,6 +8,8 @@ PYTHON=${PYTHON:-python3}
 pip() { .venv/bin/python -m pip -q --disable-pip-version-check "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
 # CI and the README use torch 2.14.1; pyproject admits >=2.4,<2.15.
 .venv/bin/python -c "import torch" 2>/dev/null || pip install "torch==2.14.1"
-pip install -e ".[test]" -e "plugins/lightning[demo]" -e plugins/accelerate
+# [cuda]: NVIDIA's pip-packaged CUDA compiler, so that the test of a build without a
+# system toolkit runs (tests/test_build.py); about 100 MB.
+pip install -e ".[test,cuda]" -e "plugins/lightning[demo]" -e plugins/accelerate
 .venv/bin/python -c "import core_ops, core_ops_lightning, core_ops_accelerate" \
   || { echo "setup failed: packages do not import" >&2; exit 1; }

@@ -1,0 +1,111 @@
+"""Finding the CUDA compiler the CUDA kernels build with (Note [Native build] in _build.py).
+
+Note [CUDA toolkit from pip]: torch's pip wheels carry the CUDA runtime but no
+compiler, so most GPU machines have no toolkit. NVIDIA ships the compiler as pip
+packages too (``pip install "core-ops[cuda]"``: nvidia-cuda-nvcc, -crt, -cccl,
+nvidia-nvvm, and the runtime torch already pulls in), which all unpack into one root,
+``site-packages/nvidia/cu<major>/`` (bin/nvcc, nvvm/, include/, lib/). That root
+is a toolkit with two gaps the build fills: its nvcc.profile points the include path
+at ``targets/<arch>/include``, which the pip layout lacks (the build adds
+``include`` and ``include/cccl``, where cuda_fp16.h's ``nv/target`` lives), and its
+``lib/`` holds ``libcudart.so.13`` with no unversioned ``libcudart.so`` for the
+linker's ``-lcudart`` (the build links through a folder of its own holding that
+name). The order of search: $CUDA_HOME / $CUDA_PATH, the nvcc on PATH, the pip root
+for torch's CUDA major version, /usr/local/cuda.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+
+def _site_nvidia() -> Path:
+    return Path(torch.__file__).resolve().parent.parent / "nvidia"
+
+
+def pip_root() -> Path | None:
+    """The pip packages' toolkit root for torch's CUDA major version, if nvcc is in it."""
+    if torch.version.cuda is None:
+        return None
+    root = _site_nvidia() / f"cu{torch.version.cuda.split('.')[0]}"
+    return root if (root / "bin" / "nvcc").is_file() else None
+
+
+def find_root() -> str | None:
+    """The CUDA toolkit root, in the order of Note [CUDA toolkit from pip].
+
+    nvcc on PATH is often a wrapper script (as here) so its folder's parent is not
+    the toolkit; ``nvcc --dryrun`` prints the real root as ``TOP=``.
+    """
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            return os.environ[var]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        try:
+            out = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                                 capture_output=True, text=True, timeout=30)
+            for line in (out.stdout + out.stderr).splitlines():
+                if "TOP=" in line:
+                    return os.path.normpath(line.split("TOP=", 1)[1].strip())
+        except (OSError, subprocess.SubprocessError):
+            pass
+        root = Path(nvcc).resolve().parent.parent
+        if (root / "include" / "cuda_runtime.h").exists():
+            return str(root)
+    pip = pip_root()
+    if pip is not None:
+        return str(pip)
+    if Path("/usr/local/cuda/include/cuda_runtime.h").exists():
+        return "/usr/local/cuda"
+    return None
+
+
+def release(home: str) -> str | None:
+    """The CUDA release of the nvcc in ``home`` ("13.0"), or None if it does not run."""
+    try:
+        out = subprocess.run([os.path.join(home, "bin", "nvcc"), "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"release (\d+)\.(\d+)", out)
+    return f"{match.group(1)}.{match.group(2)}" if match else None
+
+
+def mismatch(home: str) -> str | None:
+    """Why the compiler in ``home`` cannot build for this torch, or None: its CUDA major
+    version must be torch's (a minor version apart is fine, as torch's own check says)."""
+    found, wanted = release(home), torch.version.cuda
+    if found is None:
+        return f"the nvcc in {home} does not run"
+    if wanted is not None and found.split(".")[0] != wanted.split(".")[0]:
+        major = wanted.split(".")[0]
+        return (f"the CUDA compiler in {home} is CUDA {found} but this torch was built with CUDA {wanted}: "
+                f"pip install the CUDA {major} compiler (core-ops[cuda] for CUDA 13) or set CUDA_HOME to a "
+                f"CUDA {major}.x toolkit")
+    return None
+
+
+def build_flags(home: str, build_dir: Path) -> tuple[list[str], list[str]]:
+    """(include folders, linker flags) a pip root needs beyond torch's (the Note's two
+    gaps); nothing for a full toolkit."""
+    root = Path(home)
+    if (root / "lib64").exists() or (root / "lib" / "libcudart.so").exists():
+        return [], []
+    includes = [str(p) for p in (root / "include", root / "include" / "cccl") if p.is_dir()]
+    runtimes = sorted((root / "lib").glob("libcudart.so.*"))
+    if not runtimes:
+        return includes, []
+    links = build_dir / "cuda_link"
+    links.mkdir(parents=True, exist_ok=True)
+    link = links / "libcudart.so"
+    if not link.is_symlink() or os.readlink(link) != str(runtimes[0]):
+        link.unlink(missing_ok=True)
+        link.symlink_to(runtimes[0])
+    return includes, [f"-L{links}"]
