@@ -190,7 +190,7 @@ CUDA_ENTRY_CHECKS = textwrap.dedent("""
     import torch
     from core_ops import _build
     from core_ops._library import op
-    assert _build.ensure("cpu").native and _build.ensure("cuda", arch="8.0;9.0").native
+    assert _build.ensure("cpu").native and _build.ensure("cuda").native  # the arch list of the build above
     CUDA = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
     class ClaimsCuda(torch.Tensor):
@@ -231,8 +231,10 @@ def test_cuda_library_checks_bad_input_before_device_code():
     """Note [Norm checks before dispatch]: the CUDA library's norm entry points (its C++
     autograd and its kernels) reject bad input before any device code, exercised with
     no GPU through a tensor that only claims to be on CUDA. On the H200, a bad weight
-    reached the CUDA path and the process died. Loads the library the test above built."""
-    proc = subprocess.run([PY, "-c", CUDA_ENTRY_CHECKS], capture_output=True, text=True, timeout=1800)
+    reached the CUDA path and the process died. Loads the library the test above built
+    (the default arch list; on a GPU machine, its own arch, which tests/gpu/run.sh built)."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CUDA_ARCH_LIST"}  # an earlier build's
+    proc = subprocess.run([PY, "-c", CUDA_ENTRY_CHECKS], capture_output=True, text=True, timeout=1800, env=env)
     assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stdout + proc.stderr[-5000:]
 
 
