@@ -4,7 +4,7 @@ Note [Backend tiers]: each op runs on the first of
   1. native: core_ops' C++ / CUDA kernel for the device (csrc/), once built and loaded;
   2. torch: for the ops whose math torch has as one fused kernel, that kernel
      (``torch._fused_adam_`` / ``_fused_adamw_``, ``_fused_sgd_``, ``_fused_adagrad_``,
-     ``_amp_foreach_non_finite_check_and_unscale_``), when the call's arguments are ones
+     ``_amp_foreach_non_finite_check_and_unscale_``, ``_foreach_norm``), when the call's arguments are ones
      it takes: plain float32 / float64 tensors, dense and contiguous, the state in the
      params' dtype, no master weights, and the options torch has (no Apex-only ones
      such as ``wd_after_momentum``, ``adagrad_w_mode`` or ``bias_correction=False``);
@@ -128,15 +128,18 @@ def fused_adagrad_(params, grads, state_sums, master_params, steps, lr, lr_decay
         weight_decay=weight_decay, eps=eps, maximize=maximize, grad_scale=_scale(grad_scale), found_inf=flag))
 
 
+def _one_kind(ts, dtypes):
+    """``ts`` non-empty, dense and contiguous, of one device and one dtype in ``dtypes``."""
+    if not ts or _build.forced_reference() or ts[0].dtype not in dtypes:
+        return False
+    return {(t.dtype, t.device, t.layout) for t in ts} == {(ts[0].dtype, ts[0].device, torch.strided)} and all(
+        map(torch.Tensor.is_contiguous, ts))
+
+
 def _unscalable(ts):
     """Dtypes torch's unscale kernel takes: float16 too, bfloat16 on the CPU only."""
-    first = ts[0] if ts else None
-    if first is None or _build.forced_reference():
-        return False
-    half_ok = first.dtype == torch.float16 or (first.dtype == torch.bfloat16 and first.device.type == "cpu")
-    return (half_ok or first.dtype in _PLAIN) and all(
-        t.dtype == first.dtype and t.device == first.device and t.layout == torch.strided and t.is_contiguous()
-        for t in ts)
+    cpu = bool(ts) and ts[0].device.type == "cpu"
+    return _one_kind(ts, (*_PLAIN, torch.float16, *((torch.bfloat16,) if cpu else ())))
 
 
 def multi_tensor_scale_(src, dst, scale, found_inf):
@@ -150,16 +153,30 @@ def multi_tensor_scale_(src, dst, scale, found_inf):
     torch._amp_foreach_non_finite_check_and_unscale_(dst, found_inf, scale.to(torch.float32).reshape(()))
 
 
+def multi_tensor_l2norm(tensors, per_tensor):
+    """torch's multi-tensor norm, accumulated in the op's norm dtype (no copies of half
+    tensors), then the norm of the norms."""
+    if not _one_kind(tensors, (*_PLAIN, torch.float16, torch.bfloat16)):
+        return REFERENCE["multi_tensor_l2norm"](tensors, per_tensor)
+    dtype = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
+    norms = torch.stack(torch._foreach_norm(tensors, 2, dtype=dtype))
+    total = torch.linalg.vector_norm(norms)
+    return total, norms if per_tensor else norms.new_empty(0)
+
+
 # What tier 2 covers, for ``core_ops info``.
 COVERS = {
     "fused_adam_": "torch._fused_adam_ / _fused_adamw_",
     "fused_sgd_": "torch._fused_sgd_",
     "fused_adagrad_": "torch._fused_adagrad_",
     "multi_tensor_scale_": "torch._amp_foreach_non_finite_check_and_unscale_ (in place)",
+    "multi_tensor_l2norm": "torch._foreach_norm",
 }
 _TORCH_OPS = {"fused_adam_": ("_fused_adam_", "_fused_adamw_"), "fused_sgd_": ("_fused_sgd_",),
               "fused_adagrad_": ("_fused_adagrad_",),
-              "multi_tensor_scale_": ("_amp_foreach_non_finite_check_and_unscale_",)}
+              "multi_tensor_scale_": ("_amp_foreach_non_finite_check_and_unscale_",),
+              "multi_tensor_l2norm": ("_foreach_norm",)}
 KERNELS = {name: fn for name, fn in (("fused_adam_", fused_adam_), ("fused_sgd_", fused_sgd_),
-                                     ("fused_adagrad_", fused_adagrad_), ("multi_tensor_scale_", multi_tensor_scale_))
+                                     ("fused_adagrad_", fused_adagrad_), ("multi_tensor_scale_", multi_tensor_scale_),
+                                     ("multi_tensor_l2norm", multi_tensor_l2norm))
            if all(_available(t) for t in _TORCH_OPS[name])}

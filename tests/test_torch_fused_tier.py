@@ -28,7 +28,7 @@ def torch_calls(monkeypatch):
     reference by mistake fails."""
     calls = {}
     for name in ("_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_",
-                 "_amp_foreach_non_finite_check_and_unscale_"):
+                 "_amp_foreach_non_finite_check_and_unscale_", "_foreach_norm"):
         original = getattr(torch, name)
 
         def counted(*args, _name=name, _original=original, **kwargs):
@@ -179,6 +179,23 @@ def test_in_place_unscale_on_torch_equals_the_reference(dtype, torch_calls):
     ours[2][5] = float("nan")
     TIER["multi_tensor_scale_"](ours, ours, scale, flag_ours)
     assert flag_ours.item() == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64],
+                         ids=["fp32", "fp16", "bf16", "fp64"])
+def test_l2norm_on_torch_follows_the_reference(dtype, torch_calls):
+    """Sums of squares in another order: the norm tolerance of the multi-tensor tests
+    (Note [Test tolerances]: 1e-5 relative in float32, 1e-12 in float64)."""
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(n, generator=g).to(dtype) for n in SIZES]
+    total, per = TIER["multi_tensor_l2norm"](ts, True)
+    ref_total, ref_per = REF["multi_tensor_l2norm"](ts, True)
+    assert total.dtype == ref_total.dtype and per.shape == ref_per.shape
+    tol = dict(rtol=1e-12, atol=0) if dtype == torch.float64 else dict(rtol=1e-5, atol=0)
+    torch.testing.assert_close(total, ref_total, **tol)
+    torch.testing.assert_close(per, ref_per, **tol)
+    assert torch_calls == {"_foreach_norm": 1}
+    assert TIER["multi_tensor_l2norm"](ts, False)[1].numel() == 0
 
 
 TIERS_WITHOUT_A_COMPILER = """
