@@ -16,6 +16,11 @@ def main(argv=None):
 
     from . import _build, _info
 
+    try:
+        _build.forced_reference()
+    except ValueError as e:  # a mistyped CORE_OPS_BACKEND: said once, without a traceback
+        print(f"core_ops: {e}", file=sys.stderr)
+        return 2
     if args.command == "info":
         print(_info.format_report(_info.backend_report()))
         return 0

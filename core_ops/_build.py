@@ -49,8 +49,18 @@ class Backend:
 _backends: dict[str, Backend] = {}
 
 
+BACKENDS = ("auto", "reference")  # CORE_OPS_BACKEND's values; unset means auto
+
+
 def forced_reference() -> bool:
-    return os.environ.get("CORE_OPS_BACKEND", "").strip().lower() == "reference"
+    """Whether CORE_OPS_BACKEND asks for the pure-PyTorch reference everywhere. Any value
+    but those of BACKENDS is refused: a typo (``refernce``) must not run native kernels
+    without a word."""
+    value = os.environ.get("CORE_OPS_BACKEND", "").strip().lower()
+    if value not in ("", *BACKENDS):
+        raise ValueError(f"CORE_OPS_BACKEND={os.environ['CORE_OPS_BACKEND']!r} is not one of "
+                         f"{', '.join(BACKENDS)} (unset: auto, the fastest tier each op has)")
+    return value == "reference"
 
 
 def cache_root() -> Path:
@@ -450,7 +460,8 @@ def _ensure_locked(kind: str, name: str, build_dir: Path, library: Path, *, buil
 
 def ensure_for(device: torch.device) -> None:
     """Called by every public op before dispatch: make the device's native kernels
-    available if they can be. Never raises; never builds while torch.compile traces."""
+    available if they can be. Raises only for a mistyped CORE_OPS_BACKEND (a build
+    failure falls back instead); never builds while torch.compile traces."""
     kind = device.type
     if kind in _backends or kind not in KINDS:
         return
