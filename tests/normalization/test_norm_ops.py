@@ -22,10 +22,12 @@ from core_ops.reference import KERNELS as REF
 HERE = Path(__file__).resolve().parent
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # The CPU kernels work in steps of two vector registers, 16 floats with AVX2 and 32 with
-# AVX-512: rows straddle one and two steps of either. A CUDA block has up to 512 threads reading 16-byte packs (4 fp32, 8
-# half values): rows straddle 512 packs of fp32 (2048 values) and one value per thread
-# (511, 513, the unpacked path). 65536 is a large row.
-HIDDEN = [1, 15, 16, 17, 31, 33, 63, 65, 511, 513, 2047, 2049, 65536]
+# AVX-512: rows straddle one and two steps of either. CUDA threads read 16-byte packs
+# (4 fp32, 8 half values) or, for rows of another length, one value at a time (15, 17,
+# 511, 513, ...); rows of up to 16384 values are held in registers, 16 a thread in up
+# to 1024 threads, longer ones read again for each pass (Note [CUDA norm kernels]):
+# 16384 and 16385 straddle that, 65536 is a long row.
+HIDDEN = [1, 15, 16, 17, 31, 33, 63, 65, 511, 513, 2047, 2049, 16384, 16385, 65536]
 # Native and reference differ in the order of their float32 sums and in FMA; an output
 # is then within one rounding of its dtype of the other's. Relative to the largest
 # element (a backward's dx cancels terms of that size).
@@ -116,6 +118,25 @@ def test_layer_norm_rows_with_a_large_mean(device, dtype, hidden):
     torch.testing.assert_close(got[2].double(), exact[2], rtol=10 * TOL[dtype], atol=0)
 
 
+# Many more rows than a CUDA backward runs blocks at once: each block walks several rows
+# and leaves partial dw / db sums, added in a second kernel. dw and db sum 3000 terms, in
+# another order than the reference's: each is held to the error of the reference's own
+# float32 sums against fp64 (the large-mean test's rule), plus one rounding.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("hidden", [64, 1000])
+def test_weight_grads_of_many_rows(device, dtype, hidden):
+    x, w, b, dy = case(device, dtype, 3000, hidden, seed=3)
+    y, mean, rstd = op("layer_norm_fwd")(x, w, b, hidden, 1e-5, None, False)
+    got = op("layer_norm_bwd")(dy, x, mean, rstd, w, b, hidden, False, dtype)
+    ref = REF["layer_norm_bwd"](dy, x, mean, rstd, w, b, hidden, False, dtype)
+    d64 = lambda t: t.double()  # noqa: E731
+    exact = REF["layer_norm_bwd"](d64(dy), d64(x), d64(mean), d64(rstd), d64(w), d64(b), hidden, False, torch.float64)
+    assert_near(got[0], ref[0], dtype)
+    for g_, r_, e_ in zip(got[1:], ref[1:], exact[1:]):
+        err = lambda t: ((t.double() - e_).abs().max() / e_.abs().max()).item()  # noqa: E731
+        assert err(g_) <= 2 * err(r_) + TOL[dtype], f"{err(g_):.3g} against the reference's {err(r_):.3g}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
 def test_mixed_output_dtype(device, dtype):
     x, w, b, dy = case(device, dtype, 5, 40)
@@ -195,7 +216,7 @@ def test_torch_compile_equals_eager(device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("hidden", [1, 17, 513, 2048, 65536])
+@pytest.mark.parametrize("hidden", [1, 17, 513, 2048, 16385, 65536])
 def test_fused_add_rms_norm_native_equals_reference(device, dtype, hidden):
     x, w, _, dy = case(device, dtype, 3, hidden)
     res = torch.randn_like(x)

@@ -1,17 +1,26 @@
 // CUDA kernels of the layer-norm and RMS-norm ops (Note [Norm ops] in _library.py): the
 // checks of core_ops/norm_args.h, the math of core_ops/norm_math.h.
 //
-// Note [CUDA norm kernels]: forward and the input's grad give each row one block; its
-// threads read the row in packs of 16 bytes (when the row allows: its length a multiple
-// of the pack and the pointers aligned, else one value at a time), reduce with warp
-// shuffles and one shared-memory step, and read the row again for the next pass (from
-// L2: a row is at most a few hundred KB). Forward: sum, centered squares, output.
-// Input's grad: the two row sums of g = dy * w and g * xhat, then dx. Weight and bias
-// grads are a second kernel over columns: a block owns 32 adjacent columns (coalesced
-// reads) and 8 row groups, each thread sums its rows in registers and the 8 groups are
-// added in a fixed order: no atomics, the same result every run. The flags (RMS,
-// memory_efficient, affine) are uniform over a launch, so their branches cost nothing
-// and are not template parameters (fewer kernels to compile).
+// Note [CUDA norm kernels]: the ops are bound by memory (a row is read once and
+// written once in the forward; dy and x read once, dx written once in the backward),
+// so the kernels are built to move bytes at the copy rate:
+// - A block works on one row at a time; its threads read the row in packs of 16 bytes
+//   (when the row's length is a multiple of the pack and the pointers are aligned; else
+//   one value at a time), thread t the packs t, t + T, t + 2T, ...: a warp reads 512
+//   adjacent bytes.
+// - Rows of up to kMaxThreads * kValues values are read once, into registers (kValues
+//   a thread: 64 bytes of fp32, 32 of bf16 in flight per thread), and every pass (sum,
+//   centred squares, output; or the two sums of the backward, then dx) works on them.
+//   Longer rows read the row again for each pass (from L2; a row is at most a few MB).
+// - Sums over a row: warp shuffles and one shared-memory step, in a fixed order.
+// - Backward: a grid of about one wave of blocks walks the rows; each thread owns the
+//   same columns in every row, so it adds its columns' dw and db terms in registers
+//   as it writes dx (x and dy are read once for all three grads), and each block
+//   leaves one row of partial sums; a second kernel adds the partials of a column in a
+//   fixed order (no atomics: the same result every run on a device). Long rows, whose
+//   columns do not fit a thread's registers, get dw and db from a kernel over columns.
+// - The flags (RMS, memory_efficient, affine) are uniform over a launch, so their
+//   branches cost nothing and are not template parameters (fewer kernels to compile).
 #include <algorithm>
 #include <tuple>
 #include <type_traits>
@@ -34,7 +43,9 @@ namespace {
 template <typename T>
 using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-constexpr int kMaxThreads = 512;
+constexpr int kValues = 16;       // values of a row a thread keeps in registers
+constexpr int kMaxThreads = 1024;  // so rows of up to 16384 values are read once
+constexpr int kLongRowThreads = 512;
 constexpr int kColTile = 32, kRowGroups = 8;
 
 template <typename T, int N>
@@ -46,6 +57,49 @@ template <int N, typename T>
 __device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, N>*>(p);
 }
+
+template <int N, typename T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, N>& v) {
+  *reinterpret_cast<Pack<T, N>*>(p) = v;
+}
+
+// Packs a thread holds: kValues / N when the row is kept in registers, else one at a time.
+template <bool kCached, int N>
+constexpr int kSlots = kCached ? (kValues / N > 0 ? kValues / N : 1) : 1;
+
+// f(slot, pack index) over this thread's packs of a row of `packs` packs.
+template <bool kCached, int N, typename F>
+__device__ __forceinline__ void for_packs(int64_t packs, F&& f) {
+  if constexpr (kCached) {
+#pragma unroll
+    for (int i = 0; i < kSlots<kCached, N>; ++i) {
+      const int64_t p = threadIdx.x + int64_t(i) * blockDim.x;
+      if (p < packs) f(i, p);
+    }
+  } else {
+    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) f(0, p);
+  }
+}
+
+// A row as this thread sees it: its packs in registers (kCached) or read on each use.
+template <bool kCached, int N, typename T>
+struct Row {
+  const T* ptr;
+  Pack<T, N> cache[kSlots<kCached, N>];
+
+  __device__ __forceinline__ Row(const T* row, int64_t packs) : ptr(row) {
+    if constexpr (kCached) {
+      for_packs<kCached, N>(packs, [&](int i, int64_t p) { cache[i] = load_pack<N>(ptr + p * N); });
+    }
+  }
+  __device__ __forceinline__ Pack<T, N> operator()(int i, int64_t p) const {
+    if constexpr (kCached) {
+      return cache[i];
+    } else {
+      return load_pack<N>(ptr + p * N);
+    }
+  }
+};
 
 // The sum of v over the block, in every thread. shared holds 32 values.
 template <typename T>
@@ -71,105 +125,136 @@ __device__ __forceinline__ acc_t xhat_of(T v, int64_t j, const acc_t* w, const a
   return rms ? a * rstd : (a - mean) * rstd;
 }
 
-template <int N, typename in_t, typename out_t, typename acc_t>
+// One row a block: statistics, then y.
+template <bool kCached, int N, typename in_t, typename out_t, typename acc_t>
 __global__ void norm_fwd_kernel(const in_t* __restrict__ x, out_t* __restrict__ y, const acc_t* __restrict__ w,
                                 const acc_t* __restrict__ b, acc_t* __restrict__ mean_out,
                                 acc_t* __restrict__ rstd_out, int64_t n, acc_t eps, bool rms) {
   __shared__ acc_t shared[32];
-  const int64_t row = blockIdx.x;
-  const in_t* xr = x + row * n;
+  const int64_t row = blockIdx.x, packs = n / N;
+  const Row<kCached, N, in_t> xr(x + row * n, packs);
   out_t* yr = y + row * n;
-  const int64_t step = int64_t(blockDim.x) * N;
   acc_t mean = 0;
   if (!rms) {
     acc_t s = 0;
-    for (int64_t j = int64_t(threadIdx.x) * N; j < n; j += step) {
-      const auto p = load_pack<N>(xr + j);
+    for_packs<kCached, N>(packs, [&](int i, int64_t p) {
+      const auto v = xr(i, p);
 #pragma unroll
-      for (int k = 0; k < N; ++k) s += static_cast<acc_t>(p.v[k]);
-    }
+      for (int k = 0; k < N; ++k) s += static_cast<acc_t>(v.v[k]);
+    });
     mean = block_sum(s, shared) / acc_t(n);
   }
   acc_t q = 0;
-  for (int64_t j = int64_t(threadIdx.x) * N; j < n; j += step) {
-    const auto p = load_pack<N>(xr + j);
+  for_packs<kCached, N>(packs, [&](int i, int64_t p) {
+    const auto v = xr(i, p);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      const acc_t d = static_cast<acc_t>(p.v[k]) - mean;
+      const acc_t d = static_cast<acc_t>(v.v[k]) - mean;
       q += d * d;
     }
-  }
+  });
   const acc_t rstd = acc_t(1) / sqrt(block_sum(q, shared) / acc_t(n) + eps);
   if (threadIdx.x == 0) {
     mean_out[row] = mean;
     rstd_out[row] = rstd;
   }
-  for (int64_t j = int64_t(threadIdx.x) * N; j < n; j += step) {
-    const auto p = load_pack<N>(xr + j);
+  for_packs<kCached, N>(packs, [&](int i, int64_t p) {
+    const auto v = xr(i, p);
+    const int64_t j = p * N;
     Pack<out_t, N> o;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      const acc_t v = static_cast<acc_t>(p.v[k]);
-      o.v[k] = static_cast<out_t>(rms ? rms_norm_out(v, rstd, w[j + k])
-                                      : layer_norm_out(v, mean, rstd, w[j + k], b[j + k]));
+      const acc_t a = static_cast<acc_t>(v.v[k]);
+      o.v[k] = static_cast<out_t>(rms ? rms_norm_out(a, rstd, w[j + k])
+                                      : layer_norm_out(a, mean, rstd, w[j + k], b[j + k]));
     }
-    *reinterpret_cast<Pack<out_t, N>*>(yr + j) = o;
-  }
+    store_pack<N>(yr + j, o);
+  });
 }
 
-template <int N, typename in_t, typename out_t, typename saved_t, typename acc_t>
-__global__ void norm_bwd_dx_kernel(const out_t* __restrict__ dy, const saved_t* __restrict__ s, in_t* __restrict__ dx,
-                                   const acc_t* __restrict__ w, const acc_t* __restrict__ b,
-                                   const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd, int64_t n,
-                                   bool rms, bool from_out, bool affine) {
+// Rows blockIdx.x, blockIdx.x + gridDim.x, ...: dx, and with `part` (kCached only) the
+// block's partial dw in part[blockIdx.x] and db in part[gridDim.x + blockIdx.x] (rows
+// of n values).
+template <bool kCached, int N, typename in_t, typename out_t, typename saved_t, typename acc_t>
+__global__ void norm_bwd_kernel(const out_t* __restrict__ dy, const saved_t* __restrict__ s, in_t* __restrict__ dx,
+                                const acc_t* __restrict__ w, const acc_t* __restrict__ b,
+                                const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd, int64_t rows,
+                                int64_t n, bool rms, bool from_out, bool affine, acc_t* __restrict__ part) {
+  constexpr int K = kSlots<kCached, N>;
   __shared__ acc_t shared[32];
-  const int64_t row = blockIdx.x;
-  const out_t* dyr = dy + row * n;
-  const saved_t* sr = s + row * n;
-  in_t* dxr = dx + row * n;
-  const acc_t m = rms ? acc_t(0) : mean[row], r = rstd[row];
-  const int64_t step = int64_t(blockDim.x) * N;
-  acc_t sg = 0, sgx = 0;
-  for (int64_t j = int64_t(threadIdx.x) * N; j < n; j += step) {
-    const auto d = load_pack<N>(dyr + j);
-    const auto v = load_pack<N>(sr + j);
+  const int64_t packs = n / N;
+  acc_t pw[K][N] = {}, pb[K][N] = {};
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const Row<kCached, N, out_t> d(dy + row * n, packs);
+    const Row<kCached, N, saved_t> v(s + row * n, packs);
+    const acc_t m = rms ? acc_t(0) : mean[row], r = rstd[row];
+    acc_t sg = 0, sgx = 0;
+    for_packs<kCached, N>(packs, [&](int i, int64_t p) {
+      const auto dp = d(i, p);
+      const auto vp = v(i, p);
+      const int64_t j = p * N;
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const acc_t g = static_cast<acc_t>(d.v[k]) * w[j + k];
-      sg += g;
-      sgx += g * xhat_of<acc_t>(v.v[k], j + k, w, b, m, r, rms, from_out, affine);
-    }
+      for (int k = 0; k < N; ++k) {
+        const acc_t g = static_cast<acc_t>(dp.v[k]) * w[j + k];
+        sg += g;
+        sgx += g * xhat_of<acc_t>(vp.v[k], j + k, w, b, m, r, rms, from_out, affine);
+      }
+    });
+    const acc_t inv_n = acc_t(1) / acc_t(n);
+    const acc_t mean_g = rms ? acc_t(0) : block_sum(sg, shared) * inv_n;
+    const acc_t mean_gx = block_sum(sgx, shared) * inv_n;
+    in_t* dxr = dx + row * n;
+    for_packs<kCached, N>(packs, [&](int i, int64_t p) {
+      const auto dp = d(i, p);
+      const auto vp = v(i, p);
+      const int64_t j = p * N;
+      Pack<in_t, N> o;
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const acc_t dyk = static_cast<acc_t>(dp.v[k]);
+        const acc_t xh = xhat_of<acc_t>(vp.v[k], j + k, w, b, m, r, rms, from_out, affine);
+        o.v[k] = static_cast<in_t>(layer_norm_dx(dyk * w[j + k], xh, r, mean_g, mean_gx));
+        if constexpr (kCached) {
+          pw[i][k] += dyk * xh;
+          pb[i][k] += dyk;
+        }
+      }
+      store_pack<N>(dxr + j, o);
+    });
   }
-  const acc_t inv_n = acc_t(1) / acc_t(n);
-  const acc_t mean_g = rms ? acc_t(0) : block_sum(sg, shared) * inv_n;
-  const acc_t mean_gx = block_sum(sgx, shared) * inv_n;
-  for (int64_t j = int64_t(threadIdx.x) * N; j < n; j += step) {
-    const auto d = load_pack<N>(dyr + j);
-    const auto v = load_pack<N>(sr + j);
-    Pack<in_t, N> o;
+  if constexpr (kCached) {
+    if (part == nullptr) return;
+    acc_t* pwr = part + int64_t(blockIdx.x) * n;
+    acc_t* pbr = part + int64_t(gridDim.x + blockIdx.x) * n;
+    for_packs<kCached, N>(packs, [&](int i, int64_t p) {
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const acc_t xh = xhat_of<acc_t>(v.v[k], j + k, w, b, m, r, rms, from_out, affine);
-      o.v[k] = static_cast<in_t>(layer_norm_dx(static_cast<acc_t>(d.v[k]) * w[j + k], xh, r, mean_g, mean_gx));
-    }
-    *reinterpret_cast<Pack<in_t, N>*>(dxr + j) = o;
+      for (int k = 0; k < N; ++k) {
+        pwr[p * N + k] = pw[i][k];
+        pbr[p * N + k] = pb[i][k];
+      }
+    });
   }
 }
 
-template <typename out_t, typename saved_t, typename acc_t>
-__global__ void norm_bwd_dw_kernel(const out_t* __restrict__ dy, const saved_t* __restrict__ s,
-                                   const acc_t* __restrict__ w, const acc_t* __restrict__ b,
-                                   const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd, int64_t rows,
-                                   int64_t n, bool rms, bool from_out, bool affine, acc_t* __restrict__ dw,
-                                   acc_t* __restrict__ db) {
+template <typename T>
+struct Two {
+  T w, b;
+};
+
+// dw[j] and db[j] as the sums over `rows` of two [rows, n] matrices, a[r][j] and
+// b[r][j]: a block owns 32 adjacent columns (coalesced reads) and 8 row groups, each
+// thread sums its rows in registers and the 8 groups are added in a fixed order.
+// `term(r, j)` gives the pair (a, b) of a row and column.
+template <typename acc_t, typename Term>
+__device__ void column_sums(int64_t rows, int64_t n, Term term, acc_t* __restrict__ dw, acc_t* __restrict__ db) {
   __shared__ acc_t sw[kRowGroups][kColTile + 1], sb[kRowGroups][kColTile + 1];
   const int64_t j = int64_t(blockIdx.x) * kColTile + threadIdx.x;
   acc_t aw = 0, ab = 0;
   if (j < n) {
     for (int64_t r = threadIdx.y; r < rows; r += kRowGroups) {
-      const acc_t d = static_cast<acc_t>(dy[r * n + j]);
-      aw += d * xhat_of<acc_t>(s[r * n + j], j, w, b, rms ? acc_t(0) : mean[r], rstd[r], rms, from_out, affine);
-      ab += d;
+      const Two<acc_t> t = term(r, j);
+      aw += t.w;
+      ab += t.b;
     }
   }
   sw[threadIdx.y][threadIdx.x] = aw;
@@ -186,46 +271,130 @@ __global__ void norm_bwd_dw_kernel(const out_t* __restrict__ dy, const saved_t* 
   }
 }
 
+// dw and db of the blocks' partial rows (norm_bwd_kernel's `part`, `blocks` of each).
+template <typename acc_t>
+__global__ void partial_sums_kernel(const acc_t* __restrict__ part, int64_t blocks, int64_t n, acc_t* __restrict__ dw,
+                                    acc_t* __restrict__ db) {
+  const auto term = [&](int64_t r, int64_t j) { return Two<acc_t>{part[r * n + j], part[(blocks + r) * n + j]}; };
+  column_sums<acc_t>(blocks, n, term, dw, db);
+}
+
+// dw and db of long rows, from dy and the saved tensor.
+template <typename out_t, typename saved_t, typename acc_t>
+__global__ void norm_bwd_dw_kernel(const out_t* __restrict__ dy, const saved_t* __restrict__ s,
+                                   const acc_t* __restrict__ w, const acc_t* __restrict__ b,
+                                   const acc_t* __restrict__ mean, const acc_t* __restrict__ rstd, int64_t rows,
+                                   int64_t n, bool rms, bool from_out, bool affine, acc_t* __restrict__ dw,
+                                   acc_t* __restrict__ db) {
+  const auto term = [&](int64_t r, int64_t j) {
+    const acc_t d = static_cast<acc_t>(dy[r * n + j]);
+    const acc_t xh = xhat_of<acc_t>(s[r * n + j], j, w, b, rms ? acc_t(0) : mean[r], rstd[r], rms, from_out, affine);
+    return Two<acc_t>{d * xh, d};
+  };
+  column_sums<acc_t>(rows, n, term, dw, db);
+}
+
 // fused_add_rms_norm: h = x + r (rounded to in_t, as stored) and its squares in one read
-// of x and r; then y from h, read back from L2.
-template <int N, typename in_t, typename acc_t>
+// of x and r; then y from h (registers, or this thread's own writes of h for long rows).
+template <bool kCached, int N, typename in_t, typename acc_t>
 __global__ void add_rms_fwd_kernel(const in_t* __restrict__ x, const in_t* __restrict__ r, in_t* __restrict__ h,
                                    in_t* __restrict__ y, const acc_t* __restrict__ w, acc_t* __restrict__ rstd_out,
                                    int64_t n, acc_t eps) {
   __shared__ acc_t shared[32];
-  const int64_t o = int64_t(blockIdx.x) * n;
-  const int64_t step = int64_t(blockDim.x) * N;
+  const int64_t o = int64_t(blockIdx.x) * n, packs = n / N;
+  Pack<in_t, N> hs[kSlots<kCached, N>];
   acc_t q = 0;
-  for (int64_t j = int64_t(threadIdx.x) * N; j < n; j += step) {
-    const auto a = load_pack<N>(x + o + j);
-    const auto b = load_pack<N>(r + o + j);
-    Pack<in_t, N> s;
+  for_packs<kCached, N>(packs, [&](int i, int64_t p) {
+    const auto a = load_pack<N>(x + o + p * N);
+    const auto c = load_pack<N>(r + o + p * N);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      s.v[k] = static_cast<in_t>(static_cast<acc_t>(a.v[k]) + static_cast<acc_t>(b.v[k]));
-      const acc_t v = static_cast<acc_t>(s.v[k]);
+      hs[i].v[k] = static_cast<in_t>(static_cast<acc_t>(a.v[k]) + static_cast<acc_t>(c.v[k]));
+      const acc_t v = static_cast<acc_t>(hs[i].v[k]);
       q += v * v;
     }
-    *reinterpret_cast<Pack<in_t, N>*>(h + o + j) = s;
-  }
+    store_pack<N>(h + o + p * N, hs[i]);
+  });
   const acc_t rstd = acc_t(1) / sqrt(block_sum(q, shared) / acc_t(n) + eps);
   if (threadIdx.x == 0) rstd_out[blockIdx.x] = rstd;
-  for (int64_t j = int64_t(threadIdx.x) * N; j < n; j += step) {
-    const auto s = load_pack<N>(h + o + j);  // this thread's own writes
+  for_packs<kCached, N>(packs, [&](int i, int64_t p) {
+    const auto s = kCached ? hs[i] : load_pack<N>(h + o + p * N);
     Pack<in_t, N> out;
 #pragma unroll
-    for (int k = 0; k < N; ++k) out.v[k] = static_cast<in_t>(rms_norm_out(static_cast<acc_t>(s.v[k]), rstd, w[j + k]));
-    *reinterpret_cast<Pack<in_t, N>*>(y + o + j) = out;
-  }
+    for (int k = 0; k < N; ++k) out.v[k] = static_cast<in_t>(rms_norm_out(static_cast<acc_t>(s.v[k]), rstd, w[p * N + k]));
+    store_pack<N>(y + o + p * N, out);
+  });
 }
 
 bool aligned(const void* p, int bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
-int threads_for(int64_t n, int pack) {
-  const int64_t want = (n / pack + 31) / 32 * 32;
+// Rows of up to this many packs are kept in registers (Note [CUDA norm kernels]).
+template <int N>
+bool cached(int64_t packs) {
+  return packs <= int64_t(kMaxThreads) * kSlots<true, N>;
+}
+
+// Threads for a cached row: kSlots packs each, a whole number of warps.
+template <int N>
+int cached_threads(int64_t packs) {
+  const int64_t want = ((packs + kSlots<true, N> - 1) / kSlots<true, N> + 31) / 32 * 32;
   return static_cast<int>(std::clamp<int64_t>(want, 32, kMaxThreads));
+}
+
+// Blocks of `threads` that run at once on the current device: the backward's grid.
+template <typename Kernel>
+int64_t one_wave(Kernel kernel, int threads) {
+  int device = 0, sms = 0, per_sm = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  return int64_t(sms) * std::max(per_sm, 1);
+}
+
+template <int N, typename in_t, typename out_t, typename acc_t>
+void launch_fwd(const in_t* x, out_t* y, const acc_t* w, const acc_t* b, acc_t* mean, acc_t* rstd, int64_t rows,
+                int64_t n, acc_t eps, bool rms, cudaStream_t stream) {
+  const int64_t packs = n / N;
+  if (cached<N>(packs)) {
+    norm_fwd_kernel<true, N><<<rows, cached_threads<N>(packs), 0, stream>>>(x, y, w, b, mean, rstd, n, eps, rms);
+  } else {
+    norm_fwd_kernel<false, N><<<rows, kLongRowThreads, 0, stream>>>(x, y, w, b, mean, rstd, n, eps, rms);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// dx, and dw and db unless `dw` is null.
+template <int N, typename in_t, typename out_t, typename saved_t, typename acc_t>
+void launch_bwd(const out_t* dy, const saved_t* s, in_t* dx, const acc_t* w, const acc_t* b, const acc_t* m,
+                const acc_t* r, int64_t rows, int64_t n, bool rms, bool from_out, bool affine, acc_t* dw, acc_t* db,
+                const at::TensorOptions& acc_options, cudaStream_t stream) {
+  const int64_t packs = n / N;
+  const dim3 col_block(kColTile, kRowGroups), col_grid((n + kColTile - 1) / kColTile);
+  if (cached<N>(packs)) {
+    const auto kernel = norm_bwd_kernel<true, N, in_t, out_t, saved_t, acc_t>;
+    const int threads = cached_threads<N>(packs);
+    const int64_t blocks = std::min(rows, one_wave(kernel, threads));
+    // Each block's partial dw and db rows; freed to the caching allocator on this stream.
+    const at::Tensor part = dw ? at::empty({2, blocks, n}, acc_options) : at::Tensor();
+    kernel<<<blocks, threads, 0, stream>>>(dy, s, dx, w, b, m, r, rows, n, rms, from_out, affine,
+                                           dw ? part.data_ptr<acc_t>() : nullptr);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (dw) {
+      partial_sums_kernel<<<col_grid, col_block, 0, stream>>>(part.const_data_ptr<acc_t>(), blocks, n, dw, db);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  } else {
+    const auto kernel = norm_bwd_kernel<false, N, in_t, out_t, saved_t, acc_t>;
+    const int64_t blocks = std::min(rows, one_wave(kernel, kLongRowThreads));
+    kernel<<<blocks, kLongRowThreads, 0, stream>>>(dy, s, dx, w, b, m, r, rows, n, rms, from_out, affine, nullptr);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (dw) {
+      norm_bwd_dw_kernel<<<col_grid, col_block, 0, stream>>>(dy, s, w, b, m, r, rows, n, rms, from_out, affine, dw, db);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
@@ -248,16 +417,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input,
     constexpr int N = 16 / sizeof(in_t);
     const auto launch = [&](auto* y) {
       using out_t = std::remove_pointer_t<decltype(y)>;
-      const bool vec = hidden % N == 0 && aligned(x.const_data_ptr(), 16) && aligned(y, sizeof(out_t) * N);
-      const int threads = threads_for(hidden, vec ? N : 1);
-      if (vec) {
-        norm_fwd_kernel<N><<<rows, threads, 0, stream>>>(x.const_data_ptr<in_t>(), y, w.const_data_ptr<acc_t>(),
-            b.const_data_ptr<acc_t>(), mean.data_ptr<acc_t>(), rstd.data_ptr<acc_t>(), hidden, acc_t(eps), rms);
+      const auto args = std::make_tuple(x.const_data_ptr<in_t>(), y, w.const_data_ptr<acc_t>(),
+                                        b.const_data_ptr<acc_t>(), mean.data_ptr<acc_t>(), rstd.data_ptr<acc_t>(),
+                                        rows, hidden, acc_t(eps), rms, stream.stream());
+      if (hidden % N == 0 && aligned(x.const_data_ptr(), 16) && aligned(y, sizeof(out_t) * N)) {
+        std::apply([](auto... a) { launch_fwd<N>(a...); }, args);
       } else {
-        norm_fwd_kernel<1><<<rows, threads, 0, stream>>>(x.const_data_ptr<in_t>(), y, w.const_data_ptr<acc_t>(),
-            b.const_data_ptr<acc_t>(), mean.data_ptr<acc_t>(), rstd.data_ptr<acc_t>(), hidden, acc_t(eps), rms);
+        std::apply([](auto... a) { launch_fwd<1>(a...); }, args);
       }
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
     if (out_type == in) {
       launch(out.data_ptr<in_t>());
@@ -280,9 +447,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
   const at::ScalarType acc = dx_dtype == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor dx = at::empty(saved.sizes(), s.options().dtype(dx_dtype));
   const at::Tensor w = acc_param(weight, hidden, acc, 1, s), b = acc_param(bias, hidden, acc, 0, s);
-  at::Tensor dw = at::zeros({hidden}, s.options().dtype(acc)), db = at::zeros({hidden}, s.options().dtype(acc));
+  const bool affine = weight.has_value(), want_wb = affine || bias.has_value();
+  // The kernels write every column of dw and db when there are rows to sum.
+  const auto make_wb = [&] { return rows > 0 ? at::empty({hidden}, s.options().dtype(acc)) : at::zeros({hidden}, s.options().dtype(acc)); };
+  at::Tensor dw = want_wb ? make_wb() : at::Tensor(), db = want_wb ? make_wb() : at::Tensor();
   const at::Tensor m = (rms ? rstd : mean).contiguous(), r = rstd.contiguous();
-  const bool affine = weight.has_value();
   const at::ScalarType out_type = dy.scalar_type();
   TORCH_CHECK_TYPE(out_type == dx_dtype || (out_type == at::kFloat && dx_dtype != at::kDouble),
                    "grad_out must be the input's dtype or, for half input, torch.float32; got ", dtype_name(out_type));
@@ -295,24 +464,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
       using acc_t = acc_of<in_t>;
       constexpr int N = 16 / sizeof(in_t);
       const auto launch = [&](const auto* dyp, const auto* sp) {
-        const bool vec = hidden % N == 0 && aligned(dyp, sizeof(*dyp) * N) && aligned(sp, sizeof(*sp) * N) &&
-                         aligned(dx.data_ptr(), 16);
-        const int threads = threads_for(hidden, vec ? N : 1);
-        const acc_t *wp = w.const_data_ptr<acc_t>(), *bp = b.const_data_ptr<acc_t>();
-        const acc_t *mp = m.const_data_ptr<acc_t>(), *rp = r.const_data_ptr<acc_t>();
-        if (vec) {
-          norm_bwd_dx_kernel<N><<<rows, threads, 0, stream>>>(dyp, sp, dx.data_ptr<in_t>(), wp, bp, mp, rp, hidden,
-                                                             rms, memory_efficient, affine);
+        const auto args = std::make_tuple(dyp, sp, dx.data_ptr<in_t>(), w.const_data_ptr<acc_t>(),
+                                          b.const_data_ptr<acc_t>(), m.const_data_ptr<acc_t>(), r.const_data_ptr<acc_t>(),
+                                          rows, hidden, rms, memory_efficient, affine,
+                                          want_wb ? dw.data_ptr<acc_t>() : nullptr,
+                                          want_wb ? db.data_ptr<acc_t>() : nullptr, s.options().dtype(acc),
+                                          stream.stream());
+        if (hidden % N == 0 && aligned(dyp, sizeof(*dyp) * N) && aligned(sp, sizeof(*sp) * N) &&
+            aligned(dx.data_ptr(), 16)) {
+          std::apply([](auto... a) { launch_bwd<N>(a...); }, args);
         } else {
-          norm_bwd_dx_kernel<1><<<rows, threads, 0, stream>>>(dyp, sp, dx.data_ptr<in_t>(), wp, bp, mp, rp, hidden,
-                                                             rms, memory_efficient, affine);
-        }
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-        if (affine || bias.has_value()) {
-          const dim3 block(kColTile, kRowGroups), grid((hidden + kColTile - 1) / kColTile);
-          norm_bwd_dw_kernel<<<grid, block, 0, stream>>>(dyp, sp, wp, bp, mp, rp, rows, hidden, rms, memory_efficient,
-                                                         affine, dw.data_ptr<acc_t>(), db.data_ptr<acc_t>());
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          std::apply([](auto... a) { launch_bwd<1>(a...); }, args);
         }
       };
       if (out_type == dx_dtype) {
@@ -340,17 +502,25 @@ Tensor3 fused_add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residu
     using in_t = scalar_t;
     using acc_t = acc_of<in_t>;
     constexpr int N = 16 / sizeof(in_t);
-    const bool vec = hidden % N == 0 && aligned(x.const_data_ptr(), 16) && aligned(res.const_data_ptr(), 16);
-    const int threads = threads_for(hidden, vec ? N : 1);
     const auto args = std::make_tuple(x.const_data_ptr<in_t>(), res.const_data_ptr<in_t>(), h.data_ptr<in_t>(),
                                       y.data_ptr<in_t>(), w.const_data_ptr<acc_t>(), rstd.data_ptr<acc_t>(), hidden,
                                       acc_t(eps));
-    if (vec) {
-      std::apply([&](auto... a) { add_rms_fwd_kernel<N><<<rows, threads, 0, stream>>>(a...); }, args);
+    const auto launch = [&](auto pack) {
+      constexpr int P = decltype(pack)::value;
+      const int64_t packs = hidden / P;
+      if (cached<P>(packs)) {
+        std::apply([&](auto... a) { add_rms_fwd_kernel<true, P><<<rows, cached_threads<P>(packs), 0, stream>>>(a...); },
+                   args);
+      } else {
+        std::apply([&](auto... a) { add_rms_fwd_kernel<false, P><<<rows, kLongRowThreads, 0, stream>>>(a...); }, args);
+      }
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    if (hidden % N == 0 && aligned(x.const_data_ptr(), 16) && aligned(res.const_data_ptr(), 16)) {
+      launch(std::integral_constant<int, N>());
     } else {
-      std::apply([&](auto... a) { add_rms_fwd_kernel<1><<<rows, threads, 0, stream>>>(a...); }, args);
+      launch(std::integral_constant<int, 1>());
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {y, h, rstd};
 }
