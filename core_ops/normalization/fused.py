@@ -42,7 +42,14 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, memory
     return op("layer_norm_fwd")(input, weight, bias, hidden, float(eps), out_dtype, bool(memory_efficient))[0]
 
 
+def _rms_eps(input, eps):
+    # None as in nn.RMSNorm / F.rms_norm: the machine epsilon of the input's dtype.
+    return torch.finfo(input.dtype).eps if eps is None and input.is_floating_point() else eps
+
+
 def rms_norm(input, normalized_shape, weight=None, eps=1e-5, memory_efficient=False, out_dtype=None):
+    """``eps=None`` is the input dtype's machine epsilon, as ``F.rms_norm``'s."""
+    eps = _rms_eps(input, eps)
     hidden = _hidden(input, normalized_shape)
     check_norm_args(input, hidden, (("weight", weight),), out_dtype)
     _build.ensure_for(input.device)
@@ -53,7 +60,8 @@ def fused_add_rms_norm(input, residual, weight, eps=1e-5, memory_efficient=False
     """``(rms_norm(input + residual) * weight, input + residual)``: the pre-norm residual
     step of Llama-style blocks, in one pass over input and residual (the sum is
     normalized while it is in cache). The norm is over weight's shape (the last dim
-    without a weight)."""
+    without a weight); ``eps=None`` as in ``rms_norm``."""
+    eps = _rms_eps(input, eps)
     shape = input.shape[-1:] if weight is None else tuple(weight.shape)
     hidden = _hidden(input, shape)
     check_norm_args(input, hidden, (("weight", weight),))

@@ -363,3 +363,15 @@ def test_ops_called_directly_check_before_their_autograd_and_kernels(device):
     for name, kernel in (("reference", REF["rms_norm_bwd"]),):
         with pytest.raises(ValueError, match="rstd must hold 4"):
             kernel(x, x, stats[:3], None, 8, False, torch.float32)
+
+
+# nn.RMSNorm's eps=None is the machine epsilon of the input's dtype; a model converted
+# to the fused modules keeps it (a bench swapping the norms of a stack hit a TypeError).
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_rms_norm_eps_none_is_the_dtypes_epsilon(device, dtype):
+    from core_ops.normalization import FusedRMSNorm
+    x = case(device, dtype, 4, 24)[0] * 1e-2  # eps matters against mean(x^2) ~ 1e-3
+    eps = torch.finfo(dtype).eps  # torch's None; computed in float32 here for the reference
+    assert_near(FusedRMSNorm(24, eps=None).to(device)(x), F.rms_norm(x.float(), (24,), eps=eps).to(dtype), dtype)
+    y, h = fused_add_rms_norm(x, x, None, eps=None)
+    assert_near(y, F.rms_norm(h.float(), (24,), eps=eps).to(dtype), dtype)
