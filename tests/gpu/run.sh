@@ -6,6 +6,8 @@
 #   bash tests/gpu/run.sh            # from anywhere
 # It ends with one table: step, verdict, seconds, and the failed tests by name; the
 # logs stay in $OUT/gpu_run (default /tmp). Exits 1 if any step failed.
+# Then bench/gpu_targets.py measures every speed target of the GPU issue and prints
+# them as a second table: target, measured value, pass/fail.
 # Budget: the step limits add up to 420 s, build included, so a slow step is cut and
 # reported, never the whole run. The tests run on 8 xdist workers with a per-test
 # timeout: a test that crashes its worker is reported by name as failed and the
@@ -47,19 +49,19 @@ gpu=$($PY -c "import torch; assert torch.cuda.is_available(), 'no GPU'; print(to
 # longer build) or ones CUDA 13 dropped (a failed one).
 export CORE_OPS_CUDA_ARCH=${CORE_OPS_CUDA_ARCH:-$($PY -c "import torch; print('%d.%d' % torch.cuda.get_device_capability(0))")}
 
-step build 150 $PY -m core_ops build --cuda
-step info 15 $PY -m core_ops info
+step build 140 $PY -m core_ops build --cuda
+step info 10 $PY -m core_ops info
 # The whole GPU selection: the core's CUDA tests, core_ops DDP and SyncBatchNorm over
 # NCCL at world size 1, and the plugins' one-GPU Trainer, Fabric and Accelerate runs.
 # Not the two-arch build test: the build step above built this GPU's arch already.
-step tests 170 $PY -m pytest -q -p no:cacheprovider -n 8 --timeout 120 -rfE \
+step tests 150 $PY -m pytest -q -p no:cacheprovider -n 8 --timeout 120 -rfE \
   -k "(cuda or gpu) and not compiles_for_sm80_and_sm90" \
   tests plugins/lightning/tests plugins/accelerate/tests
-step bench 45 $PY bench/bench_multi_tensor.py --device cuda --numel 200000000 --tensors 200 --repeats 10
-step norms 40 $PY bench/bench_norms.py --device cuda --repeats 10
+step bench 30 $PY bench/bench_multi_tensor.py --device cuda --numel 200000000 --tensors 200 --repeats 10
+step targets 90 $PY bench/gpu_targets.py --device cuda
 
 echo "---- bench_multi_tensor ----"; grep -E "^\|" "$LOG/bench.log" | tail -n 30
-echo "---- bench_norms ----"; grep -E "^\||copy bandwidth" "$LOG/norms.log" | tail -n 24
+echo "---- the GPU issue's targets (bench/gpu_targets.py) ----"; grep -E "^\||^copy|^targets" "$LOG/targets.log"
 echo
 echo "core_ops GPU run: $gpu, arch $CORE_OPS_CUDA_ARCH, logs in $LOG"
 echo "| step | verdict | s | last line | failed tests |"
