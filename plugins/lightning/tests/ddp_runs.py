@@ -23,8 +23,9 @@ import lightning_cases as cases  # noqa: E402
 
 
 def trainer_kwargs(**kw):
+    # log_every_n_steps=1: the histories read loss_scale and skipped_steps every step.
     return dict(accelerator="cpu", devices=2, logger=False, enable_checkpointing=False,
-                enable_progress_bar=False, enable_model_summary=False, **kw)
+                enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1, **kw)
 
 
 def fit(pl, out_key, results, model=None, ckpt_path=None, data=None, **kw):

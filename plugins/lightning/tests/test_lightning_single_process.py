@@ -201,3 +201,40 @@ def test_an_unknown_lightning_is_left_unpatched_and_the_import_says_so(monkeypat
     finally:
         monkeypatch.undo()
         assert _compat.install(_trees.ALL) == []
+
+
+class _Recorder(pl.loggers.Logger):
+    """The metrics dicts Lightning sends to a logger, with their steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.sent = []
+
+    name, version = "recorder", 0
+
+    def log_metrics(self, metrics, step=None):
+        self.sent.append((step, dict(metrics)))
+
+    def log_hyperparams(self, *args, **kwargs):
+        pass
+
+
+def test_the_loss_scale_is_logged_on_logging_steps_only():
+    # Lightning's log() is about 1,900 Python calls: the plugin logs loss_scale and
+    # skipped_steps on the steps whose on_step metrics go to the loggers, and on an
+    # epoch's last batch, not on every step (it doubled a small model's host time).
+    calls = []
+    model = Net(seed=0)
+    log = model.log
+    model.log = lambda name, *a, **k: (calls.append(name), log(name, *a, **k))[1]
+    recorder = _Recorder()
+    quiet = {**QUIET, "logger": recorder}
+    trainer = pl.Trainer(precision="apex-O2-bf16", max_epochs=1, log_every_n_steps=3, **quiet)
+    trainer.fit(model, loader())  # 8 steps
+    steps = len(model.history)
+    sent = [m for _, m in recorder.sent if "train_loss" in m]
+    assert steps == 8 and len(sent) == 2  # steps 3 and 6
+    assert all(m["loss_scale"] == 2.0**16 and m["skipped_steps"] == 0 for m in sent)  # O2's dynamic scale
+    assert calls.count("loss_scale") == calls.count("skipped_steps") == 3  # steps 3, 6 and the last
+    assert calls.count("train_loss") == steps
+    assert float(trainer.callback_metrics["loss_scale"]) == 2.0**16
