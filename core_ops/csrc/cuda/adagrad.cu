@@ -6,7 +6,6 @@
 // as per-tensor scalars of the launch descriptor; each block derives its tensor's
 // coefficients from that count + 1 (the step this update makes), and a second,
 // stream-ordered kernel advances the counts once every block has read them.
-#include <array>
 #include <type_traits>
 #include <vector>
 
@@ -29,56 +28,29 @@ struct AdagradScalars {
   bool maximize;
 };
 
-// Lists, in this order: params, grads, state_sums, then master_params when present;
-// one per-tensor scalar, the step count, after them.
-constexpr int kMasterIdx = 3;
-constexpr int adagrad_depth(bool master) { return 3 + int(master); }
-
-template <typename param_t, typename acc_t, bool kWMode, bool kMaster>
-struct AdagradOp {
-  static constexpr int kDepth = adagrad_depth(kMaster);
-  using Meta = TensorListMeta<kDepth, 1>;
+// Lists (Note [One functor moves an optimizer's memory]): params, grads, state_sums,
+// then master_params when present; one per-tensor scalar, the step count, after them.
+template <typename param_t_, typename acc_t_, bool kWMode, bool kMaster_>
+struct AdagradPolicy {
+  using param_t = param_t_;
+  using acc_t = acc_t_;
+  static constexpr bool kGrads = true, kMaster = kMaster_, kWritesWeights = true;
+  static constexpr int kSlots = 1, kInputs = 0, kOutputs = 0, kScalars = 1;
 
   AdagradScalars s;
 
-  __device__ void operator()(const Meta& meta, int t, int64_t begin, int len, int64_t) const {
-    if (flag_is_set(s.found_inf)) return;  // a skipped step changes nothing
+  __device__ const FoundInf& flag() const { return s.found_inf; }
 
-    // The new count is rounded in float, as the CPU kernel's `*step += 1.f`.
-    const float step = *static_cast<const float*>(meta.addresses[kDepth][t]) + 1.f;
-    const AdagradCoeffs<acc_t> c = adagrad_coeffs<acc_t>(s.lr_tensor.get(s.lr), s.lr_decay, s.eps,
-                                                         s.weight_decay, static_cast<double>(step));
-    const GradReader<acc_t> grads(s.grad_scale, s.maximize);
+  __device__ GradReader<acc_t> grads() const { return GradReader<acc_t>(s.grad_scale, s.maximize); }
 
-    param_t* p = static_cast<param_t*>(meta.addresses[0][t]) + begin;
-    param_t* g = static_cast<param_t*>(meta.addresses[1][t]) + begin;
-    acc_t* sum = static_cast<acc_t*>(meta.addresses[2][t]) + begin;
-    acc_t* w = nullptr;  // master weights
-    bool vec = pack_aligned(p) && pack_aligned(g) && pack_aligned(sum);
-    if constexpr (kMaster) {
-      w = static_cast<acc_t*>(meta.addresses[kMasterIdx][t]) + begin;
-      vec = vec && pack_aligned(w);
-    }
+  template <typename Meta>
+  __device__ AdagradCoeffs<acc_t> coeffs(const TensorScalars<Meta>& scalars) const {
+    return adagrad_coeffs<acc_t>(s.lr_tensor.get(s.lr), s.lr_decay, s.eps, s.weight_decay, next_step(scalars));
+  }
 
-    for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) {
-      const int n = len - i < kILP ? len - i : kILP;
-      acc_t x[kILP], gr[kILP], ss[kILP];
-      if constexpr (kMaster) {
-        load_pack(x, w + i, n, vec);
-      } else {
-        load_pack(x, p + i, n, vec);
-      }
-      grads.load(gr, g + i, n, vec);
-      load_pack(ss, sum + i, n, vec);
-#pragma unroll
-      for (int k = 0; k < kILP; ++k) {
-        // Padding beyond n is computed on zeros and never stored.
-        adagrad_math<kWMode>(x[k], gr[k], ss[k], c);
-      }
-      store_pack(sum + i, ss, n, vec);
-      if constexpr (kMaster) store_pack(w + i, x, n, vec);
-      store_pack(p + i, x, n, vec);
-    }
+  __device__ void math(acc_t& x, acc_t g, acc_t (&st)[1], const acc_t (&)[1], acc_t (&)[1],
+                       const AdagradCoeffs<acc_t>& c) const {
+    adagrad_math<kWMode>(x, g, st[0], c);
   }
 };
 
@@ -88,13 +60,10 @@ struct AdagradLists {
 
 template <typename param_t, typename acc_t, bool kWMode, bool kMaster>
 void launch_adagrad(const AdagradLists& l, const AdagradScalars& s) {
-  using Op = AdagradOp<param_t, acc_t, kWMode, kMaster>;
-  std::array<at::TensorList, Op::kDepth> lists;
-  lists[0] = l.params;
-  lists[1] = l.grads;
-  lists[2] = l.state_sums;
-  if constexpr (kMaster) lists[kMasterIdx] = l.master_params;
-  multi_tensor_apply<Op::kDepth, 1>(lists, {l.steps}, Op{s});
+  using Op = ElementwiseStep<AdagradPolicy<param_t, acc_t, kWMode, kMaster>>;
+  std::vector<at::TensorList> lists{l.params, l.grads, l.state_sums};
+  if constexpr (kMaster) lists.push_back(l.master_params);
+  multi_tensor_apply<Op::kDepth, 1>(to_array<Op::kDepth>(lists), {l.steps}, Op{{s}});
 }
 
 void fused_adagrad_(at::TensorList params, at::TensorList grads, at::TensorList state_sums,

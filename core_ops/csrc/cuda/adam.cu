@@ -8,7 +8,6 @@
 // still finds it, and no pointer table is copied to the device. Each block derives its
 // tensor's coefficients from that count + 1 (the step this update makes); a second,
 // stream-ordered kernel then advances the counts, once every block has read them.
-#include <array>
 #include <type_traits>
 #include <vector>
 
@@ -33,74 +32,39 @@ struct AdamScalars {
   bool bias_correction, maximize;
 };
 
-// Lists, in this order: params, grads, exp_avgs, exp_avg_sqs, then max_exp_avg_sqs
-// (amsgrad) and master_params (master weights) when present; one per-tensor scalar,
-// the step count, after them.
-constexpr int kMaxSqIdx = 4;
-constexpr int master_idx(bool amsgrad) { return amsgrad ? 5 : 4; }
-constexpr int adam_depth(bool amsgrad, bool master) { return 4 + int(amsgrad) + int(master); }
-
-// param_t is the params' (and grads') dtype, acc_t the state's and the math's: float
-// for float / half / bfloat16 params, double for double.
-template <typename param_t, typename acc_t, bool kAdamW, bool kAmsgrad, bool kMaster>
-struct AdamOp {
-  static constexpr int kDepth = adam_depth(kAmsgrad, kMaster);
-  using Meta = TensorListMeta<kDepth, 1>;
+// Lists (Note [One functor moves an optimizer's memory]): params, grads, exp_avgs,
+// exp_avg_sqs, then max_exp_avg_sqs (amsgrad) and master_params (master weights) when
+// present; one per-tensor scalar, the step count, after them. param_t is the params'
+// (and grads') dtype, acc_t the state's and the math's: float for float / half /
+// bfloat16 params, double for double.
+template <typename param_t_, typename acc_t_, bool kAdamW, bool kAmsgrad, bool kMaster_>
+struct AdamPolicy {
+  using param_t = param_t_;
+  using acc_t = acc_t_;
+  static constexpr bool kGrads = true, kMaster = kMaster_, kWritesWeights = true;
+  static constexpr int kSlots = 2 + int(kAmsgrad), kInputs = 0, kOutputs = 0, kScalars = 1;
 
   AdamScalars s;
 
-  __device__ void operator()(const Meta& meta, int t, int64_t begin, int len, int64_t) const {
-    if (flag_is_set(s.found_inf)) return;  // a skipped step changes nothing
+  __device__ const FoundInf& flag() const { return s.found_inf; }
 
-    // Every thread derives the coefficients itself: two double pows once per chunk,
-    // against the 128 elements a thread then moves; no shared memory, no barrier.
-    // The new count is rounded in float, as the CPU kernel's `*step += 1.f`.
-    const float step = *static_cast<const float*>(meta.addresses[kDepth][t]) + 1.f;
-    const AdamCoeffs<acc_t> c = adam_coeffs<acc_t>(s.lr_tensor.get(s.lr), s.beta1, s.beta2, s.eps,
-                                                   s.weight_decay, static_cast<double>(step),
-                                                   s.bias_correction);
-    const GradReader<acc_t> grads(s.grad_scale, s.maximize);
+  __device__ GradReader<acc_t> grads() const { return GradReader<acc_t>(s.grad_scale, s.maximize); }
 
-    param_t* p = static_cast<param_t*>(meta.addresses[0][t]) + begin;
-    param_t* g = static_cast<param_t*>(meta.addresses[1][t]) + begin;
-    acc_t* m = static_cast<acc_t*>(meta.addresses[2][t]) + begin;
-    acc_t* v = static_cast<acc_t*>(meta.addresses[3][t]) + begin;
-    acc_t* vm = nullptr;  // max_exp_avg_sq
-    acc_t* w = nullptr;   // master weights
-    bool vec = pack_aligned(p) && pack_aligned(g) && pack_aligned(m) && pack_aligned(v);
+  // Every thread derives the coefficients itself: two double pows once per chunk,
+  // against the 128 elements a thread then moves; no shared memory, no barrier.
+  template <typename Meta>
+  __device__ AdamCoeffs<acc_t> coeffs(const TensorScalars<Meta>& scalars) const {
+    return adam_coeffs<acc_t>(s.lr_tensor.get(s.lr), s.beta1, s.beta2, s.eps, s.weight_decay,
+                              next_step(scalars), s.bias_correction);
+  }
+
+  __device__ void math(acc_t& x, acc_t g, acc_t (&st)[kSlots], const acc_t (&)[1], acc_t (&)[1],
+                       const AdamCoeffs<acc_t>& c) const {
+    acc_t unused = 0;
     if constexpr (kAmsgrad) {
-      vm = static_cast<acc_t*>(meta.addresses[kMaxSqIdx][t]) + begin;
-      vec = vec && pack_aligned(vm);
-    }
-    if constexpr (kMaster) {
-      w = static_cast<acc_t*>(meta.addresses[master_idx(kAmsgrad)][t]) + begin;
-      vec = vec && pack_aligned(w);
-    }
-
-    for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) {
-      const int n = len - i < kILP ? len - i : kILP;
-      // The weights the math updates: the fp32 master when there is one (the param is
-      // then only written, with its rounding), else the param itself in acc_t.
-      acc_t x[kILP], gr[kILP], ea[kILP], eas[kILP], mx[kILP] = {};
-      if constexpr (kMaster) {
-        load_pack(x, w + i, n, vec);
-      } else {
-        load_pack(x, p + i, n, vec);
-      }
-      grads.load(gr, g + i, n, vec);
-      load_pack(ea, m + i, n, vec);
-      load_pack(eas, v + i, n, vec);
-      if constexpr (kAmsgrad) load_pack(mx, vm + i, n, vec);
-#pragma unroll
-      for (int k = 0; k < kILP; ++k) {
-        // Padding beyond n is computed on zeros and never stored.
-        adam_math<kAdamW, kAmsgrad>(x[k], gr[k], ea[k], eas[k], mx[k], c);
-      }
-      store_pack(m + i, ea, n, vec);
-      store_pack(v + i, eas, n, vec);
-      if constexpr (kAmsgrad) store_pack(vm + i, mx, n, vec);
-      if constexpr (kMaster) store_pack(w + i, x, n, vec);
-      store_pack(p + i, x, n, vec);
+      adam_math<kAdamW, true>(x, g, st[0], st[1], st[kSlots - 1], c);
+    } else {
+      adam_math<kAdamW, false>(x, g, st[0], st[1], unused, c);
     }
   }
 };
@@ -111,15 +75,11 @@ struct AdamLists {
 
 template <typename param_t, typename acc_t, bool kAdamW, bool kAmsgrad, bool kMaster>
 void launch_adam(const AdamLists& l, const AdamScalars& s) {
-  using Op = AdamOp<param_t, acc_t, kAdamW, kAmsgrad, kMaster>;
-  std::array<at::TensorList, Op::kDepth> lists;
-  lists[0] = l.params;
-  lists[1] = l.grads;
-  lists[2] = l.exp_avgs;
-  lists[3] = l.exp_avg_sqs;
-  if constexpr (kAmsgrad) lists[kMaxSqIdx] = l.max_exp_avg_sqs;
-  if constexpr (kMaster) lists[master_idx(kAmsgrad)] = l.master_params;
-  multi_tensor_apply<Op::kDepth, 1>(lists, {l.steps}, Op{s});
+  using Op = ElementwiseStep<AdamPolicy<param_t, acc_t, kAdamW, kAmsgrad, kMaster>>;
+  std::vector<at::TensorList> lists{l.params, l.grads, l.exp_avgs, l.exp_avg_sqs};
+  if constexpr (kAmsgrad) lists.push_back(l.max_exp_avg_sqs);
+  if constexpr (kMaster) lists.push_back(l.master_params);
+  multi_tensor_apply<Op::kDepth, 1>(to_array<Op::kDepth>(lists), {l.steps}, Op{{s}});
 }
 
 void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,

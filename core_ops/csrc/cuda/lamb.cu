@@ -9,7 +9,6 @@
 // from that count + 1, and a stream-ordered kernel advances the counts afterwards.
 // Stage 2: param_norms[t] and update_norms[t] ride along the same way (one-element
 // views of the device tensors), and each block computes its tensor's lamb_neg_step.
-#include <array>
 #include <type_traits>
 #include <vector>
 
@@ -40,61 +39,31 @@ struct Stage1Scalars {
   bool bias_correction, grad_averaging, maximize;
 };
 
-// Lists, in this order: params, grads, exp_avgs, exp_avg_sqs, updates, then
-// master_params when present; one per-tensor scalar, the step count, after them.
-constexpr int kStage1MasterIdx = 5;
-constexpr int stage1_depth(bool master) { return 5 + int(master); }
-
-template <typename param_t, typename acc_t, bool kAdamW, bool kMaster>
-struct LambStage1Op {
-  static constexpr int kDepth = stage1_depth(kMaster);
-  using Meta = TensorListMeta<kDepth, 1>;
+// Lists (Note [One functor moves an optimizer's memory]): params, grads, exp_avgs,
+// exp_avg_sqs, updates (written), then master_params when present; one per-tensor
+// scalar, the step count, after them. The weights are only read.
+template <typename param_t_, typename acc_t_, bool kAdamW, bool kMaster_>
+struct Stage1Policy {
+  using param_t = param_t_;
+  using acc_t = acc_t_;
+  static constexpr bool kGrads = true, kMaster = kMaster_, kWritesWeights = false;
+  static constexpr int kSlots = 2, kInputs = 0, kOutputs = 1, kScalars = 1;
 
   Stage1Scalars s;
 
-  __device__ void operator()(const Meta& meta, int t, int64_t begin, int len, int64_t) const {
-    if (flag_is_set(s.found_inf)) return;  // a skipped step changes nothing
+  __device__ const FoundInf& flag() const { return s.found_inf; }
 
-    // The new count is rounded in float, as the CPU kernel's `*step += 1.f`.
-    const float step = *static_cast<const float*>(meta.addresses[kDepth][t]) + 1.f;
-    const LambCoeffs<acc_t> c = lamb_coeffs<acc_t>(s.beta1, s.beta2, s.eps, s.weight_decay,
-                                                   static_cast<double>(step), s.bias_correction,
-                                                   s.grad_averaging);
-    const GradReader<acc_t> grads(s.grad_scale, s.maximize);
+  __device__ GradReader<acc_t> grads() const { return GradReader<acc_t>(s.grad_scale, s.maximize); }
 
-    const param_t* p = static_cast<const param_t*>(meta.addresses[0][t]) + begin;
-    param_t* g = static_cast<param_t*>(meta.addresses[1][t]) + begin;
-    acc_t* m = static_cast<acc_t*>(meta.addresses[2][t]) + begin;
-    acc_t* v = static_cast<acc_t*>(meta.addresses[3][t]) + begin;
-    acc_t* u = static_cast<acc_t*>(meta.addresses[4][t]) + begin;
-    const acc_t* w = nullptr;  // master weights
-    bool vec = pack_aligned(p) && pack_aligned(g) && pack_aligned(m) && pack_aligned(v) &&
-               pack_aligned(u);
-    if constexpr (kMaster) {
-      w = static_cast<const acc_t*>(meta.addresses[kStage1MasterIdx][t]) + begin;
-      vec = vec && pack_aligned(w);
-    }
+  template <typename Meta>
+  __device__ LambCoeffs<acc_t> coeffs(const TensorScalars<Meta>& scalars) const {
+    return lamb_coeffs<acc_t>(s.beta1, s.beta2, s.eps, s.weight_decay, next_step(scalars), s.bias_correction,
+                              s.grad_averaging);
+  }
 
-    for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) {
-      const int n = len - i < kILP ? len - i : kILP;
-      acc_t x[kILP], gr[kILP], ea[kILP], eas[kILP], up[kILP];
-      if constexpr (kMaster) {
-        load_pack(x, w + i, n, vec);
-      } else {
-        load_pack(x, p + i, n, vec);
-      }
-      grads.load(gr, g + i, n, vec);
-      load_pack(ea, m + i, n, vec);
-      load_pack(eas, v + i, n, vec);
-#pragma unroll
-      for (int k = 0; k < kILP; ++k) {
-        // Padding beyond n is computed on zeros and never stored.
-        up[k] = lamb_stage1_math<kAdamW>(x[k], gr[k], ea[k], eas[k], c);
-      }
-      store_pack(m + i, ea, n, vec);
-      store_pack(v + i, eas, n, vec);
-      store_pack(u + i, up, n, vec);
-    }
+  __device__ void math(acc_t& x, acc_t g, acc_t (&st)[2], const acc_t (&)[1], acc_t (&out)[1],
+                       const LambCoeffs<acc_t>& c) const {
+    out[0] = lamb_stage1_math<kAdamW>(x, g, st[0], st[1], c);
   }
 };
 
@@ -104,15 +73,10 @@ struct Stage1Lists {
 
 template <typename param_t, typename acc_t, bool kAdamW, bool kMaster>
 void launch_stage1(const Stage1Lists& l, const Stage1Scalars& s) {
-  using Op = LambStage1Op<param_t, acc_t, kAdamW, kMaster>;
-  std::array<at::TensorList, Op::kDepth> lists;
-  lists[0] = l.params;
-  lists[1] = l.grads;
-  lists[2] = l.exp_avgs;
-  lists[3] = l.exp_avg_sqs;
-  lists[4] = l.updates;
-  if constexpr (kMaster) lists[kStage1MasterIdx] = l.master_params;
-  multi_tensor_apply<Op::kDepth, 1>(lists, {l.steps}, Op{s});
+  using Op = ElementwiseStep<Stage1Policy<param_t, acc_t, kAdamW, kMaster>>;
+  std::vector<at::TensorList> lists{l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, l.updates};
+  if constexpr (kMaster) lists.push_back(l.master_params);
+  multi_tensor_apply<Op::kDepth, 1>(to_array<Op::kDepth>(lists), {l.steps}, Op{{s}});
 }
 
 void fused_lamb_stage1_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -170,49 +134,29 @@ struct Stage2Scalars {
   bool use_nvlamb;
 };
 
-// Lists, in this order: params, updates, then master_params when present; two
-// per-tensor scalars after them: the tensor's param norm and update norm.
-constexpr int kStage2MasterIdx = 2;
-constexpr int stage2_depth(bool master) { return 2 + int(master); }
-
-template <typename param_t, typename acc_t, bool kMaster>
-struct LambStage2Op {
-  static constexpr int kDepth = stage2_depth(kMaster);
-  using Meta = TensorListMeta<kDepth, 2>;
+// Lists (Note [One functor moves an optimizer's memory]): params, updates (read),
+// then master_params when present; two per-tensor scalars after them: the tensor's
+// param norm and update norm.
+template <typename param_t_, typename acc_t_, bool kMaster_>
+struct Stage2Policy {
+  using param_t = param_t_;
+  using acc_t = acc_t_;
+  static constexpr bool kGrads = false, kMaster = kMaster_, kWritesWeights = true;
+  static constexpr int kSlots = 0, kInputs = 1, kOutputs = 0, kScalars = 2;
 
   Stage2Scalars s;
 
-  __device__ void operator()(const Meta& meta, int t, int64_t begin, int len, int64_t) const {
-    if (flag_is_set(s.found_inf)) return;  // a skipped step changes nothing
+  __device__ const FoundInf& flag() const { return s.found_inf; }
 
-    const acc_t param_norm = *static_cast<const acc_t*>(meta.addresses[kDepth][t]);
-    const acc_t update_norm = *static_cast<const acc_t*>(meta.addresses[kDepth + 1][t]);
-    const acc_t neg_step = lamb_neg_step<acc_t>(s.lr_tensor.get(s.lr), param_norm, update_norm,
-                                                s.weight_decay, s.use_nvlamb);
+  template <typename Meta>
+  __device__ acc_t coeffs(const TensorScalars<Meta>& scalars) const {  // the tensor's step, negated
+    return lamb_neg_step<acc_t>(s.lr_tensor.get(s.lr), scalars.template get<acc_t>(0),
+                                scalars.template get<acc_t>(1), s.weight_decay, s.use_nvlamb);
+  }
 
-    param_t* p = static_cast<param_t*>(meta.addresses[0][t]) + begin;
-    const acc_t* u = static_cast<const acc_t*>(meta.addresses[1][t]) + begin;
-    acc_t* w = nullptr;  // master weights
-    bool vec = pack_aligned(p) && pack_aligned(u);
-    if constexpr (kMaster) {
-      w = static_cast<acc_t*>(meta.addresses[kStage2MasterIdx][t]) + begin;
-      vec = vec && pack_aligned(w);
-    }
-
-    for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) {
-      const int n = len - i < kILP ? len - i : kILP;
-      acc_t x[kILP], up[kILP];
-      if constexpr (kMaster) {
-        load_pack(x, w + i, n, vec);
-      } else {
-        load_pack(x, p + i, n, vec);
-      }
-      load_pack(up, u + i, n, vec);
-#pragma unroll
-      for (int k = 0; k < kILP; ++k) lamb_stage2_math(x[k], up[k], neg_step);
-      if constexpr (kMaster) store_pack(w + i, x, n, vec);
-      store_pack(p + i, x, n, vec);
-    }
+  __device__ void math(acc_t& x, acc_t, acc_t (&)[1], const acc_t (&update)[1], acc_t (&)[1],
+                       const acc_t& neg_step) const {
+    lamb_stage2_math(x, update[0], neg_step);
   }
 };
 
@@ -222,12 +166,10 @@ struct Stage2Lists {
 
 template <typename param_t, typename acc_t, bool kMaster>
 void launch_stage2(const Stage2Lists& l, const Stage2Scalars& s) {
-  using Op = LambStage2Op<param_t, acc_t, kMaster>;
-  std::array<at::TensorList, Op::kDepth> lists;
-  lists[0] = l.params;
-  lists[1] = l.updates;
-  if constexpr (kMaster) lists[kStage2MasterIdx] = l.master_params;
-  multi_tensor_apply<Op::kDepth, 2>(lists, {l.param_norms, l.update_norms}, Op{s});
+  using Op = ElementwiseStep<Stage2Policy<param_t, acc_t, kMaster>>;
+  std::vector<at::TensorList> lists{l.params, l.updates};
+  if constexpr (kMaster) lists.push_back(l.master_params);
+  multi_tensor_apply<Op::kDepth, 2>(to_array<Op::kDepth>(lists), {l.param_norms, l.update_norms}, Op{{s}});
 }
 
 // norms[i] as one-element views of the device tensor: per-tensor scalars of the launch.

@@ -14,7 +14,6 @@
 //      tensor's NovoGradCoeffs from the count + 1 and the stored second moment, both
 //      per-tensor scalars of the launch descriptor;
 //   3. advance_steps advances the counts once every block has read them.
-#include <array>
 #include <type_traits>
 #include <vector>
 
@@ -58,60 +57,33 @@ struct SecondMomentOp {
   }
 };
 
-// Step 2. Lists, in this order: params, grads, exp_avgs, then master_params when
-// present; two per-tensor scalars after them: the step count and the (updated)
-// second moment.
-constexpr int kMasterIdx = 3;
-constexpr int novograd_depth(bool master) { return 3 + int(master); }
-
-template <typename param_t, typename acc_t, bool kRegInside, bool kMaster>
-struct NovoGradOp {
-  static constexpr int kDepth = novograd_depth(kMaster);
-  using Meta = TensorListMeta<kDepth, 2>;
+// Step 2. Lists (Note [One functor moves an optimizer's memory]): params, grads,
+// exp_avgs, then master_params when present; two per-tensor scalars after them: the
+// step count and the (updated) second moment.
+template <typename param_t_, typename acc_t_, bool kRegInside, bool kMaster_>
+struct NovoGradPolicy {
+  using param_t = param_t_;
+  using acc_t = acc_t_;
+  static constexpr bool kGrads = true, kMaster = kMaster_, kWritesWeights = true;
+  static constexpr int kSlots = 1, kInputs = 0, kOutputs = 0, kScalars = 2;
 
   NovoGradScalars s;
 
-  __device__ void operator()(const Meta& meta, int t, int64_t begin, int len, int64_t) const {
-    if (flag_is_set(s.found_inf)) return;  // a skipped step changes nothing
+  __device__ const FoundInf& flag() const { return s.found_inf; }
 
-    // The new count is rounded in float, as the CPU kernel's `*step += 1.f`; v is the
-    // stored (rounded) second moment step 1 wrote.
-    const float step = *static_cast<const float*>(meta.addresses[kDepth][t]) + 1.f;
-    const double v = static_cast<double>(*static_cast<const acc_t*>(meta.addresses[kDepth + 1][t]));
-    const NovoGradCoeffs<acc_t> c = novograd_coeffs<acc_t>(
-        s.lr_tensor.get(s.lr), s.beta1, s.beta2, s.eps, s.weight_decay, static_cast<double>(step),
-        v, s.norm_type, s.bias_correction, s.grad_averaging);
-    const GradReader<acc_t> grads(s.grad_scale, s.maximize);
+  __device__ GradReader<acc_t> grads() const { return GradReader<acc_t>(s.grad_scale, s.maximize); }
 
-    param_t* p = static_cast<param_t*>(meta.addresses[0][t]) + begin;
-    param_t* g = static_cast<param_t*>(meta.addresses[1][t]) + begin;
-    acc_t* m = static_cast<acc_t*>(meta.addresses[2][t]) + begin;
-    acc_t* w = nullptr;  // master weights
-    bool vec = pack_aligned(p) && pack_aligned(g) && pack_aligned(m);
-    if constexpr (kMaster) {
-      w = static_cast<acc_t*>(meta.addresses[kMasterIdx][t]) + begin;
-      vec = vec && pack_aligned(w);
-    }
+  // v is the stored (rounded) second moment step 1 wrote.
+  template <typename Meta>
+  __device__ NovoGradCoeffs<acc_t> coeffs(const TensorScalars<Meta>& scalars) const {
+    const double v = static_cast<double>(scalars.template get<acc_t>(1));
+    return novograd_coeffs<acc_t>(s.lr_tensor.get(s.lr), s.beta1, s.beta2, s.eps, s.weight_decay,
+                                  next_step(scalars), v, s.norm_type, s.bias_correction, s.grad_averaging);
+  }
 
-    for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) {
-      const int n = len - i < kILP ? len - i : kILP;
-      acc_t x[kILP], gr[kILP], ea[kILP];
-      if constexpr (kMaster) {
-        load_pack(x, w + i, n, vec);
-      } else {
-        load_pack(x, p + i, n, vec);
-      }
-      grads.load(gr, g + i, n, vec);
-      load_pack(ea, m + i, n, vec);
-#pragma unroll
-      for (int k = 0; k < kILP; ++k) {
-        // Padding beyond n is computed on zeros and never stored.
-        novograd_math<kRegInside>(x[k], gr[k], ea[k], c);
-      }
-      store_pack(m + i, ea, n, vec);
-      if constexpr (kMaster) store_pack(w + i, x, n, vec);
-      store_pack(p + i, x, n, vec);
-    }
+  __device__ void math(acc_t& x, acc_t g, acc_t (&st)[1], const acc_t (&)[1], acc_t (&)[1],
+                       const NovoGradCoeffs<acc_t>& c) const {
+    novograd_math<kRegInside>(x, g, st[0], c);
   }
 };
 
@@ -122,13 +94,10 @@ struct NovoGradLists {
 template <typename param_t, typename acc_t, bool kRegInside, bool kMaster>
 void launch_novograd(const NovoGradLists& l, const NovoGradScalars& s) {
   multi_tensor_apply<1, 2>({l.exp_avg_sqs}, {l.steps, l.grad_norms}, SecondMomentOp<acc_t>{s});
-  using Op = NovoGradOp<param_t, acc_t, kRegInside, kMaster>;
-  std::array<at::TensorList, Op::kDepth> lists;
-  lists[0] = l.params;
-  lists[1] = l.grads;
-  lists[2] = l.exp_avgs;
-  if constexpr (kMaster) lists[kMasterIdx] = l.master_params;
-  multi_tensor_apply<Op::kDepth, 2>(lists, {l.steps, l.exp_avg_sqs}, Op{s});
+  using Op = ElementwiseStep<NovoGradPolicy<param_t, acc_t, kRegInside, kMaster>>;
+  std::vector<at::TensorList> lists{l.params, l.grads, l.exp_avgs};
+  if constexpr (kMaster) lists.push_back(l.master_params);
+  multi_tensor_apply<Op::kDepth, 2>(to_array<Op::kDepth>(lists), {l.steps, l.exp_avg_sqs}, Op{{s}});
 }
 
 // exp_avg_sqs: one one-element state-dtype tensor per param; grad_norms: one norm per

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -79,6 +80,143 @@ struct GradReader {
 #pragma unroll
       for (int k = 0; k < kILP; ++k) out[k] = maximize ? -r[k] : r[k];
       store_pack(g, out, n, vec);
+    }
+  }
+};
+
+// Note [One functor moves an optimizer's memory]: every elementwise optimizer kernel
+// reads the weights (the fp32 master when there is one, else the param), maybe the
+// grads (unscaled by GradReader), its state slots, read-only inputs; runs its math per
+// element; and writes back the slots, its outputs and the weights (master and param).
+// ElementwiseStep does that movement once (packs of kILP, one alignment test per
+// chunk, padding computed on zeros and never stored); a Policy says what an optimizer
+// has and does:
+//   param_t, acc_t               the params' dtype and the state's / math's
+//   kGrads, kSlots, kInputs, kOutputs, kMaster, kWritesWeights, kScalars
+//   flag()                       found_inf: when set, the chunk is left alone (a skipped
+//                                step changes nothing)
+//   grads()                      its GradReader (when kGrads)
+//   coeffs(scalars)              the chunk's coefficients, from the tensor's scalars
+//   math(x, g, slots, inputs, outputs, coeffs)   one element, on acc_t arrays
+// Lists, in this order: params, grads (kGrads), the slots, the inputs, the outputs, the
+// masters (kMaster); then the kScalars per-tensor scalars (step counts, norms).
+constexpr int at_least_one(int n) { return n > 0 ? n : 1; }
+
+// Tensor t's per-tensor scalars of a launch (after its kDepth lists).
+template <typename Meta>
+struct TensorScalars {
+  const Meta& meta;
+  int first, t;
+
+  template <typename T>
+  __device__ __forceinline__ T get(int j) const {
+    return *static_cast<const T*>(meta.addresses[first + j][t]);
+  }
+};
+
+// The step count (scalar j) plus one, the step this update makes, rounded in float as
+// the CPU kernels' `*step += 1.f`.
+template <typename Meta>
+__device__ __forceinline__ double next_step(const TensorScalars<Meta>& scalars, int j = 0) {
+  return static_cast<double>(scalars.template get<float>(j) + 1.f);
+}
+
+// The lists of a launch in a policy's order, as multi_tensor_apply takes them.
+template <int N>
+std::array<at::TensorList, N> to_array(const std::vector<at::TensorList>& lists) {
+  TORCH_INTERNAL_ASSERT(lists.size() == N, "expected ", N, " lists, got ", lists.size());
+  std::array<at::TensorList, N> out;
+  std::copy(lists.begin(), lists.end(), out.begin());
+  return out;
+}
+
+template <typename Policy>
+struct ElementwiseStep {
+  using param_t = typename Policy::param_t;
+  using acc_t = typename Policy::acc_t;
+  static constexpr int kS = Policy::kSlots, kI = Policy::kInputs, kO = Policy::kOutputs;
+  static constexpr bool kG = Policy::kGrads, kM = Policy::kMaster, kW = Policy::kWritesWeights;
+  static constexpr int kDepth = 1 + int(kG) + kS + kI + kO + int(kM);
+  using Meta = TensorListMeta<kDepth, Policy::kScalars>;
+
+  Policy policy;
+
+  template <typename T>
+  __device__ __forceinline__ static T* list(const Meta& meta, int l, int t, int64_t begin) {
+    return static_cast<T*>(meta.addresses[l][t]) + begin;
+  }
+
+  __device__ void operator()(const Meta& meta, int t, int64_t begin, int len, int64_t) const {
+    if (flag_is_set(policy.flag())) return;
+    const auto c = policy.coeffs(TensorScalars<Meta>{meta, kDepth, t});
+
+    constexpr int kFirstSlot = 1 + int(kG), kFirstInput = kFirstSlot + kS, kFirstOutput = kFirstInput + kI;
+    param_t* p = list<param_t>(meta, 0, t, begin);
+    param_t* g = kG ? list<param_t>(meta, 1, t, begin) : nullptr;
+    acc_t* w = kM ? list<acc_t>(meta, kFirstOutput + kO, t, begin) : nullptr;
+    acc_t* slot[at_least_one(kS)];
+    const acc_t* input[at_least_one(kI)];
+    acc_t* output[at_least_one(kO)];
+    bool vec = pack_aligned(p) && (!kG || pack_aligned(g)) && (!kM || pack_aligned(w));
+#pragma unroll
+    for (int j = 0; j < kS; ++j) {
+      slot[j] = list<acc_t>(meta, kFirstSlot + j, t, begin);
+      vec = vec && pack_aligned(slot[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kI; ++j) {
+      input[j] = list<const acc_t>(meta, kFirstInput + j, t, begin);
+      vec = vec && pack_aligned(input[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kO; ++j) {
+      output[j] = list<acc_t>(meta, kFirstOutput + j, t, begin);
+      vec = vec && pack_aligned(output[j]);
+    }
+
+    const auto reader = [&] {
+      if constexpr (kG) {
+        return policy.grads();
+      } else {
+        return 0;  // no grads read
+      }
+    }();
+
+    for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) {
+      const int n = len - i < kILP ? len - i : kILP;
+      acc_t x[kILP], gr[kILP] = {}, s[at_least_one(kS)][kILP], in[at_least_one(kI)][kILP],
+          out[at_least_one(kO)][kILP];
+      if constexpr (kM) {
+        load_pack(x, w + i, n, vec);
+      } else {
+        load_pack(x, p + i, n, vec);
+      }
+      if constexpr (kG) reader.load(gr, g + i, n, vec);
+#pragma unroll
+      for (int j = 0; j < kS; ++j) load_pack(s[j], slot[j] + i, n, vec);
+#pragma unroll
+      for (int j = 0; j < kI; ++j) load_pack(in[j], input[j] + i, n, vec);
+#pragma unroll
+      for (int k = 0; k < kILP; ++k) {
+        acc_t se[at_least_one(kS)], ie[at_least_one(kI)], oe[at_least_one(kO)];
+#pragma unroll
+        for (int j = 0; j < kS; ++j) se[j] = s[j][k];
+#pragma unroll
+        for (int j = 0; j < kI; ++j) ie[j] = in[j][k];
+        policy.math(x[k], gr[k], se, ie, oe, c);
+#pragma unroll
+        for (int j = 0; j < kS; ++j) s[j][k] = se[j];
+#pragma unroll
+        for (int j = 0; j < kO; ++j) out[j][k] = oe[j];
+      }
+#pragma unroll
+      for (int j = 0; j < kS; ++j) store_pack(slot[j] + i, s[j], n, vec);
+#pragma unroll
+      for (int j = 0; j < kO; ++j) store_pack(output[j] + i, out[j], n, vec);
+      if constexpr (kW) {
+        if constexpr (kM) store_pack(w + i, x, n, vec);
+        store_pack(p + i, x, n, vec);
+      }
     }
   }
 };

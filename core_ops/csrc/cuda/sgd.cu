@@ -4,7 +4,6 @@
 // adam.cu: one multi_tensor_apply pass; SGD keeps no step count, so there is no
 // per-tensor scalar and no step-advance kernel. first_step and wd_after_momentum are
 // runtime flags of SgdCoeffs, as on the CPU.
-#include <array>
 #include <type_traits>
 #include <vector>
 
@@ -27,61 +26,33 @@ struct SgdScalars {
   bool first_step, wd_after_momentum, maximize;
 };
 
-// Lists, in this order: params, grads, then momentum_buffers (momentum != 0) and
-// master_params (master weights) when present.
-constexpr int master_idx(bool momentum) { return momentum ? 3 : 2; }
-constexpr int sgd_depth(bool momentum, bool master) { return 2 + int(momentum) + int(master); }
-
-template <typename param_t, typename acc_t, bool kMomentum, bool kNesterov, bool kMaster>
-struct SgdOp {
-  static constexpr int kDepth = sgd_depth(kMomentum, kMaster);
-  using Meta = TensorListMeta<kDepth, 0>;
+// Lists (Note [One functor moves an optimizer's memory]): params, grads, then
+// momentum_buffers (momentum != 0) and master_params (master weights) when present.
+template <typename param_t_, typename acc_t_, bool kMomentum, bool kNesterov, bool kMaster_>
+struct SgdPolicy {
+  using param_t = param_t_;
+  using acc_t = acc_t_;
+  static constexpr bool kGrads = true, kMaster = kMaster_, kWritesWeights = true;
+  static constexpr int kSlots = int(kMomentum), kInputs = 0, kOutputs = 0, kScalars = 0;
+  // Note [Half params without masters]: torch's roundings for a half param alone.
+  using Round = std::conditional_t<!kMaster && !std::is_same_v<param_t, acc_t>, RoundTo<param_t>, NoRound>;
 
   SgdScalars s;
 
-  __device__ void operator()(const Meta& meta, int t, int64_t begin, int len, int64_t) const {
-    if (flag_is_set(s.found_inf)) return;  // a skipped step changes nothing
+  __device__ const FoundInf& flag() const { return s.found_inf; }
 
-    const SgdCoeffs<acc_t> c = sgd_coeffs<acc_t>(s.lr_tensor.get(s.lr), s.momentum, s.dampening,
-                                                 s.weight_decay, s.first_step, s.wd_after_momentum);
-    const GradReader<acc_t> grads(s.grad_scale, s.maximize);
-    // Note [Half params without masters]: torch's roundings for a half param alone.
-    using Round = std::conditional_t<!kMaster && !std::is_same_v<param_t, acc_t>, RoundTo<param_t>, NoRound>;
-    const Round round;
+  __device__ GradReader<acc_t> grads() const { return GradReader<acc_t>(s.grad_scale, s.maximize); }
 
-    param_t* p = static_cast<param_t*>(meta.addresses[0][t]) + begin;
-    param_t* g = static_cast<param_t*>(meta.addresses[1][t]) + begin;
-    acc_t* b = nullptr;  // momentum buffer
-    acc_t* w = nullptr;  // master weights
-    bool vec = pack_aligned(p) && pack_aligned(g);
-    if constexpr (kMomentum) {
-      b = static_cast<acc_t*>(meta.addresses[2][t]) + begin;
-      vec = vec && pack_aligned(b);
-    }
-    if constexpr (kMaster) {
-      w = static_cast<acc_t*>(meta.addresses[master_idx(kMomentum)][t]) + begin;
-      vec = vec && pack_aligned(w);
-    }
+  template <typename Meta>
+  __device__ SgdCoeffs<acc_t> coeffs(const TensorScalars<Meta>&) const {
+    return sgd_coeffs<acc_t>(s.lr_tensor.get(s.lr), s.momentum, s.dampening, s.weight_decay, s.first_step,
+                             s.wd_after_momentum);
+  }
 
-    for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) {
-      const int n = len - i < kILP ? len - i : kILP;
-      acc_t x[kILP], gr[kILP], bf[kILP] = {};
-      if constexpr (kMaster) {
-        load_pack(x, w + i, n, vec);
-      } else {
-        load_pack(x, p + i, n, vec);
-      }
-      grads.load(gr, g + i, n, vec);
-      if constexpr (kMomentum) load_pack(bf, b + i, n, vec);
-#pragma unroll
-      for (int k = 0; k < kILP; ++k) {
-        // Padding beyond n is computed on zeros and never stored.
-        sgd_math<kMomentum, kNesterov>(x[k], gr[k], bf[k], c, round);
-      }
-      if constexpr (kMomentum) store_pack(b + i, bf, n, vec);
-      if constexpr (kMaster) store_pack(w + i, x, n, vec);
-      store_pack(p + i, x, n, vec);
-    }
+  __device__ void math(acc_t& x, acc_t g, acc_t (&st)[1], const acc_t (&)[1], acc_t (&)[1],
+                       const SgdCoeffs<acc_t>& c) const {
+    acc_t none = 0;  // no momentum buffer: sgd_math leaves it alone
+    sgd_math<kMomentum, kNesterov>(x, g, kMomentum ? st[0] : none, c, Round());
   }
 };
 
@@ -91,13 +62,11 @@ struct SgdLists {
 
 template <typename param_t, typename acc_t, bool kMomentum, bool kNesterov, bool kMaster>
 void launch_sgd(const SgdLists& l, const SgdScalars& s) {
-  using Op = SgdOp<param_t, acc_t, kMomentum, kNesterov, kMaster>;
-  std::array<at::TensorList, Op::kDepth> lists;
-  lists[0] = l.params;
-  lists[1] = l.grads;
-  if constexpr (kMomentum) lists[2] = l.momentum_buffers;
-  if constexpr (kMaster) lists[master_idx(kMomentum)] = l.master_params;
-  multi_tensor_apply<Op::kDepth, 0>(lists, {}, Op{s});
+  using Op = ElementwiseStep<SgdPolicy<param_t, acc_t, kMomentum, kNesterov, kMaster>>;
+  std::vector<at::TensorList> lists{l.params, l.grads};
+  if constexpr (kMomentum) lists.push_back(l.momentum_buffers);
+  if constexpr (kMaster) lists.push_back(l.master_params);
+  multi_tensor_apply<Op::kDepth, 0>(to_array<Op::kDepth>(lists), {}, Op{{s}});
 }
 
 void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
