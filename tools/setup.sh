@@ -10,6 +10,18 @@ pip() { .venv/bin/python -m pip -q --disable-pip-version-check "$@" 2>&1 | grep 
 .venv/bin/python -c "import torch" 2>/dev/null || pip install "torch==2.14.1"
 # [cuda]: NVIDIA's pip-packaged CUDA compiler, so that the test of a build without a
 # system toolkit runs (tests/test_build.py); about 100 MB.
-pip install -e ".[test,cuda]" -e "plugins/lightning[demo]" -e plugins/accelerate
-.venv/bin/python -c "import core_ops, core_ops_lightning, core_ops_accelerate" \
-  || { echo "setup failed: packages do not import" >&2; exit 1; }
+# Installed once per version of the packaging files: a second run (tools/demo.sh
+# calls this script every time) finds the stamp and skips pip.
+stamp=.venv/.core-ops-installed
+want=$(cat pyproject.toml plugins/*/pyproject.toml plugins/*/setup.py | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  pip install -e ".[test,cuda]" -e "plugins/lightning[demo]" -e plugins/accelerate
+  .venv/bin/python -c "import core_ops, core_ops_lightning, core_ops_accelerate" \
+    || { echo "setup failed: packages do not import" >&2; exit 1; }
+  echo "$want" > "$stamp"
+fi
+# The plugins' wheels carry a .pth that loads them when Lightning / Accelerate is
+# imported (Note [Plugin autoload] in core_ops_autoload.py); editable installs cannot,
+# so the development environment gets the same files here.
+site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+cp plugins/lightning/core-ops-lightning-autoload.pth plugins/accelerate/core-ops-accelerate-autoload.pth "$site/"

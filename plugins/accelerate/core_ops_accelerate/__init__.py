@@ -5,9 +5,14 @@ core_ops' DistributedDataParallel in an unchanged Accelerate training loop::
     from core_ops_accelerate import ApexPlugin
     accelerator = Accelerator(kwargs_handlers=[ApexPlugin(opt_level="O2")])
 
-or, with no change to the script, from the environment::
+or, with no change to the script, from the environment, however it is launched
+(``python train.py``, ``accelerate launch train.py``, ``torchrun train.py``): the
+installed package loads itself when ``accelerate`` is imported and
+``CORE_OPS_OPT_LEVEL`` is set (Note [Plugin autoload] in core_ops_autoload.py;
+``CORE_OPS_AUTOLOAD=0`` turns that off, and ``python -m core_ops_accelerate`` still
+works)::
 
-    CORE_OPS_OPT_LEVEL=O2 accelerate launch --config_file cfg.yaml -m core_ops_accelerate train.py
+    CORE_OPS_OPT_LEVEL=O2 accelerate launch --config_file cfg.yaml train.py
 """
 
 import warnings
@@ -22,4 +27,12 @@ if PROBLEMS:
     warnings.warn("core_ops_accelerate could not hook into this Accelerate (" + "; ".join(PROBLEMS) +
                   "): Accelerator(kwargs_handlers=[ApexPlugin()]) will be refused", stacklevel=2)
 
-__all__ = ["ApexPlugin", "FIELDS"]
+
+
+def autoload():
+    """What the installed package's .pth calls once ``accelerate`` is imported with
+    ``CORE_OPS_OPT_LEVEL`` set: every Accelerator built without an ApexPlugin gets one."""
+    _compat.AUTO["on"] = True
+
+
+__all__ = ["ApexPlugin", "FIELDS", "autoload"]

@@ -1,6 +1,6 @@
 """An Accelerate training script that knows nothing of core_ops (test_launches.py runs it
-under `accelerate launch -m core_ops_accelerate`, the plugin switched on by the
-environment alone). Saves what it saw to OUT/plain-rank<r>.pt."""
+under `accelerate launch`, the plugin switched on by the environment alone). Saves what
+it saw to OUT/plain-rank<r>.pt."""
 
 import sys
 from pathlib import Path

@@ -1,6 +1,6 @@
 """The Accelerate plugin on 2 gloo processes, through `accelerate launch` itself: the
-plugin in code (accelerate_runs.py) and, with no change to the script, from a config
-file plus CORE_OPS_* variables (plain_train.py). Tolerances: bit for bit where the same
+plugin in code (accelerate_runs.py) and, with no change to the script and no `-m
+core_ops_accelerate`, from a config file plus CORE_OPS_* variables (plain_train.py). Tolerances: bit for bit where the same
 kernels run in the same order (ranks after DDP, a resume); 2 ranks against one process
 differ in the order of float32 sums (the allreduce, SyncBatchNorm's merged
 statistics): 1e-5."""
@@ -100,8 +100,10 @@ def test_save_state_then_load_state_continues_exactly(runs):
 def test_an_unmodified_script_switched_on_by_the_environment(tmp_path):
     (tmp_path / "cfg.yaml").write_text(CPU_CONFIG)
     env = dict(CORE_OPS_OPT_LEVEL="O2", CORE_OPS_SYNC_BN="1", CORE_OPS_FUSED_OPTIMIZER="1")
-    r0, r1 = launch(["--config_file", str(tmp_path / "cfg.yaml"), "-m", "core_ops_accelerate",
-                     str(HERE / "plain_train.py"), str(tmp_path)], tmp_path, env=env, name="plain")
+    # `accelerate launch train.py`, no `-m core_ops_accelerate`: the installed plugin
+    # loads itself in each rank (Note [Plugin autoload] in core_ops_autoload.py).
+    r0, r1 = launch(["--config_file", str(tmp_path / "cfg.yaml"), str(HERE / "plain_train.py"), str(tmp_path)],
+                    tmp_path, env=env, name="plain")
     assert r0["wrapper"] == "core_ops.parallel.distributed.DistributedDataParallel"
     assert r0["optimizer"] == "FusedAdam" and r0["bn"] == ["SyncBatchNorm"]
     assert r0["dtypes"] == ["torch.float16", "torch.float32"]

@@ -1,0 +1,102 @@
+"""Loads a core-ops plugin when its host framework is imported, so that
+``Trainer(precision="apex-O2")`` works without ``import core_ops_lightning`` and any
+Accelerate script runs with ``ApexPlugin`` when ``CORE_OPS_OPT_LEVEL`` is set.
+
+Note [Plugin autoload]: as torch's out-of-tree backend autoload, the installed plugin
+registers itself and the host's import applies it; ``CORE_OPS_AUTOLOAD=0`` turns it off.
+Neither Lightning nor Accelerate reads a plugin registry before it parses
+``precision=`` or builds an Accelerator, so each plugin's wheel carries a ``.pth`` file
+(run by Python's ``site`` at start-up) that calls ``when_imported`` here. That adds one
+finder to ``sys.meta_path`` and imports nothing else: a process that never imports the
+host pays a dictionary lookup per import. When the outermost host module has finished
+executing, the plugin is imported (and a ``module:function`` hook called); a plugin
+that fails to import warns and leaves the host's import alone.
+
+This module is top-level and imports only the standard library: importing
+``core_ops`` (and torch) from a ``.pth`` would slow every Python process.
+"""
+
+import os
+import sys
+
+OFF = "CORE_OPS_AUTOLOAD"
+
+
+def enabled():
+    value = os.environ.get(OFF, "1").strip().lower()
+    if value not in ("0", "1", "", "false", "true", "off", "on", "no", "yes"):
+        import warnings
+        warnings.warn(f"{OFF}={os.environ[OFF]!r} is not one of 0 / 1: autoload stays on", stacklevel=2)
+    return value not in ("0", "false", "off", "no")
+
+
+def when_imported(hosts, plugin, only_if_set=None):
+    """Imports ``plugin`` ("module" or "module:function", the function then called)
+    once any module of ``hosts`` has been imported; with ``only_if_set``, only when
+    that environment variable is set. Nothing when autoload is off."""
+    if not enabled() or (only_if_set and not os.environ.get(only_if_set)):
+        return
+    if any(isinstance(f, _HostFinder) and f.plugin == plugin for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _HostFinder(hosts, plugin))
+
+
+class _HostFinder:  # a meta path finder: find_spec is all the import system asks
+    def __init__(self, hosts, plugin):
+        self.hosts, self.plugin = frozenset(hosts), plugin
+        self.depth, self.done = 0, False
+
+    def find_spec(self, name, path, target=None):
+        if self.done or name not in self.hosts:
+            return None
+        for finder in sys.meta_path:  # the spec the import system would use without us
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _AfterLoader(spec.loader, self)
+        return spec
+
+    def _load_plugin(self):
+        self.done = True
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        import importlib
+        import warnings
+        module, _, function = self.plugin.partition(":")
+        try:
+            loaded = importlib.import_module(module)
+            if function:
+                getattr(loaded, function)()
+        except Exception as e:  # the user's import of the host must not fail for us
+            warnings.warn(f"core-ops could not load {module} ({type(e).__name__}: {e}); set {OFF}=0 to stop "
+                          "trying, or import it yourself to see the whole error", stacklevel=3)
+
+
+class _AfterLoader:
+    """The host's own loader, which then loads the plugin once the outermost host
+    module has executed (``lightning`` imports ``lightning.fabric`` first, and
+    ``pytorch_lightning`` imports ``lightning_fabric``)."""
+
+    def __init__(self, loader, finder):
+        self._loader, self._finder = loader, finder
+
+    def __getattr__(self, name):  # get_resource_reader, is_package, ... as the host's loader
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        finder = self._finder
+        finder.depth += 1
+        try:
+            self._loader.exec_module(module)
+        finally:
+            finder.depth -= 1
+        if finder.depth == 0 and not finder.done:
+            finder._load_plugin()

@@ -1,0 +1,86 @@
+"""Note [Plugin autoload] (core_ops_autoload.py): with the plugins installed, Lightning's
+apex-* names work and an Accelerate script gets ApexPlugin from CORE_OPS_OPT_LEVEL with
+no import of the plugin, in fresh processes as a user starts them; CORE_OPS_AUTOLOAD=0
+turns both off; a process that imports neither framework loads neither plugin; and
+the plugins' wheels carry the .pth files that do it (the development environment,
+installed editable, gets the same files from tools/setup.sh)."""
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+QUIET = "accelerator='cpu', devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False"
+
+
+def python(code, **env):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CORE_OPS_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(base, PYTHONWARNINGS="ignore", **env), cwd="/")
+    return proc
+
+
+LIGHTNING = f"""
+import sys
+import lightning as L
+import pytorch_lightning
+print('trainer', L.Trainer(precision='apex-O2', strategy='apex-ddp', {QUIET}).precision)
+print('fabric', L.Fabric(precision='apex-O2-bf16', accelerator='cpu', devices=1)._precision.precision)
+print('standalone', pytorch_lightning.Trainer(precision='apex-O1', {QUIET}).precision)
+"""
+
+
+def test_lightning_names_work_without_importing_the_plugin():
+    proc = python(LIGHTNING)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["trainer", "apex-O2", "fabric", "apex-O2-bf16", "standalone", "apex-O1"]
+
+
+def test_lightning_autoload_is_off_with_its_variable():
+    proc = python(LIGHTNING + "\nprint('loaded', 'core_ops_lightning' in sys.modules)", CORE_OPS_AUTOLOAD="0")
+    assert proc.returncode != 0 and "invalid strategy name: `strategy='apex-ddp'`" in proc.stderr, proc.stderr[-3000:]
+
+
+ACCELERATE = """
+import sys
+from accelerate import Accelerator
+import torch
+acc = Accelerator(cpu=True)
+net = torch.nn.Linear(4, 4)
+model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+print(type(acc).__name__, next(model.parameters()).dtype, 'core_ops_accelerate' in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("env, want", [
+    (dict(CORE_OPS_OPT_LEVEL="O2"), "torch.float16 True"),
+    (dict(CORE_OPS_OPT_LEVEL="O2", CORE_OPS_AUTOLOAD="0"), "torch.float32 False"),
+    ({}, "torch.float32 False"),  # no opt level: the plugin is not even imported
+], ids=["opt_level", "opt_out", "unset"])
+def test_an_accelerate_script_run_with_python_gets_the_plugin_from_the_environment(env, want):
+    proc = python(ACCELERATE, **env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[1:] == want.split(), proc.stdout
+
+
+def test_a_process_that_imports_neither_framework_loads_nothing():
+    proc = python("import sys, json; print(sorted(m for m in sys.modules if m.startswith(('core_ops', 'torch', "
+                  "'lightning', 'accelerate'))))", CORE_OPS_OPT_LEVEL="O2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['core_ops_autoload']"
+
+
+@pytest.mark.parametrize("plugin", ["lightning", "accelerate"])
+def test_the_wheel_carries_the_autoload_file(plugin, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                           str(tmp_path), str(ROOT / "plugins" / plugin)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wheel,) = tmp_path.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    pth = f"core-ops-{plugin}-autoload.pth"
+    assert pth in names  # at the top: site-packages, where Python's site runs it
+    assert zipfile.ZipFile(wheel).read(pth).decode() == (ROOT / "plugins" / plugin / pth).read_text()
