@@ -108,11 +108,15 @@ def skipped_steps(loss_id=0):
 
 def state_dict(destination=None):
     """Apex's format: ``{'loss_scaler0': {'loss_scale': float, 'unskipped': int}, ...}``
-    (plus the hysteresis count when hysteresis is on)."""
+    (plus the hysteresis count when hysteresis is on), each entry also naming the opt
+    level and whether it scales dynamically, which Apex's loader ignores and ours
+    checks (a resume at another level warns, as the plugins do)."""
     destination = OrderedDict() if destination is None else destination
-    for i, scaler in enumerate(_state.current().loss_scalers):
+    current = _state.current()
+    for i, scaler in enumerate(current.loss_scalers):
         sd = scaler.state_dict()
-        entry = {"loss_scale": sd["scale"], "unskipped": sd["_growth_tracker"]}
+        entry = {"loss_scale": sd["scale"], "unskipped": sd["_growth_tracker"],
+                 "opt_level": current.properties.opt_level, "dynamic": scaler.dynamic}
         if scaler.hysteresis > 1:
             entry["_hysteresis_tracker"] = sd["_hysteresis_tracker"]
         destination[f"loss_scaler{i}"] = entry
@@ -133,9 +137,20 @@ def load_state_dict(state_dict):
         warnings.warn(f"the amp state dict has {len(saved)} loss scalers but amp.initialize made "
                       f"{len(scalers)} (num_losses); loading the first {min(len(saved), len(scalers))}",
                       stacklevel=2)
+    level = _state.current().properties.opt_level
     for i, scaler in enumerate(scalers):
-        if f"loss_scaler{i}" in state_dict:
-            scaler.load_state_dict(dict(state_dict[f"loss_scaler{i}"]))
+        if f"loss_scaler{i}" not in state_dict:
+            continue
+        entry = dict(state_dict[f"loss_scaler{i}"])
+        saved_level = entry.pop("opt_level", level)  # Apex's own files name none
+        if saved_level != level:
+            same_kind = bool(entry.get("dynamic", scaler.dynamic)) == scaler.dynamic
+            warnings.warn(f"loading the amp state of an {saved_level} run into {level}: loss scaler {i} "
+                          + ("carries over" if same_kind else "does not apply here and is left out"),
+                          stacklevel=2)
+            if not same_kind:
+                continue
+        scaler.load_state_dict(entry)
 
 
 @contextlib.contextmanager

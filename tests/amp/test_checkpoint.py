@@ -63,13 +63,37 @@ def test_amp_state_dict_mismatch():
     with pytest.warns(UserWarning, match="has 2 loss scalers but amp.initialize made 1"):
         amp.load_state_dict({"loss_scaler0": {"loss_scale": 256.0, "unskipped": 7},
                              "loss_scaler1": {"loss_scale": 1.0, "unskipped": 0}})
-    assert amp.state_dict() == {"loss_scaler0": {"loss_scale": 256.0, "unskipped": 7}}
+    O1 = {"opt_level": "O1", "dynamic": True}
+    assert amp.state_dict() == {"loss_scaler0": {"loss_scale": 256.0, "unskipped": 7, **O1}}
     model = conv_net()
     amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O1",
                    num_losses=2, verbosity=0)
     with pytest.warns(UserWarning, match="has 1 loss scalers but amp.initialize made 2"):
         amp.load_state_dict({"loss_scaler0": {"loss_scale": 8.0, "unskipped": 3}})
-    assert amp.state_dict() == {"loss_scaler0": {"loss_scale": 8.0, "unskipped": 3},
-                                "loss_scaler1": {"loss_scale": 2.0**16, "unskipped": 0}}
+    assert amp.state_dict() == {"loss_scaler0": {"loss_scale": 8.0, "unskipped": 3, **O1},
+                                "loss_scaler1": {"loss_scale": 2.0**16, "unskipped": 0, **O1}}
     with pytest.raises(RuntimeError, match=r"unexpected keys in the amp state dict: \['scale'\]"):
         amp.load_state_dict({"scale": 1.0})
+
+
+def test_a_state_of_another_opt_level_warns_as_in_the_plugins():
+    # Apex's files name no level and load silently; ours name theirs. O2 -> O1: both scale
+    # dynamically, the scaler carries over with a warning; O2 -> O3 (static scale 1):
+    # it does not apply and is left out, with a warning.
+    fresh("O2", torch.float16, "FusedAdam")
+    saved = amp.state_dict()
+    saved["loss_scaler0"]["loss_scale"] = 512.0
+    fresh("O1", torch.float16, "FusedAdam")
+    with pytest.warns(UserWarning, match="amp state of an O2 run into O1: loss scaler 0 carries over"):
+        amp.load_state_dict(saved)
+    assert amp.state_dict()["loss_scaler0"]["loss_scale"] == 512.0
+    fresh("O3", torch.float16, "FusedAdam")
+    with pytest.warns(UserWarning, match="O2 run into O3: loss scaler 0 does not apply here and is left out"):
+        amp.load_state_dict(saved)
+    assert amp.state_dict()["loss_scaler0"]["loss_scale"] == 1.0
+    fresh("O1", torch.float16, "FusedAdam")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Apex's own format: no level, no warning
+        amp.load_state_dict({"loss_scaler0": {"loss_scale": 64.0, "unskipped": 2}})
+    assert amp.state_dict()["loss_scaler0"]["loss_scale"] == 64.0

@@ -147,7 +147,8 @@ def test_sparse_grads(level):
     assert master.grad.is_sparse and torch.equal(master.grad.to_dense(), grad)
     opt.step()
     assert torch.equal(master.detach(), start - grad)
-    assert amp.state_dict()["loss_scaler0"] == {"loss_scale": 2.0**16, "unskipped": 1}
+    assert amp.state_dict()["loss_scaler0"] == {"loss_scale": 2.0**16, "unskipped": 1, "opt_level": level,
+                                                "dynamic": True}
     # An overflow in a sparse grad skips the step.
     with amp.scale_loss(emb(torch.tensor([3])).float().sum() * math.inf, opt) as scaled:
         scaled.backward()

@@ -45,7 +45,8 @@ def test_overflow_skips_step(level, opt_name, half, bad):
         inject(model, bad, index=3)
     opt.step()
 
-    assert amp.state_dict()["loss_scaler0"] == {"loss_scale": scale / 2, "unskipped": 0}
+    assert amp.state_dict()["loss_scaler0"] == {"loss_scale": scale / 2, "unskipped": 0, "opt_level": level,
+                                                "dynamic": True}
     assert all(torch.equal(a, b) for a, b in zip(params, model.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(masters, amp.master_params(opt)))
     after = optimizer_state(opt)
@@ -87,8 +88,8 @@ def test_overflow_in_one_of_two_losses_skips_the_step():
     opt.step()
     assert torch.equal(w, model[0].weight)
     sd = amp.state_dict()
-    assert sd["loss_scaler0"] == {"loss_scale": 2.0**16, "unskipped": 1}
-    assert sd["loss_scaler1"] == {"loss_scale": 2.0**15, "unskipped": 0}
+    assert sd["loss_scaler0"] == {"loss_scale": 2.0**16, "unskipped": 1, "opt_level": "O2", "dynamic": True}
+    assert sd["loss_scaler1"] == {"loss_scale": 2.0**15, "unskipped": 0, "opt_level": "O2", "dynamic": True}
     # The public readers, and Apex's logging idiom.
     assert (amp.loss_scale(), amp.skipped_steps()) == (2.0**16, 0)
     assert (amp.loss_scale(loss_id=1), amp.skipped_steps(loss_id=1)) == (2.0**15, 1)
@@ -113,7 +114,8 @@ def test_overflow_in_one_optimizer_skips_all_of_that_loss(opt_name):
     for opt in opts:
         opt.step()
     assert torch.equal(wa, a[0].weight) and torch.equal(wb, b[0].weight)
-    assert amp.state_dict()["loss_scaler0"] == {"loss_scale": 2.0**15, "unskipped": 0}
+    assert amp.state_dict()["loss_scaler0"] == {"loss_scale": 2.0**15, "unskipped": 0, "opt_level": "O1",
+                                                "dynamic": True}
     # The flag is spent by the skipped step: the next iteration trains both.
     train(a, opts[0], DATA[1:2])
     train(b, opts[1], DATA[1:2])
