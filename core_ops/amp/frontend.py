@@ -3,6 +3,7 @@ ops instead of monkeypatching and amp_C."""
 
 from __future__ import annotations
 
+import time
 import warnings
 import weakref
 
@@ -99,6 +100,8 @@ def _check_half_supported(device_type, props):
         torch.mm(a, a)
     except RuntimeError as e:
         raise RuntimeError(f"{dtype} matmul does not run on {device_type} ({e}); {advice}") from None
+    if device_type == "cpu" and dtype is torch.float16:
+        _warn_if_fp16_is_slow_here()
     if props.patch_torch_functions:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -106,6 +109,37 @@ def _check_half_supported(device_type, props):
                 pass
         if any("autocast" in str(w.message).lower() for w in caught):
             raise RuntimeError(f"torch.autocast on {device_type} does not support {dtype}; {advice}")
+
+
+_FP16_CPU_CHECKED = []
+
+
+def _gflops(dtype, n=256, repeats=3):
+    """The best of ``repeats`` timed n x n matmuls (the first calls pay set-up)."""
+    a = torch.randn(n, n).to(dtype)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, a)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def _warn_if_fp16_is_slow_here():
+    """fp16 on a CPU is a trap where it has no fp16 arithmetic (most x86 CPUs before
+    AVX512-FP16): torch 2.14 ran 2048^2 matmuls at 0-3 GFLOP/s in fp16 against 111 in
+    fp32 and 196 in bf16 on a 2-core x86 machine. Measured here once per process (256^2
+    matmuls, about 50 ms where fp16 is slow; float32 as the yardstick, bfloat16's first
+    call pays oneDNN's set-up), and said when fp16 is more than twice slower than
+    float32; the level is not switched behind the user's back."""
+    if _FP16_CPU_CHECKED:
+        return
+    _FP16_CPU_CHECKED.append(True)
+    f16, f32 = _gflops(torch.float16), _gflops(torch.float32, repeats=10)
+    if f16 * 2 < f32:
+        warnings.warn(f"float16 on this CPU computes slowly: a 256x256 matmul ran at {f16:.1f} GFLOP/s in "
+                      f"float16 against {f32:.1f} in float32. Use bfloat16: half_dtype=torch.bfloat16 "
+                      "(Lightning: precision='apex-O2-bf16'; Accelerate: CORE_OPS_HALF_DTYPE=bf16)", stacklevel=4)
 
 
 def _make_masters(models, props, registry=None):

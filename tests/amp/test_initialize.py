@@ -342,3 +342,25 @@ def test_params_beside_the_models_train_in_float32(level):
     assert weights.dtype == torch.float32 and torch.equal(weights.grad, torch.tensor([3.0, 4.0]))
     opt.step()
     assert torch.equal(weights.detach(), torch.tensor([1.0 - 1.5, 2.0 - 2.0]))
+
+
+@pytest.mark.parametrize("f16, warns", [(3.0, True), (150.0, False)], ids=["slow_fp16", "fast_fp16"])
+def test_fp16_on_a_cpu_without_fp16_arithmetic_warns_once(monkeypatch, f16, warns):
+    # Measured, not assumed: CPUs with AVX512-FP16 compute fp16 fast. The measurement is
+    # replaced here by the figures of this machine (3 GFLOP/s fp16, ~190 fp32) and of one
+    # with fp16 arithmetic.
+    from core_ops.amp import frontend
+    monkeypatch.setattr(frontend, "_FP16_CPU_CHECKED", [])
+    monkeypatch.setattr(frontend, "_gflops", lambda dtype, **kw: f16 if dtype == torch.float16 else 190.0)
+    import warnings
+    for half, expected in ((torch.bfloat16, False), (torch.float16, warns), (torch.float16, False)):  # once
+        model = torch.nn.Linear(4, 4)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O2", half_dtype=half,
+                           verbosity=0)
+        said = [str(w.message) for w in caught if "float16 on this CPU" in str(w.message)]
+        assert len(said) == int(expected), said
+        if expected:
+            assert "3.0 GFLOP/s in float16 against 190.0 in float32" in said[0]
+            assert "precision='apex-O2-bf16'" in said[0] and "half_dtype=torch.bfloat16" in said[0]
