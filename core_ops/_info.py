@@ -26,7 +26,9 @@ def backend_report(build=True):
     """A dict: versions, cache path, and for every device kind the library status and
     each op's backend. With ``build``, CPU kernels are built if missing (CUDA only
     when a GPU is present), so the report says what a real call would get."""
+    from . import __version__
     report = {
+        "core-ops": __version__,
         "torch": torch.__version__,
         "cuda (torch build)": str(torch.version.cuda),
         "cuda toolkit": _build.cuda_home() or "not found",
@@ -40,8 +42,11 @@ def backend_report(build=True):
     for kind in _build.KINDS:
         wanted = build and (kind == "cpu" or torch.cuda.is_available())
         backend = _build.ensure(kind, build=wanted, warn=False)
-        if kind == "cuda" and not torch.cuda.is_available() and backend.native:
-            note = "native library loaded (no GPU here to run it)"
+        if kind == "cuda" and not torch.cuda.is_available():
+            # Nothing here would build or run it: say so, promise nothing "on first use".
+            note = ("native library loaded (no GPU here to run it)" if backend.native else
+                    "no GPU here: CUDA kernels are built on a machine with one (`python -m core_ops build "
+                    "--cuda` builds them here anyway, for another machine)")
         else:
             note = backend.reason
         report["devices"][kind] = {

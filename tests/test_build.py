@@ -179,6 +179,11 @@ def test_info_reports_native_cpu_ops():
         assert f"{name}" in cpu and all(line.split()[-1] == "native" for line in cpu.splitlines()[1:] if line.strip())
     for key in ("torch", "cache", "c++ compiler", "cuda toolkit"):
         assert key in proc.stdout
+    import core_ops
+    assert proc.stdout.splitlines()[0].split() == ["core-ops:", core_ops.__version__]
+    if not torch.cuda.is_available():  # nothing would build the CUDA kernels "on first use" here
+        cuda = proc.stdout.split("[cuda]")[1].splitlines()[0]
+        assert "no GPU here" in cuda and "first use" not in cuda
 
 
 def test_cache_key_tracks_sources_flags_and_arch(tmp_path, monkeypatch):
