@@ -102,18 +102,26 @@ class FusedOptimizer(Optimizer):
     def zero_grad(self, set_to_none: bool | None = None):
         super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
 
+    def _param_name(self, group, i, p):
+        """Where param i of ``group`` is, for an error: its index and shape."""
+        g = next((k for k, other in enumerate(self.param_groups) if other is group), "?")
+        return f"param_groups[{g}]['params'][{i}] (shape {tuple(p.shape)}, {p.dtype})"
+
     def _grouped(self, group):
         """Params of ``group`` that have grads, bucketed by (device, dtype), checked as the
         kernels would check them (Note [Checks before updates])."""
         buckets = defaultdict(list)
-        for p in group["params"]:
+        for i, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
-            if p.grad.is_sparse:
-                raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
-            if p.grad.shape != p.shape:
-                raise ValueError(f"a gradient of shape {tuple(p.grad.shape)} belongs to a param of "
-                                 f"shape {tuple(p.shape)}")
+            if p.grad.is_sparse or p.grad.shape != p.shape:
+                where = self._param_name(group, i, p)
+                if p.grad.is_sparse:
+                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients: {where} has one "
+                                       "(an nn.Embedding(sparse=True)? use sparse=False, or torch.optim.SparseAdam "
+                                       "for those params)")
+                raise ValueError(f"{where}: its gradient has shape {tuple(p.grad.shape)}, the param "
+                                 f"{tuple(p.shape)}")
             buckets[(p.device, p.dtype)].append(p)
         for (device, _), ps in buckets.items():
             # A param's .data may have been replaced since it was added. Only the
