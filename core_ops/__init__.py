@@ -6,9 +6,13 @@ native kernels build on first use (Note [Native build] in ``_build.py``) and eve
 has a pure-PyTorch reference to fall back on.
 """
 
-from . import _library, _fallback  # noqa: F401  (op schemas, then the non-native kernels)
-from ._info import backend_report
-from .multi_tensor_apply import (
+from . import _environment
+
+_environment.check()  # a mistyped CORE_OPS_* variable is an error, not a setting ignored
+
+from . import _library, _fallback  # noqa: F401,E402  (op schemas, then the non-native kernels)
+from ._info import backend_report  # noqa: E402
+from .multi_tensor_apply import (  # noqa: E402
     clip_grad_norm_,
     multi_tensor_axpby,
     multi_tensor_check_finite,

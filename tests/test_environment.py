@@ -1,0 +1,32 @@
+"""A mistyped CORE_OPS_* variable stops `import core_ops` with the closest valid name and
+the whole list (core_ops/_environment.py), where it used to be ignored without a word."""
+
+import os
+import subprocess
+import sys
+
+from core_ops import _environment
+
+
+def test_a_mistyped_variable_is_an_error_naming_the_right_one():
+    env = dict(os.environ, CORE_OPS_OPT_LEVLE="O2")
+    proc = subprocess.run([sys.executable, "-c", "import core_ops"], capture_output=True, text=True, env=env)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError: unknown environment variable CORE_OPS_OPT_LEVLE (did you mean "
+                           "CORE_OPS_OPT_LEVEL?); core-ops reads CORE_OPS_AUTOLOAD, CORE_OPS_BACKEND"), last
+
+
+def test_known_variables_pass_and_the_list_names_each_reader():
+    _environment.check({"CORE_OPS_BACKEND": "auto", "CORE_OPS_SYNC_BN": "1", "PATH": "/bin"})
+    try:
+        _environment.check({"CORE_OPS_X": "1", "CORE_OPS_Y": "2"})
+    except ValueError as e:
+        assert str(e).startswith("unknown environment variables CORE_OPS_X, CORE_OPS_Y; core-ops reads")
+    else:
+        raise AssertionError("unknown names passed")
+
+
+def test_the_accelerate_names_are_the_plugins_fields():
+    from core_ops_accelerate.plugin import FIELDS
+    assert {env for env, _, _ in FIELDS.values()} == _environment.ACCELERATE
