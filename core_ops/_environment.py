@@ -32,8 +32,10 @@ def check(environ=os.environ):
         return
     hints = []
     for name in unknown:
-        close = difflib.get_close_matches(name, KNOWN, n=1)
-        hints.append(f"{name}" + (f" (did you mean {close[0]}?)" if close else ""))
+        # Compared without the shared prefix, which would make every name look close.
+        close = difflib.get_close_matches(name[len("CORE_OPS_"):], [k[len("CORE_OPS_"):] for k in KNOWN], n=1,
+                                          cutoff=0.7)
+        hints.append(f"{name}" + (f" (did you mean CORE_OPS_{close[0]}?)" if close else ""))
     raise ValueError(f"unknown environment variable{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
                      f"core-ops reads {', '.join(sorted(CORE))} and, in Accelerate, "
                      f"{', '.join(sorted(ACCELERATE))}")
