@@ -3,6 +3,7 @@ ops instead of monkeypatching and amp_C."""
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 import weakref
@@ -193,6 +194,16 @@ def _publish(state):
     _state.set_current(state)
 
 
+def _say(line):
+    """One line in one write, tagged with the rank in a distributed run: print() writes
+    the text and the newline apart, so two ranks' banners could share a line."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        line = f"[rank {dist.get_rank()}] {line}"
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model_type=None,
                patch_torch_functions=None, keep_batchnorm_fp32=None, master_weights=None,
                loss_scale=None, cast_model_outputs=None, num_losses=1, verbosity=1,
@@ -254,10 +265,10 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
         opt._core_ops_amp = AmpOptimizer(opt, registry if props.master_weights else None, state)
     _publish(state)
     if verbosity:
-        print(f"core_ops.amp: {props.opt_level} with {props.half_dtype}: "
-              f"cast_model_type={props.cast_model_type}, autocast={props.patch_torch_functions}, "
-              f"keep_batchnorm_fp32={props.keep_batchnorm_fp32}, "
-              f"master_weights={props.master_weights}, loss_scale={props.loss_scale}")
+        _say(f"core_ops.amp: {props.opt_level} with {props.half_dtype}: "
+             f"cast_model_type={props.cast_model_type}, autocast={props.patch_torch_functions}, "
+             f"keep_batchnorm_fp32={props.keep_batchnorm_fp32}, "
+             f"master_weights={props.master_weights}, loss_scale={props.loss_scale}")
     ms = model_list[0] if single_model else model_list
     if optimizers is None:
         return ms

@@ -364,3 +364,41 @@ def test_fp16_on_a_cpu_without_fp16_arithmetic_warns_once(monkeypatch, f16, warn
         if expected:
             assert "3.0 GFLOP/s in float16 against 190.0 in float32" in said[0]
             assert "precision='apex-O2-bf16'" in said[0] and "half_dtype=torch.bfloat16" in said[0]
+
+
+BANNERS = """
+import os, sys, socket, torch, torch.distributed as dist, torch.multiprocessing as mp
+from core_ops import amp
+
+def rank(r, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=r, world_size=2)
+    dist.barrier()
+    for _ in range(30):
+        m = torch.nn.Linear(2, 2)
+        amp.initialize(m, torch.optim.SGD(m.parameters(), lr=0.1), opt_level="O2", half_dtype=torch.bfloat16)
+    dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(rank, args=(port,), nprocs=2)
+"""
+
+
+def test_each_ranks_banner_is_a_line_of_its_own(tmp_path):
+    # Two ranks printing at once shared lines when the text and its newline were two writes.
+    import re
+    import subprocess
+    import sys
+    script = tmp_path / "banners.py"
+    script.write_text(BANNERS)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    pattern = re.compile(r"\[rank [01]\] core_ops\.amp: O2 with torch\.bfloat16: cast_model_type=torch\.bfloat16, "
+                         r"autocast=False, keep_batchnorm_fp32=True, master_weights=True, loss_scale=dynamic")
+    assert len(lines) == 60 and all(pattern.fullmatch(ln) for ln in lines), proc.stdout[-2000:]
+    assert sum(ln.startswith("[rank 1]") for ln in lines) == 30
