@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import logging
 import inspect
 
 from packaging.version import Version
@@ -50,6 +51,10 @@ _TREES = {"lightning": ("lightning.pytorch", "lightning.fabric"),
 def installed_trees():
     """The trees importable here, as ``Tree``s (missing ones are left out)."""
     found = []
+    shared = _rank_zero_module()
+    before = getattr(shared, "log", None)
+    if before is not None and before.name == shared.__name__:
+        before = None  # its own default: no tree had set it
     for name, (trainer_name, fabric_name) in _TREES.items():
         try:
             trainer, fabric = importlib.import_module(trainer_name), importlib.import_module(fabric_name)
@@ -58,7 +63,20 @@ def installed_trees():
         except ImportError:
             continue
         found.append(Tree(name, trainer, fabric, tc._AcceleratorConnector, fc._Connector))
+    # Importing a tree points Lightning's shared rank-zero logger at that tree's own: keep
+    # the one of the tree the user imported (else lightning's), or importing the plugin
+    # would move Lightning's messages away from logging.getLogger("lightning.pytorch").
+    if shared is not None and found:
+        shared.log = before or logging.getLogger(f"{_TREES[found[0].name][0]}.utilities.rank_zero")
     return found
+
+
+def _rank_zero_module():
+    """The module whose ``log`` Lightning's rank_zero_info writes to."""
+    try:
+        return importlib.import_module("lightning_utilities.core.rank_zero")
+    except ImportError:
+        return None
 
 
 def problems(tree):

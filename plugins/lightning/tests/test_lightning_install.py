@@ -16,3 +16,15 @@ def test_installed_with_supported_lightning():
     assert Version("2.6") <= Version(lightning.__version__) < Version("2.7")
     total, _ = core_ops.multi_tensor_l2norm([torch.full((4,), 2.0)])
     assert total.item() == 4.0
+
+
+def test_loading_the_plugin_keeps_lightnings_logger():
+    # The plugin imports both Lightning trees; each import pointed Lightning's shared
+    # rank-zero logger at its own, so `logging.getLogger("lightning.pytorch")` stopped
+    # governing Lightning's messages once the plugin loaded.
+    import subprocess
+    import sys
+    code = ("import lightning.pytorch, core_ops_lightning, pytorch_lightning\n"
+            "import lightning_utilities.core.rank_zero as m\nprint(m.log.name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "lightning.pytorch.utilities.rank_zero"
