@@ -23,11 +23,13 @@ OFF = "CORE_OPS_AUTOLOAD"
 
 
 def enabled():
-    value = os.environ.get(OFF, "1").strip().lower()
-    if value not in ("0", "1", "", "false", "true", "off", "on", "no", "yes"):
+    """Off only for ``CORE_OPS_AUTOLOAD=0``. Another value than 0 or 1 warns here (at
+    start-up an error would stop every Python process) and ``import core_ops`` refuses it."""
+    value = os.environ.get(OFF, "1").strip()
+    if value not in ("0", "1", ""):
         import warnings
-        warnings.warn(f"{OFF}={os.environ[OFF]!r} is not one of 0 / 1: autoload stays on", stacklevel=2)
-    return value not in ("0", "false", "off", "no")
+        warnings.warn(f"{OFF}={os.environ[OFF]!r} is not 0 or 1: autoload stays on", stacklevel=2)
+    return value != "0"
 
 
 def when_imported(hosts, plugin, only_if_set=None):

@@ -22,11 +22,16 @@ ACCELERATE = frozenset({
     "CORE_OPS_ALLREDUCE_ALWAYS_FP32", "CORE_OPS_ALLREDUCE_DTYPE", "CORE_OPS_GRADIENT_PREDIVIDE_FACTOR",
 })
 KNOWN = frozenset(CORE) | ACCELERATE
+# The variables with a fixed set of values (the others are checked where they are read).
+VALUES = {"CORE_OPS_AUTOLOAD": ("0", "1"), "CORE_OPS_VERBOSE_BUILD": ("0", "1")}
 
 
 def check(environ=os.environ):
     """Raises ValueError naming each unknown ``CORE_OPS_*`` variable, the closest valid
-    name and the whole list."""
+    name and the whole list, or a value outside ``VALUES``."""
+    for name, allowed in VALUES.items():
+        if name in environ and environ[name].strip() not in allowed:
+            raise ValueError(f"{name}={environ[name]!r}: expected one of {', '.join(allowed)} ({CORE[name]})")
     unknown = sorted(k for k in environ if k.startswith("CORE_OPS_") and k not in KNOWN)
     if not unknown:
         return

@@ -30,3 +30,14 @@ def test_known_variables_pass_and_the_list_names_each_reader():
 def test_the_accelerate_names_are_the_plugins_fields():
     from core_ops_accelerate.plugin import FIELDS
     assert {env for env, _, _ in FIELDS.values()} == _environment.ACCELERATE
+
+
+def test_a_value_outside_the_fixed_set_is_refused():
+    for name in ("CORE_OPS_AUTOLOAD", "CORE_OPS_VERBOSE_BUILD"):
+        _environment.check({name: "1"})
+        try:
+            _environment.check({name: "yes please"})
+        except ValueError as e:
+            assert str(e).startswith(f"{name}='yes please': expected one of 0, 1 ("), str(e)
+        else:
+            raise AssertionError(f"{name}='yes please' passed")
