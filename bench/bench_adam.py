@@ -168,6 +168,10 @@ def main():
         ("GradScaler.step, fp32", "GradScaler.step(AdamW(fused=True))", lambda: case_grad_scaler(args), 1.0),
         ("grad write-back, fp32", "FusedAdam.step() (no scale)", lambda: case_write_back(args), None),
     ]
+    # Bytes a step must move per element (read + write): the plain cases' share of copy.
+    moved = {"fp32, 200 tensors": 28, "fp32, 2000 tensors": 28,  # p, m, v read + written, g read
+             "bf16 params, fp32 state": 22,                      # p 2+2, g 2, m and v 16
+             "bf16 + fp32 masters": 28}                          # master 8, m, v 16, g 2, p written 2
     rows = []
     for label, base_name, make_case, target in cases:
         base, core, before = make_case()
@@ -175,6 +179,12 @@ def main():
         rows.append(harness.row(label, base_name, bt, ct, target))
         del base, core
     harness.compare(rows)
+    copy_gbps = harness.copy_bandwidth(args.device)
+    print(f"\ncopy bandwidth (read + write): {copy_gbps:.1f} GB/s")
+    for r in rows:
+        if r["case"] in moved:
+            gbps = harness.gbps(moved[r["case"]] * args.numel, r["core_ops_ms"])
+            print(f"{r['case']}: FusedAdam moves {gbps:.1f} GB/s, {100 * gbps / copy_gbps:.0f}% of copy")
     if args.plot:
         harness.plot(rows, args.plot, f"FusedAdam, {args.numel:,} params, {args.device}")
     if args.json:
