@@ -107,6 +107,12 @@ class CastInputs:
         self.dtype = dtype
 
     def __call__(self, module, args, kwargs):
+        # The common call, tensors already in dtype (from the half layer before): nothing
+        # to cast and nothing rebuilt (None leaves the arguments as they are); this runs
+        # for every half module on every forward.
+        if not kwargs and all(type(a) is torch.Tensor and (a.dtype == self.dtype or not a.is_floating_point())
+                              for a in args):
+            return None
         return cast_tree(args, self.dtype), cast_tree(kwargs, self.dtype)
 
 
