@@ -11,6 +11,7 @@ import torch
 
 from ..optimizers.larc import LARC
 from . import _state
+from .loss_scaler import load_saved_at_level
 from ._state import master_params  # noqa: F401  (Apex kept it in _amp_state)
 
 
@@ -143,14 +144,7 @@ def load_state_dict(state_dict):
             continue
         entry = dict(state_dict[f"loss_scaler{i}"])
         saved_level = entry.pop("opt_level", level)  # Apex's own files name none
-        if saved_level != level:
-            same_kind = bool(entry.get("dynamic", scaler.dynamic)) == scaler.dynamic
-            warnings.warn(f"loading the amp state of an {saved_level} run into {level}: loss scaler {i} "
-                          + ("carries over" if same_kind else "does not apply here and is left out"),
-                          stacklevel=2)
-            if not same_kind:
-                continue
-        scaler.load_state_dict(entry)
+        load_saved_at_level(scaler, entry, saved_level, level, f"loss scaler {i}")
 
 
 @contextlib.contextmanager

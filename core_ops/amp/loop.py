@@ -33,7 +33,7 @@ from ..multi_tensor_apply import clip_grad_norm_ as _clip_grads
 from . import _state, opt_levels, torch_ddp
 from .amp_optimizer import AmpOptimizer
 from .frontend import _check_half_supported, _check_models, _make_masters, _prepare_model, _publish
-from .loss_scaler import LossScaler
+from .loss_scaler import LossScaler, load_saved_at_level
 from .masters import HALF, MasterWeights
 from .masters import of as masters_of
 from .model_casting import module_device_type
@@ -275,17 +275,8 @@ class AmpLoop:
         """The loss scaler of ``state_dict()``. One saved at another level loads too (a
         resume at O1 from an O2 run), its scaler only where both scale dynamically or
         both statically, with a warning either way."""
-        saved = state_dict.get("loss_scaler") or {}
-        level = state_dict.get("opt_level", self.opt_level)
-        if level != self.opt_level:
-            same_kind = bool(saved.get("dynamic", self.scaler.dynamic)) == self.scaler.dynamic
-            warnings.warn(f"loading the amp state of an {level} run into {self.opt_level}: "
-                          + ("its loss scaler carries over" if same_kind and saved else
-                             "its loss scaler does not apply here and is left out"), stacklevel=2)
-            if not same_kind:
-                return
-        if saved:
-            self.scaler.load_state_dict(saved)
+        load_saved_at_level(self.scaler, state_dict.get("loss_scaler") or {},
+                            state_dict.get("opt_level", self.opt_level), self.opt_level)
 
 
 # Schedulers that follow an AmpLoop's skips (weakly: a scheduler ends with its loop run).

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import math
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
@@ -76,6 +77,22 @@ def _device_of(value):
             if d is not None:
                 return d
     return None
+
+
+def load_saved_at_level(scaler, saved, saved_level, level, name="its loss scaler"):
+    """Loads ``saved`` (a scaler's state dict, maybe empty) into ``scaler`` when the
+    state was saved at ``level``; from another level it warns, and loads only where both
+    scale dynamically or both statically (a resume at O1 from an O2 run). Shared by
+    ``AmpLoop.load_state_dict`` (the plugins) and ``amp.load_state_dict``."""
+    if saved_level != level:
+        same_kind = bool(saved.get("dynamic", scaler.dynamic)) == scaler.dynamic
+        warnings.warn(f"loading the amp state of an {saved_level} run into {level}: {name} "
+                      + ("carries over" if same_kind and saved else "does not apply here and is left out"),
+                      stacklevel=3)
+        if not same_kind:
+            return
+    if saved:
+        scaler.load_state_dict(saved)
 
 
 class LossScaler:
