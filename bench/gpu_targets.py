@@ -34,6 +34,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
+import bench_norms
 import bench_train_step
 import harness
 from core_ops.normalization import layer_norm, rms_norm
@@ -48,34 +49,28 @@ def result(target, value, unit, ok):
 
 
 def norms(args, copy_gbps):
-    out = []
     shapes = [(256, 1024)] if args.small else [(65536, 4096), (8192, 4096)]
-    for rows, hidden in shapes:
-        for name, dtype in DTYPES.items():
-            g = torch.Generator().manual_seed(0)
-            x = torch.randn(rows, hidden, generator=g).to(args.device, dtype).requires_grad_()
-            w = (torch.rand(hidden, generator=g) + 0.5).to(args.device, dtype).requires_grad_()
-            b = torch.randn(hidden, generator=g).to(args.device, dtype).requires_grad_()
-            dy = torch.randn(rows, hidden, generator=g).to(args.device, dtype)
+    return [r for rows, hidden in shapes for name, dtype in DTYPES.items()
+            for r in norm_rows(args, rows, hidden, name, dtype, copy_gbps)]
 
-            def clear():
-                x.grad = w.grad = b.grad = None
 
-            kinds = (("LayerNorm", lambda t: F.layer_norm(t, (hidden,), w, b, 1e-5),
-                      lambda t: layer_norm(t, (hidden,), w, b, 1e-5)),
-                     ("RMSNorm", lambda t: F.rms_norm(t, (hidden,), w, 1e-5),
-                      lambda t: rms_norm(t, (hidden,), w, 1e-5)))
-            for kind, theirs, ours in kinds:
-                case = f"{kind} {rows}x{hidden} {name}"
-                bt, ct = harness.time_ab(lambda: theirs(x).backward(dy), lambda: ours(x).backward(dy),
-                                         args.device, args.repeats, args.warmup, before=clear)
-                r = harness.row(case, "", bt, ct)
-                out.append(result(f"{case} fwd+bwd <= 0.8x torch", r["ratio"], "x", r["ratio"] <= 0.8))
-                with torch.no_grad():
-                    ms = harness.summarize(harness.time_fn(lambda: ours(x), args.device, args.repeats))[0]
-                share = harness.gbps(2 * x.nbytes, ms) / copy_gbps
-                out.append(result(f"{case} forward >= 85% of copy", 100 * share, "%", share >= 0.85))
-            del x, w, b, dy
+def norm_rows(args, rows, hidden, name, dtype, copy_gbps):
+    """One shape and dtype: fwd+bwd ratios and forward shares of copy (bench_norms' inputs)."""
+    x, w, b, dy = bench_norms.tensors(SimpleNamespace(rows=rows, hidden=hidden), dtype, args.device)
+    out = []
+    kinds = (("LayerNorm", lambda t: F.layer_norm(t, (hidden,), w, b, 1e-5),
+              lambda t: layer_norm(t, (hidden,), w, b, 1e-5)),
+             ("RMSNorm", lambda t: F.rms_norm(t, (hidden,), w, 1e-5), lambda t: rms_norm(t, (hidden,), w, 1e-5)))
+    for kind, theirs, ours in kinds:
+        case = f"{kind} {rows}x{hidden} {name}"
+        bt, ct = harness.time_ab(lambda: theirs(x).backward(dy), lambda: ours(x).backward(dy),
+                                 args.device, args.repeats, args.warmup, before=bench_norms.clear(x, w, b))
+        r = harness.row(case, "", bt, ct)
+        out.append(result(f"{case} fwd+bwd <= 0.8x torch", r["ratio"], "x", r["ratio"] <= 0.8))
+        with torch.no_grad():
+            ms = harness.summarize(harness.time_fn(lambda: ours(x), args.device, args.repeats))[0]
+        share = harness.gbps(2 * x.nbytes, ms) / copy_gbps
+        out.append(result(f"{case} forward >= 85% of copy", 100 * share, "%", share >= 0.85))
     return out
 
 
@@ -93,7 +88,6 @@ def adam(args, copy_gbps):
         share = harness.gbps(28 * numel, ms) / copy_gbps
         out.append(result(f"{label}, {numel / 1e6:.0f}M params in {count} tensors: >= {need:.0%} of copy",
                           100 * share, "%", share >= need))
-        del params, opt
     return out
 
 

@@ -24,7 +24,6 @@ masters). With a fused optimizer nothing syncs the host, as under ``scale_loss``
 from __future__ import annotations
 
 import contextlib
-import warnings
 import weakref
 
 import torch
