@@ -25,6 +25,7 @@ from collections import defaultdict
 
 import torch
 
+from .._sharded import locals_of, max_over_meshes, meshes_of
 from ..multi_tensor_apply import multi_tensor_scale
 from ..optimizers._base import _write_marks_of, increment_version
 from ..optimizers.larc import LARC
@@ -194,7 +195,7 @@ class AmpOptimizer:
             wide = [p for p in self.fp32_params if p.grad is not None and not p.grad.is_sparse
                     and p.grad.dtype in (torch.float32, torch.float64)]
             for group in _group((p.grad, p.grad) for p in wide):
-                grads = [g for g, _ in group]
+                grads = locals_of([g for g, _ in group])
                 flag = multi_tensor_scale(grads, grads, scale.to(grads[0].device))
                 # An earlier backward's inf / nan, already reported: not this one's.
                 flag = flag.reshape(()).to(scale.device)
@@ -253,7 +254,7 @@ class AmpOptimizer:
                 p.grad = None
             fulls = [p for p in self.fp32_params if p.grad is not None]
             for group in _group((p.grad, p.grad) for p in fulls if not p.grad.is_sparse):
-                grads = [g for g, _ in group]
+                grads = locals_of([g for g, _ in group])  # FSDP2: each rank its shards
                 flag = multi_tensor_scale(grads, grads, inv.to(grads[0].device)).to(found.device)
                 if self._old_nonfinite is not None and grads[0].dtype in (torch.float32, torch.float64):
                     flag = flag * (self._old_nonfinite == 0)  # rescaled old grads: counted before
@@ -271,6 +272,8 @@ class AmpOptimizer:
                     p.grad.add_(g)
             self._stash.clear()
             self._old_nonfinite = None
+            # An overflow in one rank's shards skips the step on every rank (FSDP2).
+            found = max_over_meshes(found, meshes_of(p.grad for p in fulls))
         self.found_inf = found if self.found_inf is None else torch.maximum(self.found_inf, found)
         return found
 

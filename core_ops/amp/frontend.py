@@ -4,22 +4,16 @@ ops instead of monkeypatching and amp_C."""
 from __future__ import annotations
 
 import sys
-import time
-import warnings
 import weakref
 
 import torch
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..optimizers.larc import LARC
 from . import _state, opt_levels, torch_ddp
 from .amp_optimizer import AmpOptimizer
 from .loss_scaler import LossScaler
-from .masters import HALF, MasterWeights, follow_moves
-from .model_casting import (cast_inputs_of_half_modules, cast_module_tensors, keep_state_dict_fp32,
-                            module_device_type, patch_forward)
-
-_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+from .masters import MasterWeights
+from .preparation import check_half_supported, check_models, make_masters, prepare_model, publish
 
 
 def _as_list(value, kind, name, allow_empty=False):
@@ -32,28 +26,6 @@ def _as_list(value, kind, name, allow_empty=False):
     what = kind.__name__ if isinstance(kind, type) else kind[0].__name__
     raise TypeError(f"{name} must be a {what} or a {'' if allow_empty else 'non-empty '}list of "
                     f"them, got {type(value).__name__}")
-
-
-def _check_models(models):
-    device_types = set()
-    for i, model in enumerate(models):
-        if type(model).__name__ in _WRAPPERS:
-            raise RuntimeError(f"models[{i}] is already wrapped in {type(model).__name__}: call "
-                               "amp.initialize on the bare model first, then wrap what it returns")
-        if getattr(model, "_core_ops_amp", None) is not None:
-            raise RuntimeError(f"models[{i}] was already passed to amp.initialize; initialize each "
-                               "model once (to resume, build a fresh model, initialize it, then "
-                               "load the checkpoint)")
-        for name, p in model.named_parameters():
-            if (p.is_floating_point() and p.dtype != torch.float32
-                    and not _state._amp_state.allow_incoming_model_not_fp32):
-                raise TypeError(f"models[{i}] parameter '{name}' is {p.dtype}; pass the model in "
-                                "float32 and let amp.initialize cast it (or set Apex's "
-                                "amp._amp_state.allow_incoming_model_not_fp32 = True)")
-        device_types.add(module_device_type(model))
-    if len(device_types) > 1:
-        raise ValueError(f"the models are on different device types {sorted(device_types)}")
-    return device_types.pop()
 
 
 def _check_optimizers(optimizers, models):
@@ -82,116 +54,6 @@ def _check_optimizers(optimizers, models):
                     "submodule replaced after the optimizer was built? Build the optimizer from "
                     "the models' current parameters (extra parameters, such as a criterion's, "
                     "are fine once every model parameter is in an optimizer)")
-
-
-def _check_half_supported(device_type, props):
-    """Fails early, with advice, when the device cannot compute in the half dtype."""
-    uses_half = props.cast_model_type in (torch.float16, torch.bfloat16) or props.patch_torch_functions
-    if not uses_half:
-        return
-    dtype = props.half_dtype
-    advice = (f"use half_dtype={'torch.float16' if dtype is torch.bfloat16 else 'torch.bfloat16'} "
-              "or opt_level='O0'")
-    if device_type == "cuda" and dtype is torch.bfloat16 and not torch.cuda.is_bf16_supported(
-            including_emulation=False):
-        raise RuntimeError(f"this GPU has no bfloat16 arithmetic (it needs compute capability 8.0+); "
-                           f"{advice}")
-    try:
-        a = torch.ones(8, 8, dtype=dtype, device=device_type)
-        torch.mm(a, a)
-    except RuntimeError as e:
-        raise RuntimeError(f"{dtype} matmul does not run on {device_type} ({e}); {advice}") from None
-    if device_type == "cpu" and dtype is torch.float16:
-        _warn_if_fp16_is_slow_here()
-    if props.patch_torch_functions:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with torch.autocast(device_type, dtype=dtype):
-                pass
-        if any("autocast" in str(w.message).lower() for w in caught):
-            raise RuntimeError(f"torch.autocast on {device_type} does not support {dtype}; {advice}")
-
-
-_FP16_CPU_CHECKED = []
-
-
-def _gflops(dtype, n=256, repeats=3):
-    """The best of ``repeats`` timed n x n matmuls (the first calls pay set-up)."""
-    a = torch.randn(n, n).to(dtype)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, a)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e9
-
-
-def _warn_if_fp16_is_slow_here():
-    """fp16 on a CPU is a trap where it has no fp16 arithmetic (most x86 CPUs before
-    AVX512-FP16): torch 2.14 ran 2048^2 matmuls at 0-3 GFLOP/s in fp16 against 111 in
-    fp32 and 196 in bf16 on a 2-core x86 machine. Measured here once per process (256^2
-    matmuls, about 50 ms where fp16 is slow; float32 as the yardstick, bfloat16's first
-    call pays oneDNN's set-up), and said when fp16 is more than twice slower than
-    float32; the level is not switched behind the user's back."""
-    if _FP16_CPU_CHECKED:
-        return
-    _FP16_CPU_CHECKED.append(True)
-    f16, f32 = _gflops(torch.float16), _gflops(torch.float32, repeats=10)
-    if f16 * 2 < f32:
-        warnings.warn(f"float16 on this CPU computes slowly: a 256x256 matmul ran at {f16:.1f} GFLOP/s in "
-                      f"float16 against {f32:.1f} in float32. Use bfloat16: half_dtype=torch.bfloat16 "
-                      "(Lightning: precision='apex-O2-bf16'; Accelerate: CORE_OPS_HALF_DTYPE=bf16)", stacklevel=4)
-
-
-def _make_masters(models, props, registry=None):
-    """fp32 masters of the params that will be half: those the cast turns half, from
-    their values before it, or, when the model is not cast, those that came in half
-    (added to ``registry`` when given)."""
-    registry = MasterWeights() if registry is None else registry
-    cast = props.cast_model_type
-    for model in models:
-        for module in model.modules():
-            if cast is not None and props.keep_batchnorm_fp32 and isinstance(module, _BatchNorm):
-                continue
-            for p in module.parameters(recurse=False):
-                half = p.is_floating_point() if cast in HALF else (cast is None and p.dtype in HALF)
-                if half and registry.get(p) is None:
-                    registry.add(p, torch.nn.Parameter(p.detach().to(torch.float32, copy=True),
-                                                       requires_grad=p.requires_grad))
-    return registry
-
-
-def _prepare_model(model, props, registry, handle, inputs_per_module=False):
-    """Casts ``model`` for ``props``. Its inputs are cast at its forward, as Apex's
-    input caster did, or, with ``inputs_per_module`` (AmpLoop), at the entry of each
-    module holding half params (``cast_inputs_of_half_modules``)."""
-    half = props.cast_model_type in HALF
-    if props.cast_model_type is not None:
-        cast_module_tensors(model, props.cast_model_type, half and props.keep_batchnorm_fp32)
-    if half and inputs_per_module:
-        cast_inputs_of_half_modules(model, props.cast_model_type)
-    # O1 keeps autocast whatever cast_model_type says (Apex still patched torch's
-    # functions with cast_model_type=torch.float32).
-    autocast = props.half_dtype if props.patch_torch_functions else None
-    if props.cast_model_type is not None or autocast is not None:
-        patch_forward(model, None if inputs_per_module else props.cast_model_type,
-                      props.cast_model_outputs or torch.float32, autocast, handle)
-    elif props.cast_model_outputs is not None:
-        patch_forward(model, None, props.cast_model_outputs, None)
-    if half or len(registry):
-        keep_state_dict_fp32(model, registry)
-        follow_moves(model)
-    model._core_ops_amp = props
-
-
-def _publish(state):
-    """Makes ``state`` the one ``amp.state_dict`` and ``amp._amp_state`` report. A call
-    with no optimizers (a frozen teacher) does not displace a training call's state;
-    ``scale_loss`` reads each optimizer's own call's state anyway."""
-    previous = _state._current
-    if not state.optimizers and previous is not None and previous.optimizers:
-        return
-    _state.set_current(state)
 
 
 def _say(line):
@@ -241,16 +103,16 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     if int(num_losses) < 1:
         raise ValueError(f"num_losses must be >= 1, got {num_losses}")
 
-    device_type = _check_models(model_list)
+    device_type = check_models(model_list)
     _check_optimizers(opt_list, model_list)
-    _check_half_supported(device_type, props)
+    check_half_supported(device_type, props)
 
-    registry = _make_masters(model_list, props) if props.master_weights else MasterWeights()
+    registry = make_masters(model_list, props) if props.master_weights else MasterWeights()
     if len(registry):
         torch_ddp.install()  # masters follow torch DDP's broadcast (Note [Masters follow DDP's broadcast])
     handle = _state.O1Handle() if props.patch_torch_functions else _state.NoOpHandle()
-    for model in model_list:
-        _prepare_model(model, props, registry, handle)
+    for i, model in enumerate(model_list):
+        prepare_model(model, props, registry, handle, where=f"models[{i}]: ")
     if props.dynamic:
         scalers = [LossScaler(init_scale=2.0**16, dynamic=True, min_scale=min_loss_scale or 0.0,
                               max_scale=max_loss_scale) for _ in range(int(num_losses))]
@@ -263,7 +125,7 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
                             [weakref.ref(o) for o in opt_list], handle)
     for opt in opt_list:
         opt._core_ops_amp = AmpOptimizer(opt, registry if props.master_weights else None, state)
-    _publish(state)
+    publish(state)
     if verbosity:
         _say(f"core_ops.amp: {props.opt_level} with {props.half_dtype}: "
              f"cast_model_type={props.cast_model_type}, autocast={props.patch_torch_functions}, "

@@ -31,7 +31,7 @@ import torch
 from ..multi_tensor_apply import clip_grad_norm_ as _clip_grads
 from . import _state, opt_levels, torch_ddp
 from .amp_optimizer import AmpOptimizer
-from .frontend import _check_half_supported, _check_models, _make_masters, _prepare_model, _publish
+from .preparation import check_half_supported, check_models, make_masters, prepare_model, publish
 from .loss_scaler import LossScaler, load_saved_at_level
 from .masters import HALF, MasterWeights
 from .masters import of as masters_of
@@ -93,14 +93,14 @@ class AmpLoop:
             return model
         if getattr(model, "_core_ops_amp", None) is not None:
             return self._adopt(model)
-        device_type = _check_models([model])
-        _check_half_supported(device_type, self.properties)
+        device_type = check_models([model])
+        check_half_supported(device_type, self.properties)
         self._device_type = self._device_type or device_type
         if self.properties.master_weights:
-            _make_masters([model], self.properties, self.registry)
+            make_masters([model], self.properties, self.registry)
             if len(self.registry):
                 torch_ddp.install()
-        _prepare_model(model, self.properties, self.registry, self.handle, inputs_per_module=True)
+        prepare_model(model, self.properties, self.registry, self.handle, inputs_per_module=True)
         self.state.models.append(weakref.ref(model))
         return model
 
@@ -135,7 +135,7 @@ class AmpLoop:
         # Fabric attaches an optimizer at its first step, after the backward passes.
         amp.params_have_scaled_gradients = self._scaled_since_update and self.scaling
         self.state.optimizers.append(weakref.ref(optimizer))
-        _publish(self.state)  # amp.loss_scale(), amp._amp_state read this loop
+        publish(self.state)  # amp.loss_scale(), amp._amp_state read this loop
         return optimizer
 
     def _amps(self):

@@ -22,7 +22,7 @@ import torch
 
 from .. import _validate
 from ..multi_tensor_apply import multi_tensor_check_finite, multi_tensor_scale, update_scale
-from ..optimizers._sharded import is_sharded
+from .._sharded import is_sharded, max_over_meshes
 
 
 class _Stage(enum.Enum):
@@ -35,7 +35,7 @@ def _grads_by_device_dtype(optimizer):
     """(grads of ``optimizer``'s params grouped by (device, dtype), the device meshes
     of its sharded grads). Sparse grads are coalesced and contribute their values (as
     torch.amp.GradScaler does); DTensor grads (FSDP2) contribute their local shards,
-    and the overflow flag is then reduced over their meshes (``_over_shards``)."""
+    and the overflow flag is then reduced over their meshes (``max_over_meshes``)."""
     groups, meshes = defaultdict(list), []
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -52,16 +52,6 @@ def _grads_by_device_dtype(optimizer):
                 g = g._values()
             groups[(g.device, g.dtype)].append(g)
     return groups, meshes
-
-
-def _over_shards(found, meshes):
-    """``found`` made the max over every rank of ``meshes``: a rank whose shard
-    overflowed makes every rank skip the step, so the shards stay one model."""
-    for mesh in meshes:
-        for dim in range(mesh.ndim):
-            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX,
-                                         group=mesh.get_group(dim))
-    return found
 
 
 def _fresh_optimizer_state():
@@ -213,7 +203,7 @@ class LossScaler:
         for (device, _), grads in groups.items():
             flag = multi_tensor_scale(grads, grads, self._inv_scale(device))
             found = torch.maximum(found, flag.reshape(()).to(self._device, non_blocking=True))
-        self._record_found(state, _over_shards(found, meshes))
+        self._record_found(state, max_over_meshes(found, meshes))
         state["stage"] = _Stage.UNSCALED
 
     def _check(self, optimizer):
@@ -225,7 +215,7 @@ class LossScaler:
         for grads in groups.values():
             flag = multi_tensor_check_finite(grads)
             found = torch.maximum(found, flag.reshape(()).to(self._device, non_blocking=True))
-        return _over_shards(found, meshes)
+        return max_over_meshes(found, meshes)
 
     def _first_grad_device(self, optimizer):
         for group in optimizer.param_groups:

@@ -7,6 +7,7 @@ import torch
 
 from .. import _build, _validate
 from .._library import op
+from .._sharded import is_sharded, locals_of, whole_norms
 
 
 def _prepare(*named_lists):
@@ -68,6 +69,22 @@ def multi_tensor_l2norm(tensors, per_tensor=False):
     return op("multi_tensor_l2norm")(tensors, bool(per_tensor))
 
 
+def global_l2norm(lists, where=""):
+    """The L2 norm of every tensor of ``lists`` (non-empty lists of one device and dtype
+    each) together: one norm pass a list, then their norms combined, in float32
+    (float64 if any list is). DTensors (FSDP2's sharded grads) count whole: each
+    tensor's norm from its local shard, reduced over the ranks holding the rest in one
+    collective (Note [Sharded params] in core_ops/_sharded.py)."""
+    sharded = any(is_sharded(t) for ts in lists for t in ts)
+    norms = [multi_tensor_l2norm(locals_of(ts), per_tensor=sharded)[1 if sharded else 0] for ts in lists]
+    device = norms[0].device
+    dtype = torch.float64 if any(n.dtype == torch.float64 for n in norms) else torch.float32
+    norms = torch.cat([n.to(device, dtype).reshape(-1) for n in norms])
+    if sharded:
+        norms = whole_norms([t for ts in lists for t in ts], norms, where=where)
+    return torch.linalg.vector_norm(norms)
+
+
 def clip_grad_norm_(grads, max_norm, eps=1e-6):
     """Scales ``grads`` in place by ``min(1, max_norm / (norm + eps))``, ``norm`` their
     global L2 norm, as ``torch.nn.utils.clip_grad_norm_`` does to the grads of its
@@ -81,13 +98,10 @@ def clip_grad_norm_(grads, max_norm, eps=1e-6):
         groups.setdefault((g.device, g.dtype), []).append(g)
     if not groups:
         return torch.zeros(())
-    norms = [multi_tensor_l2norm(gs)[0] for gs in groups.values()]
-    device = norms[0].device
-    dtype = torch.float64 if any(n.dtype == torch.float64 for n in norms) else torch.float32
-    total = torch.linalg.vector_norm(torch.stack([n.to(device, dtype) for n in norms]))
+    total = global_l2norm(list(groups.values()), where="clip_grad_norm_: ")
     clip = torch.clamp(max_norm / (total + eps), max=1.0)
     for (group_device, _), gs in groups.items():
-        multi_tensor_scale(gs, gs, clip.to(group_device))
+        multi_tensor_scale(locals_of(gs), locals_of(gs), clip.to(group_device))
     return total
 
 

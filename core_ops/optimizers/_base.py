@@ -13,10 +13,10 @@ import torch
 from torch.optim import Optimizer
 
 from .. import _build, _validate
-from ..multi_tensor_apply import multi_tensor_l2norm
+from ..multi_tensor_apply.ops import global_l2norm, multi_tensor_l2norm
 from ._checks import (check_dense, check_given, check_group_keys, check_hyperparameters,
                       check_scale_args)
-from ._sharded import is_sharded, refuse_sharded
+from .._sharded import is_sharded
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -207,16 +207,11 @@ class FusedOptimizer(Optimizer):
             return grad_scale, found_inf
         if max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
-        refuse_sharded([p for _, buckets in work for ps in buckets.values() for p in ps],
-                       "step(max_grad_norm=...): ", "clipping needs the norm over every shard; clip "
-                       "with torch.nn.utils.clip_grad_norm_ (it takes DTensors) before step()")
-        norms = [multi_tensor_l2norm([p.grad for p in ps])[0]
-                 for _, buckets in work for ps in buckets.values()]
-        if not norms:
+        lists = [ps for _, buckets in work for ps in buckets.values()]
+        if not lists:
             return grad_scale, found_inf
-        device = norms[0].device
-        dtype = torch.float64 if any(n.dtype == torch.float64 for n in norms) else torch.float32
-        total = torch.linalg.vector_norm(torch.stack([n.to(device, dtype) for n in norms]))
+        total = global_l2norm([[p.grad for p in ps] for ps in lists], "step(max_grad_norm=...): ")
+        device, dtype = total.device, total.dtype
         if grad_scale is not None:
             total = total / grad_scale.to(device, dtype).reshape(())
         found_inf = self._flag_overflow(found_inf, (~torch.isfinite(total)).float().reshape(1))

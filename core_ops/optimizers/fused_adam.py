@@ -3,7 +3,7 @@ call per (device, dtype) group."""
 
 from .._library import op
 from ._base import FusedOptimizer
-from ._sharded import elementwise
+from .._sharded import elementwise
 
 
 class FusedAdam(FusedOptimizer):

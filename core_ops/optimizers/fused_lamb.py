@@ -6,7 +6,7 @@ import torch
 from .._library import op
 from ..multi_tensor_apply import multi_tensor_l2norm
 from ._base import HALF, FusedOptimizer
-from ._sharded import refuse_sharded
+from .._sharded import elementwise, is_sharded, locals_of, whole_norms
 
 
 class FusedLAMB(FusedOptimizer):
@@ -28,10 +28,6 @@ class FusedLAMB(FusedOptimizer):
                                   use_nvlamb=use_nvlamb, maximize=maximize)
         super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
 
-    def _check_group(self, group, where):
-        super()._check_group(group, where)
-        refuse_sharded(group["params"], where, "LAMB's trust ratio needs each whole tensor's norm")
-
     def _clipping(self, max_grad_norm):
         # Apex: the constructor's max_grad_norm, self.defaults['max_grad_norm'] (one
         # norm over all groups together, so one limit), clip = max_norm / max(norm, max_norm).
@@ -47,16 +43,22 @@ class FusedLAMB(FusedOptimizer):
             group, ps, exp_avg=self._state_zeros, exp_avg_sq=self._state_zeros)
         masters = self._masters(ps)
         updates = [self._state_zeros(p) for p in ps]
-        op("fused_lamb_stage1_")(ps, [p.grad for p in ps], exp_avgs, exp_avg_sqs, masters, steps,
-                                 updates, beta1, beta2, group["eps"], group["weight_decay"],
-                                 group["adam_w_mode"], group["bias_correction"],
-                                 group["grad_averaging"], group["maximize"], grad_scale, found_inf)
+        # Sharded params (FSDP2): both stages are elementwise on the local shards; the
+        # trust ratio takes each whole tensor's norms (Note [Sharded params]), the
+        # weights' and the updates' reduced together.
+        elementwise(op("fused_lamb_stage1_"), ps)(
+            ps, [p.grad for p in ps], exp_avgs, exp_avg_sqs, masters, steps, updates, beta1, beta2,
+            group["eps"], group["weight_decay"], group["adam_w_mode"], group["bias_correction"],
+            group["grad_averaging"], group["maximize"], grad_scale, found_inf)
         weights = masters or ps
-        _, param_norms = multi_tensor_l2norm(weights, per_tensor=True)
-        _, update_norms = multi_tensor_l2norm(updates, per_tensor=True)
-        op("fused_lamb_stage2_")(ps, masters, updates, param_norms.to(updates[0].dtype),
-                                 update_norms, lr, group["weight_decay"], group["use_nvlamb"],
-                                 lr_tensor, found_inf)
+        _, param_norms = multi_tensor_l2norm(locals_of(weights), per_tensor=True)
+        _, update_norms = multi_tensor_l2norm(locals_of(updates), per_tensor=True)
+        if any(map(is_sharded, ps)):
+            param_norms, update_norms = whole_norms(
+                ps + ps, torch.cat([param_norms, update_norms.to(param_norms.dtype)])).split(len(ps))
+        elementwise(op("fused_lamb_stage2_"), ps)(
+            ps, masters, updates, param_norms.to(updates[0].dtype), update_norms, lr,
+            group["weight_decay"], group["use_nvlamb"], lr_tensor, found_inf)
 
 
 class FusedMixedPrecisionLamb(FusedLAMB):

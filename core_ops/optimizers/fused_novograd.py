@@ -8,7 +8,7 @@ from .. import _validate
 from .._library import op
 from ..multi_tensor_apply.ops import per_tensor_norms
 from ._base import FusedOptimizer
-from ._sharded import refuse_sharded
+from .._sharded import elementwise, locals_of, whole_norms
 
 
 class FusedNovoGrad(FusedOptimizer):
@@ -47,7 +47,6 @@ class FusedNovoGrad(FusedOptimizer):
 
     def _check_group(self, group, where):
         super()._check_group(group, where)
-        refuse_sharded(group["params"], where, "NovoGrad's second moment is each whole tensor's norm")
         if group["norm_type"] not in (0, 2):
             raise ValueError(f"{where}norm_type must be 2 (L2) or 0 (infinity norm), got {group['norm_type']}")
 
@@ -60,13 +59,15 @@ class FusedNovoGrad(FusedOptimizer):
             group, ps, exp_avg=self._state_zeros, exp_avg_sq=self._scalar_zeros)
         masters = self._masters(ps)
         grads = [p.grad for p in ps]
-        norms = per_tensor_norms(grads, group["norm_type"], exp_avg_sqs[0].dtype)
+        # Each whole tensor's norm, also of sharded params (Note [Sharded params]).
+        norms = whole_norms(ps, per_tensor_norms(locals_of(grads), group["norm_type"], exp_avg_sqs[0].dtype),
+                            group["norm_type"])
         if found_inf is not None:
             # Under a loss scaler: finite grads whose norm overflows float32 would put
             # inf into exp_avg_sq for good; skip the step, so the scale backs off
             # (Note [Overflowing norms] in _base.py).
             self._flag_overflow(found_inf, ~torch.isfinite(norms).all())
-        op("fused_novograd_")(ps, grads, exp_avgs, exp_avg_sqs, masters, steps, norms,
+        elementwise(op("fused_novograd_"), ps)(ps, grads, exp_avgs, exp_avg_sqs, masters, steps, norms,
                               group["norm_type"], lr, beta1, beta2, group["eps"],
                               group["weight_decay"], group["bias_correction"],
                               group["reg_inside_moment"], group["grad_averaging"],

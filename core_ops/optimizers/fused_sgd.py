@@ -5,7 +5,7 @@ from torch.optim.optimizer import required
 
 from .._library import op
 from ._base import FusedOptimizer
-from ._sharded import elementwise
+from .._sharded import elementwise
 
 
 class FusedSGD(FusedOptimizer):

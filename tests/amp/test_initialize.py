@@ -313,11 +313,11 @@ def test_lr_schedulers_before_and_after_initialize():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_half_dtype_the_device_cannot_run():
-    from core_ops.amp.frontend import _check_half_supported
+    from core_ops.amp.preparation import check_half_supported
     from core_ops.amp.opt_levels import resolve
     with pytest.raises(RuntimeError, match="float16 matmul does not run on cuda .*use "
                                            "half_dtype=torch.bfloat16 or opt_level='O0'"):
-        _check_half_supported("cuda", resolve("O2", torch.float16))
+        check_half_supported("cuda", resolve("O2", torch.float16))
 
 
 def test_optimizer_built_before_a_submodule_was_replaced_is_rejected():
@@ -349,9 +349,9 @@ def test_fp16_on_a_cpu_without_fp16_arithmetic_warns_once(monkeypatch, f16, warn
     # Measured, not assumed: CPUs with AVX512-FP16 compute fp16 fast. The measurement is
     # replaced here by the figures of this machine (3 GFLOP/s fp16, ~190 fp32) and of one
     # with fp16 arithmetic.
-    from core_ops.amp import frontend
-    monkeypatch.setattr(frontend, "_FP16_CPU_CHECKED", [])
-    monkeypatch.setattr(frontend, "_gflops", lambda dtype, **kw: f16 if dtype == torch.float16 else 190.0)
+    from core_ops.amp import preparation
+    monkeypatch.setattr(preparation, "_FP16_CPU_CHECKED", [])
+    monkeypatch.setattr(preparation, "_gflops", lambda dtype, **kw: f16 if dtype == torch.float16 else 190.0)
     import warnings
     for half, expected in ((torch.bfloat16, False), (torch.float16, warns), (torch.float16, False)):  # once
         model = torch.nn.Linear(4, 4)

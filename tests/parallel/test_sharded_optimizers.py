@@ -1,5 +1,5 @@
 """core_ops' fused optimizers on params sharded by FSDP2 (DTensors), 2 gloo ranks (Note
-[Sharded params] in core_ops/optimizers/_sharded.py)."""
+[Sharded params] in core_ops/_sharded.py)."""
 
 import torch
 from _launch import run_ranks
