@@ -16,6 +16,7 @@ functions take O1's casts with the decorators ``@amp.half_function``,
 
 from ._state import _amp_state  # noqa: F401  (Apex's name, for its logging idiom)
 from .frontend import initialize
+from .fsdp import fsdp_policy
 from .legacy_init import AmpHandle, NoOpHandle, init
 from .handle import (disable_casts, load_state_dict, loss_scale, master_params, scale_loss,
                      skipped_steps, state_dict)
@@ -26,7 +27,7 @@ from .registry import (float_function, half_function, promote_function, register
                        register_half_function, register_promote_function)
 
 __all__ = ["AmpHandle", "AmpLoop", "NoOpHandle", "init", "GradScaler", "LossScaler", "OPT_LEVELS", "Properties", "disable_casts",
-           "float_function", "half_function", "initialize", "load_state_dict", "loss_scale",
+           "float_function", "fsdp_policy", "half_function", "initialize", "load_state_dict", "loss_scale",
            "master_params", "promote_function", "register_float_function",
            "register_half_function", "register_promote_function", "scale_loss", "skipped_steps",
            "state_dict"]

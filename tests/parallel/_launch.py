@@ -80,6 +80,12 @@ def _main():
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001  (a fault test may leave the group broken)
         pass
+    # The result is saved: leave without the interpreter's teardown, where gloo's threads
+    # after an FSDP2 run aborted a rank ("terminate called without an active exception")
+    # in about 1 of 20 runs here, failing a test whose assertions had all been made.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

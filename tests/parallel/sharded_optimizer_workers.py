@@ -51,23 +51,54 @@ def elementwise_optimizers(rank, world):
     return out
 
 
-def refusals(rank, world):
-    errors = {}
-    for name, make in (("lamb", lambda ps: FusedLAMB(ps)), ("novograd", lambda ps: FusedNovoGrad(ps))):
-        try:
-            make(sharded_mlp().parameters())
-        except ValueError as e:
-            errors[name] = str(e)
-    model = sharded_mlp()
-    opt = FusedAdam(model.parameters())
-    model(torch.ones(2, 6)).sum().backward()
-    before = [p.full_tensor() for p in model.parameters()]
-    try:
-        opt.step(max_grad_norm=1.0)
-    except ValueError as e:
-        errors["clip"] = str(e)
-    errors["unchanged"] = all(torch.equal(a, p.full_tensor()) for a, p in zip(before, model.parameters()))
-    return errors
+WHOLE_NORMS = {  # optimizers and options that need each whole tensor's norm, or the global one
+    "lamb": (lambda ps: FusedLAMB(ps, lr=0.01, weight_decay=0.01, max_grad_norm=0.5), {}),
+    "novograd_l2": (lambda ps: FusedNovoGrad(ps, lr=0.01, weight_decay=0.01), {}),
+    "novograd_max": (lambda ps: FusedNovoGrad(ps, lr=0.01, norm_type=0), {}),
+    "adam_clipped": (lambda ps: FusedAdam(ps, lr=0.01), {"max_grad_norm": 0.5}),
+}
+
+
+def whole_norm_optimizers(rank, world):
+    """Each optimizer of WHOLE_NORMS on the sharded MLP against the same optimizer on
+    an unsharded copy fed every rank's batch (FSDP2 averages the ranks' grads), and
+    the all_reduce calls each step made."""
+    import torch.distributed as dist
+    calls = []
+    all_reduce = dist.all_reduce
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return all_reduce(*args, **kwargs)
+
+    out = {}
+    for name, (make, step_kwargs) in WHOLE_NORMS.items():
+        model = sharded_mlp()
+        torch.manual_seed(0)
+        whole = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+        opt, ref = make(model.parameters()), make(whole.parameters())
+        batches = [torch.Generator().manual_seed(1 + r) for r in range(world)]
+        per_step = []
+        for _ in range(4):
+            xs = [torch.randn(4, 6, generator=g) for g in batches]
+            opt.zero_grad()
+            ref.zero_grad()
+            model(xs[rank]).pow(2).sum().backward()
+            (sum(whole(x).pow(2).sum() for x in xs) / world).backward()
+            calls.clear()
+            dist.all_reduce = counted
+            try:
+                opt.step(**step_kwargs)
+            finally:
+                dist.all_reduce = all_reduce
+            per_step.append(len(calls))
+            ref.step(**step_kwargs)
+        out[name] = {"sharded": [p.full_tensor() for p in model.parameters()],
+                     "whole": [p.detach().clone() for p in whole.parameters()],
+                     "all_reduces": per_step,
+                     "grad_norm": getattr(opt, "last_grad_norm", None),
+                     "whole_grad_norm": getattr(ref, "last_grad_norm", None)}
+    return out
 
 
 def under_loss_scalers(rank, world):

@@ -29,6 +29,6 @@ if PROBLEMS:
                   "objects instead: Trainer(plugins=[ApexPrecision('O2')], strategy=ApexDDPStrategy())",
                   stacklevel=2)
 
-from .pytorch import ApexDDPStrategy, ApexPrecision, CoreOpsSyncBatchNorm  # noqa: E402
+from .pytorch import ApexDDPStrategy, ApexFSDPStrategy, ApexPrecision, CoreOpsSyncBatchNorm  # noqa: E402
 
-__all__ = ["ApexDDPStrategy", "ApexPrecision", "CoreOpsSyncBatchNorm", "NAMES"]
+__all__ = ["ApexDDPStrategy", "ApexFSDPStrategy", "ApexPrecision", "CoreOpsSyncBatchNorm", "NAMES"]

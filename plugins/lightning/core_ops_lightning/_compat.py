@@ -30,7 +30,10 @@ _MARK = "_core_ops_apex_names"
 # Strategies that cannot run Apex's precision: their own precision plugins shard,
 # compile or cast differently (class names, so that an uninstalled one costs nothing).
 INCOMPATIBLE = ("FSDPStrategy", "DeepSpeedStrategy", "XLAStrategy", "SingleDeviceXLAStrategy",
-                "XLAFSDPStrategy", "ModelParallelStrategy")
+                "XLAFSDPStrategy")
+# Fabric converts a module for its precision before its strategy shards it: O2's masters
+# would be made of the whole model. The Trainer shards first (configure_model).
+INCOMPATIBLE_WITH_FABRIC = ("ModelParallelStrategy",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,10 +138,12 @@ def _wrap_connector(init, precision_cls, base_precision, plugin_attr, what):
         precision_plugin = getattr(self, plugin_attr, None)
         if isinstance(precision_plugin, _apex_types()):
             strategy = self.strategy
-            if type(strategy).__name__ in INCOMPATIBLE:
+            if type(strategy).__name__ in INCOMPATIBLE or (
+                    what == "Fabric" and type(strategy).__name__ in INCOMPATIBLE_WITH_FABRIC):
                 raise ValueError(f"{what}(precision={precision_plugin.precision!r}) cannot run with "
-                                 f"{type(strategy).__name__}: use a single device, 'ddp', 'ddp_spawn', "
-                                 "'apex-ddp' or 'apex-ddp_spawn'")
+                                 f"{type(strategy).__name__}: use a single device, 'ddp', 'apex-ddp' (or "
+                                 "their _spawn forms), or, to shard the model, 'apex-fsdp' (FSDP2; "
+                                 "ModelParallelStrategy too)")
             if what == "Fabric":
                 strategy.__class__ = _attaching(type(strategy))
 
@@ -211,6 +216,7 @@ def install(classes_by_tree):
             if not getattr(cls.__init__, _MARK, False):
                 cls.__init__ = _wrap_connector(cls.__init__, precision_cls, base, attr, what)
         ns.ApexDDPStrategy.register_strategies(tree.trainer.strategies.StrategyRegistry)
+        ns.ApexFSDPStrategy.register_strategies(tree.trainer.strategies.StrategyRegistry)
         ns.ApexFabricDDPStrategy.register_strategies(tree.fabric.strategies.STRATEGY_REGISTRY)
     return []
 

@@ -5,4 +5,5 @@ from ._trees import classes
 _ns = classes("pytorch_lightning")
 ApexPrecision = _ns.ApexPrecision
 ApexDDPStrategy = _ns.ApexDDPStrategy
+ApexFSDPStrategy = _ns.ApexFSDPStrategy
 CoreOpsSyncBatchNorm = _ns.CoreOpsSyncBatchNorm

@@ -2,12 +2,17 @@
 the Trainer and Fabric of both Lightning trees: Lightning's own DDP strategy with the
 model wrapped in core_ops' DistributedDataParallel (bucketed allreduce overlapped with
 backward, Apex's options) and, for ``sync_batchnorm=True``, core_ops' SyncBatchNorm,
-which runs on CPU (gloo) as well as CUDA. ``strategy_classes(tree)`` makes the pair."""
+which runs on CPU (gloo) as well as CUDA. ``strategy_classes(tree)`` makes the pair.
+``ApexFSDPStrategy`` (``strategy="apex-fsdp"``): Lightning's FSDP2 strategy
+(ModelParallelStrategy) sharding the model itself, with Apex's opt levels."""
 
 from __future__ import annotations
 
 import contextlib
 
+import torch
+
+from core_ops.amp import fsdp
 from core_ops.parallel import DistributedDataParallel, convert_syncbn_model, revert_syncbn_model
 from core_ops.parallel.distributed import check_options
 
@@ -46,6 +51,72 @@ def _register(cls, registry, description):
         if name not in registry:
             registry.register(name, cls, description=f"{description} (start_method {start_method!r})",
                               start_method=start_method)
+
+
+class _ApexFSDP:
+    """The Trainer's ``strategy="apex-fsdp"``: Lightning's ModelParallelStrategy (FSDP2)
+    over every process as one data-parallel mesh, sharding the model itself: each
+    module of a class in ``auto_wrap_policy`` (a set of classes, e.g. ``{Block}``) is
+    given to ``fully_shard``, then the root, with ``reshard_after_forward`` and, under
+    ``precision="apex-O2"``, FSDP2's mixed precision for the opt level
+    (``core_ops.amp.fsdp_policy``: params gathered in half, grads reduced in
+    ``reduce_dtype``). A LightningModule whose ``configure_model`` shards it itself is
+    left as it shards it. Checkpoints are torch.distributed.checkpoint folders, or one
+    full file with ``save_distributed_checkpoint=False``, as Lightning's."""
+
+    strategy_name = "apex-fsdp"
+
+    def __init__(self, auto_wrap_policy=None, reshard_after_forward=True, reduce_dtype=torch.float32,
+                 **options):
+        policy = set(auto_wrap_policy or ()) if isinstance(auto_wrap_policy, (set, frozenset, list, tuple, type(None))) else None
+        if policy is None or not all(isinstance(c, type) and issubclass(c, torch.nn.Module) for c in policy):
+            raise TypeError(f"ApexFSDPStrategy(auto_wrap_policy=...) takes a set of nn.Module classes to "
+                            f"shard one by one (e.g. {{Block}}), got {auto_wrap_policy!r}")
+        if reduce_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"ApexFSDPStrategy(reduce_dtype=...) must be torch.float32, torch.float16 or "
+                             f"torch.bfloat16, got {reduce_dtype!r}")
+        for name in ("data_parallel_size", "tensor_parallel_size"):
+            if name in options:
+                raise TypeError(f"ApexFSDPStrategy shards over all processes and takes no {name}; "
+                                "use ModelParallelStrategy with precision='apex-O2' for tensor parallelism")
+        super().__init__(**options)
+        self.auto_wrap_policy, self.reshard_after_forward, self.reduce_dtype = (
+            policy, bool(reshard_after_forward), reduce_dtype)
+
+    def setup_environment(self):
+        self._data_parallel_size, self._tensor_parallel_size = self.num_nodes * self.num_processes, 1
+        super().setup_environment()
+        module = self.lightning_module
+        own = type(module).configure_model
+
+        def configure_model():  # the Trainer calls it next: the model is sharded there
+            own(module)
+            if not fsdp.units(module):
+                self._shard(module)
+
+        module.configure_model = configure_model
+
+    def _shard(self, module):
+        from torch.distributed.fsdp import fully_shard
+        loop = getattr(self.precision_plugin, "loop", None)
+        options = dict(mesh=self.device_mesh["data_parallel"], reshard_after_forward=self.reshard_after_forward)
+        if loop is not None:
+            options["mp_policy"] = fsdp.fsdp_policy(loop.opt_level, loop.half_dtype, self.reduce_dtype)
+        for sub in reversed(list(module.modules())):  # innermost first, as FSDP2 asks
+            if sub is not module and type(sub) in self.auto_wrap_policy:
+                fully_shard(sub, **options)
+        fully_shard(module, **options)
+
+    def teardown(self):
+        module = self.lightning_module
+        if module is not None:
+            module.__dict__.pop("configure_model", None)
+        super().teardown()
+
+    @classmethod
+    def register_strategies(cls, strategy_registry):
+        if "apex-fsdp" not in strategy_registry:
+            strategy_registry.register("apex-fsdp", cls, description="FSDP2 with core_ops' opt levels")
 
 
 def strategy_classes(trainer_pkg, fabric_pkg, module_name):
@@ -141,7 +212,10 @@ def strategy_classes(trainer_pkg, fabric_pkg, module_name):
         def register_strategies(cls, strategy_registry):
             _register(cls, strategy_registry, "core_ops' DistributedDataParallel")
 
+    ApexFSDPStrategy = type("ApexFSDPStrategy", (_ApexFSDP, trainer_pkg.strategies.ModelParallelStrategy),
+                            {"__doc__": _ApexFSDP.__doc__})
     for cls, name in ((CoreOpsSyncBatchNorm, "CoreOpsSyncBatchNorm"), (ApexDDPStrategy, "ApexDDPStrategy"),
-                      (ApexFabricDDPStrategy, "ApexDDPStrategy"), (_NoSync, "_NoSync")):
+                      (ApexFabricDDPStrategy, "ApexDDPStrategy"), (_NoSync, "_NoSync"),
+                      (ApexFSDPStrategy, "ApexFSDPStrategy")):
         cls.__module__, cls.__qualname__, cls.__name__ = module_name, name, name
-    return ApexDDPStrategy, ApexFabricDDPStrategy, CoreOpsSyncBatchNorm, _NoSync
+    return ApexDDPStrategy, ApexFabricDDPStrategy, CoreOpsSyncBatchNorm, _NoSync, ApexFSDPStrategy

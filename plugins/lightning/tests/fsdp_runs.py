@@ -1,0 +1,123 @@
+"""A real 2-process run of ``strategy="apex-fsdp"`` (and of Lightning's own
+ModelParallelStrategy under ``precision="apex-O2-bf16"``) on CPU with gloo, several
+fits in one launch:
+
+    python fsdp_runs.py OUT      # each rank saves OUT/fsdp-rank<r>.pt
+
+FSDP2 shards each rank's own tensors, so every rank builds the model from one seed.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import core_ops_lightning  # noqa: F401  (the apex-* names)
+from core_ops.optimizers import FusedAdam
+from core_ops_lightning import ApexFSDPStrategy
+
+
+class Block(nn.Sequential):
+    def __init__(self):
+        super().__init__(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16))
+
+
+class Net(pl.LightningModule):
+    """Blocks and a head; records each step's loss, loss scale and whole params.
+    ``inf_at=(step, rank)``: that rank's loss is inf at that step. ``shard_in_configure``:
+    the module shards itself (for ModelParallelStrategy)."""
+
+    def __init__(self, inf_at=None, shard_in_configure=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(Block(), Block(), nn.Linear(16, 5))
+        self.inf_at, self.shard_in_configure = inf_at, shard_in_configure
+        self.history = []
+
+    def configure_model(self):
+        if self.shard_in_configure:
+            from torch.distributed.fsdp import fully_shard
+            from core_ops.amp import fsdp_policy
+            mesh = self.device_mesh["data_parallel"]
+            policy = fsdp_policy("O2", torch.bfloat16)
+            for block in list(self.body)[:2]:
+                fully_shard(block, mesh=mesh, mp_policy=policy)
+            fully_shard(self, mesh=mesh, mp_policy=policy)
+
+    def forward(self, x):
+        return self.body(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self(x).float(), y)
+        if self.inf_at == (self.global_step, self.global_rank):
+            loss = loss * float("inf")
+        self._loss = loss.detach()
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        scale = self.trainer.precision_plugin.loss_scale if hasattr(self.trainer.precision_plugin, "loss_scale") else 1.0
+        self.history.append(dict(step=self.global_step, loss=self._loss, scale=float(scale),
+                                 params=torch.cat([_whole(p).reshape(-1) for p in self.parameters()])))
+
+    def configure_optimizers(self):
+        return FusedAdam(self.parameters(), lr=1e-2)
+
+
+def _whole(p):
+    return p.full_tensor().detach() if hasattr(p, "full_tensor") else p.detach().clone()
+
+
+def loader():
+    g = torch.Generator().manual_seed(7)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 16, generator=g), torch.randn(64, 5, generator=g))
+    return torch.utils.data.DataLoader(data, batch_size=8)
+
+
+def fit(key, results, model=None, ckpt_path=None, **kw):
+    model = model or Net()
+    trainer = pl.Trainer(accelerator="cpu", devices=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, **kw)
+    trainer.fit(model, loader(), ckpt_path=ckpt_path)
+    results["rank"] = trainer.global_rank
+    results[key] = dict(history=model.history, dtypes=sorted({str(p.dtype) for p in model.parameters()}),
+                        types=sorted({type(p).__name__ for p in model.parameters()}),
+                        local=sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                                  for p in model.parameters()),
+                        whole=sum(p.numel() for p in model.parameters()))
+    return trainer
+
+
+def main():
+    out = Path(sys.argv[1])
+    results = {}
+    fsdp = ApexFSDPStrategy(auto_wrap_policy={Block})
+    # O2 (fp16, dynamic scale) on FSDP2, with an inf on rank 1 only at step 2, clipped;
+    # and the same on apex-ddp.
+    fit("fsdp", results, model=Net(inf_at=(2, 1)), precision="apex-O2", strategy=fsdp, max_epochs=1,
+        gradient_clip_val=0.5)
+    fit("ddp", results, model=Net(inf_at=(2, 1)), precision="apex-O2", strategy="apex-ddp", max_epochs=1,
+        gradient_clip_val=0.5)
+    # Resume from a sharded checkpoint (a torch.distributed.checkpoint folder) and from a
+    # full one: exactly the uninterrupted run.
+    fit("whole", results, precision="apex-O2", strategy="apex-fsdp", max_epochs=2)
+    for form, save_distributed in (("sharded", True), ("full", False)):
+        strategy = lambda: ApexFSDPStrategy(auto_wrap_policy={Block}, save_distributed_checkpoint=save_distributed)  # noqa: E731
+        trainer = fit(f"first_{form}", results, precision="apex-O2", strategy=strategy(), max_epochs=1)
+        ckpt = out / f"{form}.ckpt"
+        trainer.save_checkpoint(ckpt)
+        fit(f"resumed_{form}", results, precision="apex-O2", strategy=strategy(), max_epochs=2, ckpt_path=ckpt)
+        results[f"{form}_is_dir"] = ckpt.is_dir()
+    # Lightning's own FSDP2 strategy, the module sharding itself.
+    fit("model_parallel", results, model=Net(shard_in_configure=True), precision="apex-O2-bf16",
+        strategy=pl.strategies.ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), max_epochs=1)
+    torch.save(results, out / f"fsdp-rank{results['rank']}.pt")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

@@ -1,0 +1,72 @@
+"""``strategy="apex-fsdp"`` and Lightning's ModelParallelStrategy under Apex's precision,
+on 2 gloo processes: one launch of fsdp_runs.py, its fits compared here."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, str(HERE / "fsdp_runs.py"), str(out)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [torch.load(out / f"fsdp-rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+def test_apex_o2_on_fsdp2_holds_float32_shards_of_half_the_model(runs):
+    for r in runs:
+        assert r["fsdp"]["dtypes"] == ["torch.float32"] and r["fsdp"]["types"] == ["DTensor"]
+        assert r["ddp"]["dtypes"] == ["torch.float16"]  # apex-ddp: half model, masters in the optimizer
+    assert runs[0]["fsdp"]["local"] + runs[1]["fsdp"]["local"] == runs[0]["fsdp"]["whole"]
+
+
+def test_apex_fsdp_trains_as_apex_ddp_and_skips_an_overflow_on_both_ranks(runs):
+    for r in runs:
+        fsdp, ddp = r["fsdp"]["history"], r["ddp"]["history"]
+        assert len(fsdp) == len(ddp) == 4
+        # Step 0 overflows fp16 at the first scale; rank 1's loss is inf at step 2: both
+        # ranks skip both, params unchanged, the scale halved each time.
+        assert [h["scale"] for h in fsdp] == [2.0**15, 2.0**15, 2.0**14, 2.0**14]
+        assert [h["scale"] for h in ddp] == [h["scale"] for h in fsdp]
+        assert torch.equal(fsdp[1]["params"], fsdp[2]["params"])
+        assert not torch.equal(fsdp[2]["params"], fsdp[3]["params"])
+        # apex-ddp rounds each step's mean grads to its fp16 half params' grads (2^-12
+        # relative), FSDP2 reduce-scatters into float32 shards; clipped Adam steps of lr
+        # 0.01, and apex-ddp's params are the fp16 copies of its masters (2^-11 relative):
+        # 4.7e-4 apart after the 2 steps taken, bound 2e-3.
+        for a, b in zip(fsdp, ddp):
+            torch.testing.assert_close(a["params"], b["params"].float(), rtol=0, atol=2e-3)
+    assert torch.equal(runs[0]["fsdp"]["history"][-1]["params"], runs[1]["fsdp"]["history"][-1]["params"])
+
+
+@pytest.mark.parametrize("form", ["sharded", "full"])
+def test_apex_fsdp_resumes_exactly_from_its_checkpoints(runs, form):
+    assert runs[0][f"{form}_is_dir"] == (form == "sharded")  # a DCP folder, or one file
+    for r in runs:
+        whole, resumed = r["whole"]["history"], r[f"resumed_{form}"]["history"]
+        assert len(resumed) == 4 and len(whole) == 8
+        for a, b in zip(whole[4:], resumed):
+            assert torch.equal(a["params"], b["params"]) and torch.equal(a["loss"], b["loss"]), (form, a["step"])
+            assert a["scale"] == b["scale"]
+
+
+def test_lightnings_model_parallel_strategy_runs_apex_precision(runs):
+    for r in runs:
+        mp = r["model_parallel"]
+        assert mp["dtypes"] == ["torch.float32"] and mp["types"] == ["DTensor"]
+        losses = torch.stack([h["loss"] for h in mp["history"]])
+        assert len(losses) == 4 and torch.isfinite(losses).all()
+    # The first step's loss is of the model as built, gathered in bf16: the fp16 run's
+    # to bf16's 2^-8.
+    for r in runs:
+        torch.testing.assert_close(r["model_parallel"]["history"][0]["loss"], r["fsdp"]["history"][0]["loss"],
+                                   rtol=1e-2, atol=0)
