@@ -123,6 +123,8 @@ def prepare(model, props, where="models[0]: "):
     """Makes the FSDP2-sharded ``model`` compute at ``props``'s level (Note [Opt levels
     on FSDP2]); the caller patches its forward (outputs, O1's autocast) as for any model."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
+    for unit in units(model):
+        _unrun_state(unit, where)
     check_shardable(model, where)
     half = props.cast_model_type if props.cast_model_type in HALF else None
     if half is None:
@@ -140,7 +142,6 @@ def prepare(model, props, where="models[0]: "):
                              "own first (fully_shard(bn) for each, then the blocks and the root), or "
                              "pass keep_batchnorm_fp32=False")
         if not props.master_weights:  # O3: the shards themselves are half
-            _unrun_state(unit, where)
             for m in own:
                 if not (keep and isinstance(m, _BatchNorm)):
                     m._apply(lambda t: t.to(half) if t.is_floating_point() else t, recurse=False)

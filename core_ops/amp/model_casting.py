@@ -79,13 +79,22 @@ def cast_module_tensors(model, dtype, keep_batchnorm_fp32):
     return cast
 
 
-def patch_forward(model, input_dtype, output_dtype, autocast_dtype, handle=None):
+def patch_forward(model, input_dtype, output_dtype, autocast_dtype, handle=None, has_masters=False):
     """``model.forward`` with inputs cast to ``input_dtype``, the body under
     ``torch.autocast(autocast_dtype)`` while ``handle`` is active (O1's
-    ``_amp_state.handle``) and outputs cast to ``output_dtype`` (each optional)."""
+    ``_amp_state.handle``) and outputs cast to ``output_dtype`` (each optional).
+    ``has_masters``: the forward refuses to run once FSDP2 has sharded the model
+    (``fully_shard`` changes its class), which would leave the masters of the params it
+    replaced without grads, training nothing."""
     device_type = module_device_type(model)
+    cls = type(model)
 
     def forward(self, *args, **kwargs):
+        if has_masters and type(self) is not cls and type(self).__name__.startswith("FSDP"):
+            raise RuntimeError("this model was sharded by fully_shard after amp.initialize / AmpLoop made "
+                               "its fp32 masters, which the sharded params no longer reach: shard first "
+                               "(fully_shard), then call amp.initialize on the sharded model (its float32 "
+                               "shards are then the masters)")
         if input_dtype is not None:
             args = cast_tree(args, input_dtype, batch_objects=True)
             kwargs = cast_tree(kwargs, input_dtype, batch_objects=True)

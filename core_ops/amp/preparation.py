@@ -141,7 +141,8 @@ def prepare_model(model, props, registry, handle, inputs_per_module=False, where
     autocast = props.half_dtype if props.patch_torch_functions else None
     if props.cast_model_type is not None or autocast is not None:
         patch_forward(model, None if inputs_per_module else props.cast_model_type,
-                      props.cast_model_outputs or torch.float32, autocast, handle)
+                      props.cast_model_outputs or torch.float32, autocast, handle,
+                      has_masters=any(registry.get(p) is not None for p in model.parameters()))
     elif props.cast_model_outputs is not None:
         patch_forward(model, None, props.cast_model_outputs, None)
     if half or len(registry):

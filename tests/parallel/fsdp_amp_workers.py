@@ -74,6 +74,54 @@ def o2_against_ddp(rank, world):
     return _against_ddp(rank, world, ("O2",))
 
 
+def misuse(rank, world):
+    """What a model sharded after initialize, and one run before initialize, are told."""
+    errors = {}
+    net = model()
+    net, _ = amp.initialize(net, FusedAdam(net.parameters()), opt_level="O2", half_dtype=torch.bfloat16,
+                            verbosity=0)
+    shard(net)
+    try:
+        net(batch(0, rank, world)[0])
+    except RuntimeError as e:
+        errors["sharded_after"] = str(e)
+    net = shard(model())
+    net(batch(0, rank, world)[0])  # FSDP2 fixes its dtypes at this first forward
+    try:
+        amp.initialize(net, FusedAdam(net.parameters()), opt_level="O2", half_dtype=torch.bfloat16, verbosity=0)
+    except RuntimeError as e:
+        errors["ran_before"] = str(e)
+    from torch.distributed.fsdp import fully_shard
+    half_shard = model()
+    fully_shard(half_shard[0])  # the root and the other blocks left whole
+    try:
+        amp.initialize(half_shard, FusedAdam(half_shard.parameters()), opt_level="O2", verbosity=0)
+    except ValueError as e:
+        errors["unsharded_param"] = str(e)
+    mixed = fully_shard(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)))
+    try:
+        amp.initialize(mixed, FusedAdam(mixed.parameters()), opt_level="O2", half_dtype=torch.bfloat16, verbosity=0)
+    except ValueError as e:
+        errors["batchnorm"] = str(e)
+    # The route it names: BatchNorm sharded on its own is gathered and run in float32.
+    torch.manual_seed(0)
+    apart = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    fully_shard(apart[1])
+    fully_shard(apart)
+    apart, opt = amp.initialize(apart, FusedAdam(apart.parameters()), opt_level="O2", half_dtype=torch.bfloat16,
+                                verbosity=0)
+    seen = []
+    for m in apart:
+        m.register_forward_hook(lambda m, i, o: seen.append((type(m).__name__, str(i[0].dtype), str(o.dtype))))
+    loss = apart(torch.randn(8, 4)).float().square().mean()
+    with amp.scale_loss(loss, opt) as scaled:
+        scaled.backward()
+    opt.step()
+    errors["apart"] = seen
+    errors["apart_running_mean"] = str(apart[1].running_mean.dtype)
+    return errors
+
+
 def _against_ddp(rank, world, levels):
     """Each opt level on FSDP2 and on core_ops' DDP: losses, final params, and what
     each rank holds of the params and optimizer state at O2."""

@@ -85,3 +85,18 @@ def test_resume_from_sharded_and_full_checkpoints_is_exact(tmp_path, monkeypatch
     four = torch.cat([r["loss"] for r in other]).mean()
     two = torch.stack([r["straight"][0][3] for r in results]).mean()
     torch.testing.assert_close(four, two, rtol=1e-3, atol=0)
+
+
+def test_misuse_is_named_with_the_route_that_works():
+    errors = run_ranks("fsdp_amp_workers:misuse", timeout=120)[0]
+    assert "sharded by fully_shard after amp.initialize" in errors["sharded_after"]
+    assert "has already run forward" in errors["ran_before"] and "fsdp_policy" in errors["ran_before"]
+    assert "parameter '1.0.weight' is not sharded" in errors["unsharded_param"]
+    assert "holds BatchNorm (BatchNorm1d) beside other layers" in errors["batchnorm"]
+    assert "fully_shard(bn)" in errors["batchnorm"]
+    # BatchNorm in a unit of its own computes in float32 (its running stats stay float32)
+    # between bf16 layers: its unit casts the input up and its output down for the next.
+    assert errors["apart"] == [("Linear", "torch.bfloat16", "torch.bfloat16"),
+                               ("FSDPBatchNorm1d", "torch.float32", "torch.bfloat16"),
+                               ("Linear", "torch.bfloat16", "torch.bfloat16")]
+    assert errors["apart_running_mean"] == "torch.float32"
