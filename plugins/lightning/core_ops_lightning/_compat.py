@@ -218,6 +218,7 @@ def install(classes_by_tree):
         ns.ApexDDPStrategy.register_strategies(tree.trainer.strategies.StrategyRegistry)
         ns.ApexFSDPStrategy.register_strategies(tree.trainer.strategies.StrategyRegistry)
         ns.ApexFabricDDPStrategy.register_strategies(tree.fabric.strategies.STRATEGY_REGISTRY)
+        ns.ApexFabricFSDPStrategy.register_strategies(tree.fabric.strategies.STRATEGY_REGISTRY)
     return []
 
 

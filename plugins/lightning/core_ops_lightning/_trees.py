@@ -16,11 +16,12 @@ def _classes(tree):
     trainer_module, fabric_module = MODULES[tree.name]
     precision, fabric_precision = precision_classes(tree.trainer, tree.fabric, trainer_module)
     fabric_precision.__module__ = fabric_module
-    ddp, fabric_ddp, sync_bn, no_sync, fsdp = strategy_classes(tree.trainer, tree.fabric, trainer_module)
-    fabric_ddp.__module__ = no_sync.__module__ = fabric_module
+    ddp, fabric_ddp, sync_bn, no_sync, fsdp, fabric_fsdp = strategy_classes(tree.trainer, tree.fabric, trainer_module)
+    fabric_ddp.__module__ = no_sync.__module__ = fabric_fsdp.__module__ = fabric_module
     return types.SimpleNamespace(ApexPrecision=precision, ApexFabricPrecision=fabric_precision,
                                  ApexDDPStrategy=ddp, ApexFabricDDPStrategy=fabric_ddp,
-                                 CoreOpsSyncBatchNorm=sync_bn, FabricNoSync=no_sync, ApexFSDPStrategy=fsdp)
+                                 CoreOpsSyncBatchNorm=sync_bn, FabricNoSync=no_sync, ApexFSDPStrategy=fsdp,
+                                 ApexFabricFSDPStrategy=fabric_fsdp)
 
 
 ALL = {tree: _classes(tree) for tree in _compat.installed_trees()}

@@ -60,8 +60,10 @@ class _Apex:
 
     # ---- the model and its inputs ----------------------------------------------------
 
+    converts_after_sharding = False  # set by Fabric's apex-fsdp, which prepares the shards
+
     def convert_module(self, module):
-        return self.loop.prepare_model(module)
+        return module if self.converts_after_sharding else self.loop.prepare_model(module)
 
     # convert_input stays Lightning's (nothing): at O2 / O3 each half layer casts what
     # reaches it, so a batch's float targets keep their precision.

@@ -53,59 +53,98 @@ def _register(cls, registry, description):
                               start_method=start_method)
 
 
-class _ApexFSDP:
-    """The Trainer's ``strategy="apex-fsdp"``: Lightning's ModelParallelStrategy (FSDP2)
-    over every process as one data-parallel mesh, sharding the model itself: each
-    module of a class in ``auto_wrap_policy`` (a set of classes, e.g. ``{Block}``) is
-    given to ``fully_shard``, then the root, with ``reshard_after_forward`` and, under
-    ``precision="apex-O2"``, FSDP2's mixed precision for the opt level
-    (``core_ops.amp.fsdp_policy``: params gathered in half, grads reduced in
-    ``reduce_dtype``). A LightningModule whose ``configure_model`` shards it itself is
-    left as it shards it. Checkpoints are torch.distributed.checkpoint folders, or one
-    full file with ``save_distributed_checkpoint=False``, as Lightning's."""
+def _fsdp_options(auto_wrap_policy, reduce_dtype, options, where):
+    """The set of classes ``auto_wrap_policy`` names, the checks of both FSDP strategies."""
+    policy = (set(auto_wrap_policy or ()) if isinstance(auto_wrap_policy, (set, frozenset, list, tuple, type(None)))
+              else None)
+    if policy is None or not all(isinstance(c, type) and issubclass(c, torch.nn.Module) for c in policy):
+        raise TypeError(f"{where}(auto_wrap_policy=...) takes a set of nn.Module classes to shard one by "
+                        f"one (e.g. {{Block}}), got {auto_wrap_policy!r}")
+    if reduce_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"{where}(reduce_dtype=...) must be torch.float32, torch.float16 or "
+                         f"torch.bfloat16, got {reduce_dtype!r}")
+    for name in ("data_parallel_size", "tensor_parallel_size"):
+        if name in options:
+            raise TypeError(f"{where} shards over all processes and takes no {name}; use "
+                            "ModelParallelStrategy with precision='apex-O2' for tensor parallelism")
+    return policy
+
+
+def _shard(strategy, module):
+    """``module`` given to ``fully_shard`` as ``strategy`` says, unless it already holds
+    FSDP2 units (a ``configure_model`` or a ``parallelize_fn`` sharded it)."""
+    if fsdp.units(module):
+        return module
+    from torch.distributed.fsdp import fully_shard
+    loop = getattr(strategy.precision_plugin if hasattr(strategy, "precision_plugin") else strategy.precision,
+                   "loop", None)
+    options = dict(mesh=strategy.device_mesh["data_parallel"], reshard_after_forward=strategy.reshard_after_forward)
+    if loop is not None:
+        options["mp_policy"] = fsdp.fsdp_policy(loop.opt_level, loop.half_dtype, strategy.reduce_dtype)
+    for sub in reversed(list(module.modules())):  # innermost first, as FSDP2 asks
+        if sub is not module and type(sub) in strategy.auto_wrap_policy:
+            fully_shard(sub, **options)
+    fully_shard(module, **options)
+    return module
+
+
+class _FabricClipping:
+    """``fabric.clip_gradients`` under Apex's precision: the loop's clipping (unscaled
+    first, the true global norm in one pass, shards' too; an overflow skips the step)."""
+
+    def clip_gradients_norm(self, module, optimizer, max_norm, norm_type=2.0, error_if_nonfinite=True):
+        loop = getattr(self.precision, "loop", None)
+        if loop is None or norm_type != 2.0:
+            return super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
+        return loop.clip_grad_norm_(optimizer, max_norm)
+
+
+class _FSDPOptions:
+    """What the Trainer's and Fabric's ``apex-fsdp`` share: Lightning's
+    ModelParallelStrategy (FSDP2) over every process as one data-parallel mesh, the
+    model sharded by the strategy: each module of a class in ``auto_wrap_policy`` (a
+    set of classes, e.g. ``{Block}``) is given to ``fully_shard``, then the root, with
+    ``reshard_after_forward`` and, under ``precision="apex-O2"``, FSDP2's mixed precision
+    for the opt level (``core_ops.amp.fsdp_policy``: params gathered in half, grads
+    reduced in ``reduce_dtype``). A model already sharded (by ``configure_model``) is
+    left as it is. Checkpoints are torch.distributed.checkpoint folders, or one full
+    file with ``save_distributed_checkpoint=False``, as Lightning's."""
 
     strategy_name = "apex-fsdp"
 
-    def __init__(self, auto_wrap_policy=None, reshard_after_forward=True, reduce_dtype=torch.float32,
-                 **options):
-        policy = set(auto_wrap_policy or ()) if isinstance(auto_wrap_policy, (set, frozenset, list, tuple, type(None))) else None
-        if policy is None or not all(isinstance(c, type) and issubclass(c, torch.nn.Module) for c in policy):
-            raise TypeError(f"ApexFSDPStrategy(auto_wrap_policy=...) takes a set of nn.Module classes to "
-                            f"shard one by one (e.g. {{Block}}), got {auto_wrap_policy!r}")
-        if reduce_dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise ValueError(f"ApexFSDPStrategy(reduce_dtype=...) must be torch.float32, torch.float16 or "
-                             f"torch.bfloat16, got {reduce_dtype!r}")
-        for name in ("data_parallel_size", "tensor_parallel_size"):
-            if name in options:
-                raise TypeError(f"ApexFSDPStrategy shards over all processes and takes no {name}; "
-                                "use ModelParallelStrategy with precision='apex-O2' for tensor parallelism")
-        super().__init__(**options)
-        self.auto_wrap_policy, self.reshard_after_forward, self.reduce_dtype = (
-            policy, bool(reshard_after_forward), reduce_dtype)
+    def _take_options(self, auto_wrap_policy, reshard_after_forward, reduce_dtype, options):
+        self.auto_wrap_policy = _fsdp_options(auto_wrap_policy, reduce_dtype, options, "ApexFSDPStrategy")
+        self.reshard_after_forward, self.reduce_dtype = bool(reshard_after_forward), reduce_dtype
 
     def setup_environment(self):
         self._data_parallel_size, self._tensor_parallel_size = self.num_nodes * self.num_processes, 1
+        super().setup_environment()
+
+    @classmethod
+    def register_strategies(cls, strategy_registry):
+        if "apex-fsdp" not in strategy_registry:
+            strategy_registry.register("apex-fsdp", cls, description="FSDP2 with core_ops' opt levels")
+
+
+class _ApexFSDP(_FSDPOptions):
+    """The Trainer's ``strategy="apex-fsdp"``; the model is sharded in ``configure_model``
+    (the Trainer calls it after setting up the processes, before the precision casts)."""
+
+    def __init__(self, auto_wrap_policy=None, reshard_after_forward=True, reduce_dtype=torch.float32,
+                 **options):
+        self._take_options(auto_wrap_policy, reshard_after_forward, reduce_dtype, options)
+        super().__init__(**options)
+
+    def setup_environment(self):
         super().setup_environment()
         module = self.lightning_module
         own = type(module).configure_model
 
         def configure_model():  # the Trainer calls it next: the model is sharded there
             own(module)
-            if not fsdp.units(module):
-                self._shard(module)
+            _shard(self, module)
 
         module.configure_model = configure_model
-
-    def _shard(self, module):
-        from torch.distributed.fsdp import fully_shard
-        loop = getattr(self.precision_plugin, "loop", None)
-        options = dict(mesh=self.device_mesh["data_parallel"], reshard_after_forward=self.reshard_after_forward)
-        if loop is not None:
-            options["mp_policy"] = fsdp.fsdp_policy(loop.opt_level, loop.half_dtype, self.reduce_dtype)
-        for sub in reversed(list(module.modules())):  # innermost first, as FSDP2 asks
-            if sub is not module and type(sub) in self.auto_wrap_policy:
-                fully_shard(sub, **options)
-        fully_shard(module, **options)
 
     def teardown(self):
         module = self.lightning_module
@@ -113,10 +152,33 @@ class _ApexFSDP:
             module.__dict__.pop("configure_model", None)
         super().teardown()
 
-    @classmethod
-    def register_strategies(cls, strategy_registry):
-        if "apex-fsdp" not in strategy_registry:
-            strategy_registry.register("apex-fsdp", cls, description="FSDP2 with core_ops' opt levels")
+
+class _ApexFabricFSDP(_FabricClipping, _FSDPOptions):
+    """Fabric's ``strategy="apex-fsdp"``: ``fabric.setup_module(model)`` shards the model,
+    then prepares it for the opt level (Fabric converts a module for its precision
+    before its strategy sees it: under this strategy that waits for the shards, which
+    are then the O2 masters); optimizers are made of the sharded params after it, as
+    with Lightning's ModelParallelStrategy."""
+
+    def __init__(self, auto_wrap_policy=None, reshard_after_forward=True, reduce_dtype=torch.float32,
+                 **options):
+        self._take_options(auto_wrap_policy, reshard_after_forward, reduce_dtype, options)
+        super().__init__(parallelize_fn=self._parallelize, **options)
+
+    @property
+    def precision(self):
+        return super().precision
+
+    @precision.setter
+    def precision(self, plugin):
+        self._precision = plugin
+        if hasattr(plugin, "loop"):
+            plugin.converts_after_sharding = True  # convert_module leaves it to _parallelize
+
+    def _parallelize(self, module, mesh):
+        _shard(self, module)
+        loop = getattr(self.precision, "loop", None)
+        return module if loop is None else loop.prepare_model(module)
 
 
 def strategy_classes(trainer_pkg, fabric_pkg, module_name):
@@ -189,7 +251,7 @@ def strategy_classes(trainer_pkg, fabric_pkg, module_name):
                                 f"(core_ops' DistributedDataParallel), got {type(module).__name__}")
             return module.no_sync()
 
-    class ApexFabricDDPStrategy(FabricDDP):
+    class ApexFabricDDPStrategy(_FabricClipping, FabricDDP):
         """Fabric's DDPStrategy with core_ops' DistributedDataParallel (options as the
         Trainer's ApexDDPStrategy); ``fabric.no_backward_sync`` and
         ``fabric.clip_gradients`` work as with Lightning's own."""
@@ -202,20 +264,17 @@ def strategy_classes(trainer_pkg, fabric_pkg, module_name):
         def setup_module(self, module):
             return _wrap(self, module)
 
-        def clip_gradients_norm(self, module, optimizer, max_norm, norm_type=2.0, error_if_nonfinite=True):
-            loop = getattr(self.precision, "loop", None)
-            if loop is None or norm_type != 2.0:
-                return super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
-            return loop.clip_grad_norm_(optimizer, max_norm)  # one pass; an overflow skips the step
-
         @classmethod
         def register_strategies(cls, strategy_registry):
             _register(cls, strategy_registry, "core_ops' DistributedDataParallel")
 
     ApexFSDPStrategy = type("ApexFSDPStrategy", (_ApexFSDP, trainer_pkg.strategies.ModelParallelStrategy),
-                            {"__doc__": _ApexFSDP.__doc__})
+                            {"__doc__": _FSDPOptions.__doc__})
+    ApexFabricFSDPStrategy = type("ApexFSDPStrategy", (_ApexFabricFSDP, fabric_pkg.strategies.ModelParallelStrategy),
+                                  {"__doc__": _FSDPOptions.__doc__ + "\n\n" + _ApexFabricFSDP.__doc__})
     for cls, name in ((CoreOpsSyncBatchNorm, "CoreOpsSyncBatchNorm"), (ApexDDPStrategy, "ApexDDPStrategy"),
                       (ApexFabricDDPStrategy, "ApexDDPStrategy"), (_NoSync, "_NoSync"),
-                      (ApexFSDPStrategy, "ApexFSDPStrategy")):
+                      (ApexFSDPStrategy, "ApexFSDPStrategy"), (ApexFabricFSDPStrategy, "ApexFSDPStrategy")):
         cls.__module__, cls.__qualname__, cls.__name__ = module_name, name, name
-    return ApexDDPStrategy, ApexFabricDDPStrategy, CoreOpsSyncBatchNorm, _NoSync, ApexFSDPStrategy
+    return (ApexDDPStrategy, ApexFabricDDPStrategy, CoreOpsSyncBatchNorm, _NoSync, ApexFSDPStrategy,
+            ApexFabricFSDPStrategy)

@@ -2,7 +2,8 @@
 ModelParallelStrategy under ``precision="apex-O2-bf16"``) on CPU with gloo, several
 fits in one launch:
 
-    python fsdp_runs.py OUT      # each rank saves OUT/fsdp-rank<r>.pt
+    python fsdp_runs.py OUT          # Trainers: each rank saves OUT/fsdp-rank<r>.pt
+    python fsdp_runs.py fabric OUT   # Fabric: OUT/fabric-rank<r>.pt
 
 FSDP2 shards each rank's own tensors, so every rank builds the model from one seed.
 """
@@ -92,7 +93,44 @@ def fit(key, results, model=None, ckpt_path=None, **kw):
     return trainer
 
 
+def fabric_run(out):
+    """Fabric(precision="apex-O2", strategy="apex-fsdp") against apex-ddp: 4 steps of the
+    same batches, rank 1's loss inf at step 2, grads clipped to 0.5."""
+    import lightning as L
+    from core_ops_lightning.fabric import ApexDDPStrategy
+    results = {}
+    # Both ranks take the same batches (no distributed sampler); apex-ddp sums the ranks'
+    # grads in float32 as FSDP2's reduce-scatter does (an fp16 sum of two equal grads
+    # overflows where one does not).
+    for name, strategy in (("apex-fsdp", "apex-fsdp"), ("apex-ddp", ApexDDPStrategy(allreduce_always_fp32=True))):
+        fabric = L.Fabric(precision="apex-O2", strategy=strategy, accelerator="cpu", devices=2)
+        fabric.launch()
+        torch.manual_seed(0)
+        model = fabric.setup_module(nn.Sequential(Block(), Block(), nn.Linear(16, 5)))
+        opt = fabric.setup_optimizers(FusedAdam(model.parameters(), lr=1e-2))
+        history = []
+        for step, (x, y) in enumerate(loader()):
+            if step == 4:
+                break
+            opt.zero_grad()
+            loss = F.mse_loss(model(x).float(), y)
+            if (step, fabric.global_rank) == (2, 1):
+                loss = loss * float("inf")
+            fabric.backward(loss)
+            norm = fabric.clip_gradients(model, opt, max_norm=0.5)
+            opt.step()
+            history.append(dict(loss=loss.detach(), scale=fabric.strategy.precision.loss_scale,
+                                norm=None if norm is None else torch.as_tensor(norm).detach().float(),
+                                params=torch.cat([_whole(p).float().reshape(-1) for p in model.parameters()])))
+        results[name] = dict(history=history, dtypes=sorted({str(p.dtype) for p in model.parameters()}),
+                                 types=sorted({type(p).__name__ for p in model.parameters()}))
+        results["rank"] = fabric.global_rank
+    torch.save(results, out / f"fabric-rank{results['rank']}.pt")
+
+
 def main():
+    if sys.argv[1] == "fabric":
+        return fabric_run(Path(sys.argv[2]))
     out = Path(sys.argv[1])
     results = {}
     fsdp = ApexFSDPStrategy(auto_wrap_policy={Block})

@@ -12,14 +12,22 @@ import torch
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp")
+def _launch(out, *args, stem):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(HERE / "fsdp_runs.py"), str(out)], env=env,
+    proc = subprocess.run([sys.executable, str(HERE / "fsdp_runs.py"), *args, str(out)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return [torch.load(out / f"fsdp-rank{r}.pt", weights_only=False) for r in (0, 1)]
+    return [torch.load(out / f"{stem}-rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return _launch(tmp_path_factory.mktemp("fsdp"), stem="fsdp")
+
+
+@pytest.fixture(scope="module")
+def fabric_runs(tmp_path_factory):
+    return _launch(tmp_path_factory.mktemp("fabric"), "fabric", stem="fabric")
 
 
 def test_apex_o2_on_fsdp2_holds_float32_shards_of_half_the_model(runs):
@@ -70,3 +78,25 @@ def test_lightnings_model_parallel_strategy_runs_apex_precision(runs):
     for r in runs:
         torch.testing.assert_close(r["model_parallel"]["history"][0]["loss"], r["fsdp"]["history"][0]["loss"],
                                    rtol=1e-2, atol=0)
+
+
+def test_fabric_apex_fsdp_trains_as_apex_ddp_skips_and_clips_by_the_global_norm(fabric_runs):
+    for r in fabric_runs:
+        fsdp, ddp = r["apex-fsdp"], r["apex-ddp"]
+        assert fsdp["dtypes"] == ["torch.float32"] and fsdp["types"] == ["DTensor"]
+        assert ddp["dtypes"] == ["torch.float16"]
+        # Rank 1's loss is inf at step 2: both ranks skip it, halving the scale.
+        assert [h["scale"] for h in fsdp["history"]] == [2.0**16, 2.0**16, 2.0**15, 2.0**15]
+        assert torch.equal(fsdp["history"][1]["params"], fsdp["history"][2]["params"])
+        for a, b in zip(fsdp["history"], ddp["history"]):
+            # The clip's norm is the whole model's on both (FSDP2's from the shards, one
+            # collective): float32 sums in another order; the fp16 grads are the same.
+            if torch.isfinite(b["norm"]):
+                torch.testing.assert_close(a["norm"], b["norm"], rtol=1e-5, atol=0)
+            # Both reduce in float32; apex-ddp then rounds the mean to fp16 grads and
+            # holds fp16 params (2^-11): 4.9e-4 apart after 3 clipped steps of lr 0.01.
+            torch.testing.assert_close(a["params"], b["params"], rtol=0, atol=2e-3)
+    r0, r1 = fabric_runs
+    for a, b in zip(r0["apex-fsdp"]["history"], r1["apex-fsdp"]["history"]):
+        assert torch.equal(a["params"], b["params"])
+        assert torch.equal(a["norm"], b["norm"]) or (torch.isnan(a["norm"]) and torch.isnan(b["norm"]))
