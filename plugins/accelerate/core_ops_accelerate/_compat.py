@@ -66,9 +66,13 @@ def _check(accelerator):
                          f"mixed_precision={accelerator.mixed_precision!r} (from the argument, the config or "
                          "ACCELERATE_MIXED_PRECISION) must be 'no'")
     kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
+    if kind == "FSDP" and getattr(accelerator, "is_fsdp2", False):
+        return  # FSDP2: the opt level takes the sharded model (accelerator.py, _prepare_sharded)
     if kind in INCOMPATIBLE:
         raise ValueError(f"ApexPlugin cannot run with {kind} (it shards, casts or compiles the model its own "
-                         "way); use single-process or multi-GPU / multi-CPU data parallelism")
+                         "way); use single-process or multi-GPU / multi-CPU data parallelism, or, to shard "
+                         "the model, FSDP2: FullyShardedDataParallelPlugin(fsdp_version=2) "
+                         "(accelerate launch --use_fsdp --fsdp_version 2)")
     if getattr(accelerator, "has_fp8_handler", False):
         raise ValueError("ApexPlugin cannot run with an fp8 recipe handler")
 

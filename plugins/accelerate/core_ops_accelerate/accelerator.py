@@ -70,6 +70,8 @@ class _ApexMethods:
         return self._core_ops_apex
 
     def prepare(self, *args, device_placement=None):
+        if getattr(self, "is_fsdp2", False):
+            return self._prepare_sharded(*args, device_placement=device_placement)
         order = sorted(range(len(args)), key=lambda i: not isinstance(args[i], torch.nn.Module))
         placement = None if device_placement is None else [device_placement[i] for i in order]
         done = super().prepare(*[args[i] for i in order], device_placement=placement)
@@ -78,6 +80,23 @@ class _ApexMethods:
         for position, obj in zip(order, done):
             result[position] = obj
         return tuple(result) if len(args) > 1 else result[0]
+
+    def _prepare_sharded(self, *args, device_placement=None):
+        """FSDP2 (``FullyShardedDataParallelPlugin(fsdp_version=2)``): Accelerate shards the
+        model and moves the optimizers' param groups onto the shards; the opt level then
+        takes the sharded model (its float32 shards are O2's masters, FSDP2's mixed
+        precision computes in half: Note [Opt levels on FSDP2]) and the optimizers are
+        attached to those shards."""
+        done = super().prepare(*args, device_placement=device_placement)
+        items = done if len(args) > 1 else (done,)
+        loop = self._core_ops_apex.loop
+        for obj in items:
+            if isinstance(obj, torch.nn.Module):
+                loop.prepare_model(obj)
+        for obj in items:
+            if isinstance(obj, ApexAcceleratedOptimizer):
+                loop.attach(obj.optimizer)
+        return done
 
     def prepare_model(self, model, device_placement=None, evaluation_mode=False):
         if getattr(model, "_is_accelerate_prepared", False):
@@ -103,7 +122,8 @@ class _ApexMethods:
         if getattr(inner, "_core_ops_amp", None) is not None and any(_inner(o) is inner for o in self._optimizers):
             raise ValueError("this optimizer was prepared already: prepare each optimizer once (pass the one "
                              "accelerator.prepare returned to later calls, or none)")
-        if apex.loop.casts_model and apex.loop.properties.master_weights and not any(
+        sharded = getattr(self, "is_fsdp2", False)  # attached after Accelerate shards (_prepare_sharded)
+        if not sharded and apex.loop.casts_model and apex.loop.properties.master_weights and not any(
                 apex.loop.registry.get(p) is not None for g in inner.param_groups for p in g["params"]):
             raise ValueError(f"ApexPlugin({apex.opt_level}) needs the model prepared before or together "
                              "with its optimizer: accelerator.prepare(model, optimizer, ...); this optimizer "
@@ -116,7 +136,8 @@ class _ApexMethods:
             else:
                 self._core_ops_twins[id(inner)] = twin
                 inner = twin
-        apex.loop.attach(inner)
+        if not sharded:
+            apex.loop.attach(inner)
         if device_placement is None:
             device_placement = self.device_placement
         wrapped = ApexAcceleratedOptimizer(inner, device_placement, apex.loop)

@@ -1,0 +1,84 @@
+"""ApexPlugin with Accelerate's FSDP2 (``FullyShardedDataParallelPlugin(fsdp_version=2)``)
+on 2 gloo processes, against the same training on multi-CPU data parallelism:
+
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 fsdp_runs.py OUT
+
+Accelerate enters FSDP only from GPU kinds of distributed run (AcceleratorState turns
+MULTI_GPU, not MULTI_CPU, into FSDP), so on a CPU machine this script makes the one
+change Accelerate's launcher would have made on GPUs: after the data-parallel run it
+sets the accelerator's state's ``distributed_type`` to FSDP with the FSDP2 plugin.
+Everything after it is Accelerate's own FSDP2 preparation (``fully_shard`` by its
+auto-wrap policy, the optimizers moved onto the shards) and the plugin. Each rank saves
+OUT/fsdp-rank<r>.pt for test_fsdp_runs.py.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+from torch import nn
+
+from core_ops.optimizers import FusedAdam
+from core_ops_accelerate import ApexPlugin
+
+STEPS = 6
+
+
+class Block(nn.Sequential):
+    def __init__(self):
+        super().__init__(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16))
+
+
+def batches(rank):
+    g = torch.Generator().manual_seed(100 + rank)
+    return [(torch.randn(4, 16, generator=g), torch.randn(4, 5, generator=g)) for _ in range(STEPS)]
+
+
+def _whole(p):
+    return p.full_tensor().detach() if hasattr(p, "full_tensor") else p.detach().clone()
+
+
+def run(acc, data, record=True):
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(), Block(), nn.Linear(16, 5))
+    model, opt = acc.prepare(model, FusedAdam(model.parameters(), lr=1e-2))
+    history = []
+    for x, y in data:
+        loss = F.mse_loss(model(x).float(), y)
+        acc.backward(loss)
+        norm = acc.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad()
+        if record:
+            history.append(dict(loss=loss.detach(), norm=torch.as_tensor(norm).detach().float(),
+                                params=torch.cat([_whole(p).float().reshape(-1) for p in model.parameters()])))
+    return model, opt, history
+
+
+def main():
+    out = Path(sys.argv[1])
+    results = {}
+    plugin = lambda: ApexPlugin(opt_level="O2", half_dtype="bf16", allreduce_always_fp32=True)  # noqa: E731
+    acc = Accelerator(kwargs_handlers=[plugin()])
+    rank = results["rank"] = acc.process_index
+    data = batches(rank)
+    _, _, results["ddp"] = run(acc, data)
+
+    fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                                 transformer_cls_names_to_wrap=["Block"])
+    acc = Accelerator(kwargs_handlers=[plugin()])
+    acc.state.distributed_type, acc.state.fsdp_plugin = DistributedType.FSDP, fsdp_plugin  # see the docstring
+    model, opt, results["fsdp"] = run(acc, data)
+    results["fsdp_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
+    results["fsdp_types"] = sorted({type(p).__name__ for p in model.parameters()})
+    results["fsdp_units"] = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.startswith("FSDP")})
+    results["fsdp_param_dtypes"] = sorted({str(m._get_fsdp_state()._mp_policy.param_dtype) for m in model.modules()
+                                           if hasattr(m, "_get_fsdp_state")})
+    torch.save(results, out / f"fsdp-rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""ApexPlugin on Accelerate's FSDP2, 2 gloo processes through `accelerate launch`
+(fsdp_runs.py: on CPU the script sets the state's distributed type to FSDP itself, the
+one step Accelerate takes only from GPU kinds of run), against multi-CPU data
+parallelism with the same batches."""
+
+import pytest
+import torch
+from test_launches import HERE, launch
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("accelerate_fsdp")
+    return launch(["--multi_gpu", "--num_processes", "2", str(HERE / "fsdp_runs.py"), str(out)], out, name="fsdp")
+
+
+def test_accelerate_shards_and_the_opt_level_takes_the_shards(runs):
+    for r in runs:
+        # Accelerate's auto-wrap policy made the units; O2 made them gather in bf16 and
+        # the float32 shards are the masters.
+        assert r["fsdp_units"] == ["FSDPBlock", "FSDPSequential"]
+        assert r["fsdp_param_dtypes"] == ["torch.bfloat16"]
+        assert r["fsdp_dtypes"] == ["torch.float32"] and r["fsdp_types"] == ["DTensor"]
+
+
+def test_fsdp2_trains_as_data_parallel_and_clips_by_the_global_norm(runs):
+    for r in runs:
+        for a, b in zip(r["fsdp"], r["ddp"]):
+            # Data parallelism rounds each step's mean grads to the bf16 half params'
+            # grads before the masters (2^-9 relative); FSDP2 reduce-scatters into float32
+            # shards. Norms: that rounding, 2e-3; losses 3e-3 apart after 6 clipped Adam
+            # steps of lr 0.01 (a param moves at most 0.06; they moved 3.9e-3 apart).
+            torch.testing.assert_close(a["norm"], b["norm"], rtol=2e-3, atol=0)
+            torch.testing.assert_close(a["loss"], b["loss"], rtol=5e-3, atol=0)
+            torch.testing.assert_close(a["params"], b["params"], rtol=0, atol=1e-2)
+        assert torch.equal(r["fsdp"][0]["loss"], r["ddp"][0]["loss"])  # the same model before any step
+    for a, b in zip(runs[0]["fsdp"], runs[1]["fsdp"]):
+        assert torch.equal(a["params"], b["params"]) and torch.equal(a["norm"], b["norm"])
