@@ -51,7 +51,7 @@ export CORE_OPS_CUDA_ARCH=${CORE_OPS_CUDA_ARCH:-$($PY -c "import torch; print('%
 
 step build 140 $PY -m core_ops build --cuda
 step info 10 $PY -m core_ops info
-# The whole GPU selection: the core's CUDA tests, core_ops DDP and SyncBatchNorm over
+# The whole GPU selection: the core's CUDA tests, core_ops DDP, SyncBatchNorm and the opt levels on FSDP2 over
 # NCCL at world size 1, and the plugins' one-GPU Trainer, Fabric and Accelerate runs.
 # Not the two-arch build test: the build step above built this GPU's arch already.
 step tests 150 $PY -m pytest -q -p no:cacheprovider -n 8 --timeout 120 -rfE \

@@ -73,3 +73,20 @@ def test_fabric_trains_on_a_gpu():
     weight = model.module.net[0].weight if hasattr(model, "module") else model.net[0].weight
     assert weight.is_cuda and weight.dtype == torch.float16
     assert all(torch.isfinite(torch.tensor(losses))) and sum(losses[-4:]) < sum(losses[:4])
+
+
+def test_trainer_apex_fsdp_on_one_gpu():
+    # FSDP2 over NCCL at world size 1: the float32 shards on the GPU are the masters,
+    # the blocks compute in fp16, and the fit learns.
+    from fsdp_runs import Block
+    from fsdp_runs import Net as FSDPNet
+    from fsdp_runs import loader as fsdp_loader
+    model = FSDPNet()
+    seen = []
+    model.body[0][0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    pl.Trainer(precision="apex-O2", strategy=core_ops_lightning.ApexFSDPStrategy(auto_wrap_policy={Block}),
+               max_epochs=3, **QUIET).fit(model, fsdp_loader())
+    losses = torch.stack([h["loss"] for h in model.history])
+    assert {(p.dtype, p.device.type, type(p).__name__) for p in model.parameters()} == {(torch.float32, "cuda", "DTensor")}
+    assert seen[0] == torch.float16
+    assert torch.isfinite(losses[-8:]).all() and losses[-8:].mean() < losses[:8][torch.isfinite(losses[:8])].mean()

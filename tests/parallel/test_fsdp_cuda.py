@@ -1,0 +1,96 @@
+"""Apex's opt levels on FSDP2 over NCCL at world size 1 (run by tests/gpu/run.sh on a GPU
+machine; skipped here): the CUDA kernels on the float32 shards (Note [Opt levels on
+FSDP2]), LAMB's whole-tensor norms through an NCCL all_reduce, an overflow skipped,
+and an exact resume from a torch.distributed.checkpoint folder."""
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from _launch import free_port
+from core_ops import amp
+from core_ops.optimizers import FusedAdam, FusedLAMB
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def nccl():
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    yield
+    dist.destroy_process_group()
+
+
+def sharded(seed=0):
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(seed)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64), nn.LayerNorm(64))
+                            for _ in range(2)], nn.Linear(64, 8)).cuda()
+    for block in list(model)[:-1]:
+        fully_shard(block)
+    return fully_shard(model)
+
+
+def train(model, opt, start, steps, inf_at=None):
+    losses = []
+    g = torch.Generator().manual_seed(0)  # one batch, learned step after step
+    x, y = torch.randn(32, 64, generator=g).cuda(), torch.randn(32, 8, generator=g).cuda()
+    for i in range(start, start + steps):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x).float(), y)
+        if i == inf_at:
+            loss = loss * float("inf")
+        with amp.scale_loss(loss, opt) as scaled:
+            scaled.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return torch.stack(losses)
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("make", [FusedAdam, FusedLAMB], ids=["adam", "lamb"])
+def test_o2_on_fsdp2_over_nccl(nccl, half, make):
+    model = sharded()
+    model, opt = amp.initialize(model, make(model.parameters(), lr=1e-2), opt_level="O2", half_dtype=half,
+                                verbosity=0)
+    seen = []
+    model[0][0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    before = [p.full_tensor().clone() for p in model.parameters()]
+    losses = train(model, opt, 0, 8, inf_at=3)
+    assert seen[0] == half and {p.dtype for p in model.parameters()} == {torch.float32}
+    assert not torch.isfinite(losses[3]) and torch.isfinite(losses[[0, 1, 2, 4, 5, 6, 7]]).all()
+    assert amp.skipped_steps() >= 1  # the inf step (fp16 may skip its first too)
+    assert losses[7] < losses[0]
+    assert not all(torch.equal(a, p.full_tensor()) for a, p in zip(before, model.parameters()))
+
+
+def test_o2_on_fsdp2_resumes_exactly_from_a_sharded_checkpoint(nccl, tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def fresh():
+        model = sharded()
+        return amp.initialize(model, FusedAdam(model.parameters(), lr=1e-3), opt_level="O2", verbosity=0)
+
+    model, opt = fresh()
+    straight = train(model, opt, 0, 6)
+    expected = [p.full_tensor() for p in model.parameters()]
+    model, opt = fresh()
+    train(model, opt, 0, 3)
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp_path))
+    saved_amp = amp.state_dict()
+    model, opt = fresh()
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(tmp_path))
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    amp.load_state_dict(saved_amp)
+    rest = train(model, opt, 3, 3)
+    assert torch.equal(rest, straight[3:])
+    assert all(torch.equal(a, p.full_tensor()) for a, p in zip(expected, model.parameters()))
