@@ -17,6 +17,8 @@ import types
 
 import torch
 
+from .._flat_collectives import flat_broadcast
+
 HALF = (torch.float16, torch.bfloat16)
 
 
@@ -116,7 +118,6 @@ def broadcast(module, group, src, skip=()):
     [Masters follow DDP's broadcast]). One flat broadcast; nothing without masters."""
     found = named_in(module, skip)
     if found:
-        from ..parallel.buckets import flat_broadcast
         with torch.no_grad():
             flat_broadcast([m.data for _, m in found], group, src)
 

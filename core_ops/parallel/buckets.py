@@ -9,11 +9,7 @@ in this backward (its slot is zeros). After the sum, a flag of 0 means no rank u
 the param, and its grad stays None, as in torch's DistributedDataParallel.
 """
 
-from collections import defaultdict
-
 import torch
-import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..multi_tensor_apply.ops import multi_tensor_scale
 
@@ -192,33 +188,6 @@ class Bucket:
                 p.grad = view.to(p.dtype)
             else:
                 p.grad.copy_(view)
-
-
-def flat_call(tensors, call):
-    """Runs ``call(flat)`` on each (device, dtype) group of ``tensors`` flattened into
-    one buffer, then copies the buffer's values back: one collective per group."""
-    by_key = defaultdict(list)
-    for t in tensors:
-        by_key[(t.device, t.dtype)].append(t)
-    for ts in by_key.values():
-        flat = _flatten_dense_tensors(ts)
-        call(flat)
-        for t, value in zip(ts, _unflatten_dense_tensors(flat, ts)):
-            t.copy_(value)
-
-
-def flat_all_reduce(tensors, group, scale=1.0):
-    """Sums ``tensors`` across ``group`` in place, then multiplies by ``scale``."""
-    def reduce(flat):
-        dist.all_reduce(flat, group=group)
-        if scale != 1.0:
-            flat.mul_(scale)
-    flat_call(tensors, reduce)
-
-
-def flat_broadcast(tensors, group, src):
-    """Overwrites ``tensors`` with global rank ``src``'s."""
-    flat_call(tensors, lambda flat: dist.broadcast(flat, src, group=group))
 
 
 def _is_view(view, grad):

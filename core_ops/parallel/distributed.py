@@ -14,6 +14,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..amp import masters as amp_masters
+from .._flat_collectives import flat_broadcast, flat_call
 from . import buckets as _buckets
 from ._groups import all_gather_flat, comm_device, global_src, require_initialized
 from .ddp_checks import (OWNED, check_unowned, is_count, ready_twice_error, sparse_grad_error,
@@ -274,14 +275,14 @@ class DistributedDataParallel(nn.Module):
             tensors = [t for t in list(self.module.parameters()) + list(self.module.buffers())]
             tensors += [m for _, m in amp_masters.named_in(self.module)]
             if tensors:
-                _buckets.flat_broadcast([t.data for t in tensors], self.process_group,
+                flat_broadcast([t.data for t in tensors], self.process_group,
                                         global_src(self.process_group))
 
     def _sync_buffers(self):
         buffers = [b for b in self.module.buffers()]
         if buffers and self.world_size > 1:
             with torch.no_grad():
-                _buckets.flat_broadcast(buffers, self.process_group, global_src(self.process_group))
+                flat_broadcast(buffers, self.process_group, global_src(self.process_group))
 
     def _build_buckets(self, order):
         groups = _buckets.plan(self._params, order, self.message_size, self._trigger_ids,
@@ -543,7 +544,7 @@ def flat_dist_call(tensors, call, extra_args=None):
         call(flat, *(extra_args or ()))
         if call is dist.all_reduce:
             flat /= dist.get_world_size()
-    _buckets.flat_call(tensors, run)
+    flat_call(tensors, run)
 
 
 def _dotted(meta_key):

@@ -5,7 +5,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ._groups import global_src, require_initialized
-from .buckets import flat_all_reduce, flat_broadcast
+from .._flat_collectives import flat_all_reduce, flat_broadcast
 
 
 class Reducer:
