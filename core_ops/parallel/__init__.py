@@ -4,8 +4,9 @@
 from ..optimizers import LARC
 from .convert import convert_syncbn_model, create_syncbn_process_group, revert_syncbn_model
 from .distributed import DistributedDataParallel
+from .options import DDPOptions, FSDPOptions
 from .reducer import Reducer
 from .sync_batchnorm import SyncBatchNorm
 
-__all__ = ["DistributedDataParallel", "LARC", "Reducer", "SyncBatchNorm", "convert_syncbn_model",
+__all__ = ["DDPOptions", "DistributedDataParallel", "FSDPOptions", "LARC", "Reducer", "SyncBatchNorm", "convert_syncbn_model",
            "create_syncbn_process_group", "revert_syncbn_model"]

@@ -17,40 +17,17 @@ from ..amp import masters as amp_masters
 from .._flat_collectives import flat_broadcast, flat_call
 from . import buckets as _buckets
 from ._groups import all_gather_flat, comm_device, global_src, require_initialized
-from .ddp_checks import (OWNED, check_unowned, is_count, ready_twice_error, sparse_grad_error,
-                         trainable)
-
-_REDUCE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+from .ddp_checks import OWNED, check_unowned, ready_twice_error, sparse_grad_error, trainable
+from .options import DDPOptions
 
 
-def _check_args(module, message_size, num_allreduce_streams, gradient_predivide_factor,
-                allreduce_always_fp32, allreduce_dtype):
+def _check_module(module):
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     if isinstance(module, (DistributedDataParallel, nn.parallel.DistributedDataParallel)):
         raise ValueError(f"module is already wrapped in {type(module).__name__}; wrap the "
                          "inner module once")
-    check_options(message_size, num_allreduce_streams, gradient_predivide_factor,
-                  allreduce_always_fp32, allreduce_dtype)
     return trainable(module)
-
-
-def check_options(message_size=10_000_000, num_allreduce_streams=1, gradient_predivide_factor=1.0,
-                  allreduce_always_fp32=False, allreduce_dtype=None):
-    """The checks of DistributedDataParallel's options that need no module, for a
-    framework's strategy to run at its own construction, long before the wrapping."""
-    if not is_count(message_size):
-        raise ValueError(f"message_size must be a positive number of elements, got {message_size!r}")
-    if not isinstance(num_allreduce_streams, int) or num_allreduce_streams < 1:
-        raise ValueError(f"num_allreduce_streams must be >= 1, got {num_allreduce_streams!r}")
-    if not gradient_predivide_factor > 0:
-        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor!r}")
-    if allreduce_dtype is not None and allreduce_dtype not in _REDUCE_DTYPES:
-        raise ValueError(f"allreduce_dtype must be None (each grad's own dtype) or one of "
-                         f"{', '.join(map(str, _REDUCE_DTYPES))}, got {allreduce_dtype!r}")
-    if allreduce_always_fp32 and allreduce_dtype not in (None, torch.float32):
-        raise ValueError(f"allreduce_always_fp32=True contradicts allreduce_dtype={allreduce_dtype}; "
-                         "give one of them")
 
 
 def _group_timeout(group):
@@ -155,25 +132,22 @@ class DistributedDataParallel(nn.Module):
     (``nn.Embedding(sparse=True)``) and uninitialized lazy params are rejected.
     """
 
-    def __init__(self, module, message_size=10_000_000, delay_allreduce=False,
-                 allreduce_trigger_params=None, retain_allreduce_buffers=False,
-                 allreduce_always_fp32=False, num_allreduce_streams=1, gradient_average=True,
-                 gradient_predivide_factor=1.0, process_group=None, broadcast_buffers=True,
-                 allreduce_dtype=None):
+    def __init__(self, module, message_size=DDPOptions.message_size, delay_allreduce=DDPOptions.delay_allreduce,
+                 allreduce_trigger_params=None, retain_allreduce_buffers=DDPOptions.retain_allreduce_buffers,
+                 allreduce_always_fp32=DDPOptions.allreduce_always_fp32,
+                 num_allreduce_streams=DDPOptions.num_allreduce_streams,
+                 gradient_average=DDPOptions.gradient_average,
+                 gradient_predivide_factor=DDPOptions.gradient_predivide_factor, process_group=None,
+                 broadcast_buffers=DDPOptions.broadcast_buffers, allreduce_dtype=DDPOptions.allreduce_dtype):
         super().__init__()
-        params = _check_args(module, message_size, num_allreduce_streams,
-                             gradient_predivide_factor, allreduce_always_fp32, allreduce_dtype)
+        params = _check_module(module)
+        options = DDPOptions(message_size, delay_allreduce, allreduce_always_fp32, allreduce_dtype,
+                             num_allreduce_streams, gradient_average, gradient_predivide_factor,
+                             retain_allreduce_buffers, broadcast_buffers)
         require_initialized("DistributedDataParallel")
         self.module = module
-        self.message_size = int(message_size)
-        self.delay_allreduce = delay_allreduce
-        self.retain_allreduce_buffers = retain_allreduce_buffers
-        self.allreduce_always_fp32 = allreduce_always_fp32
-        self.allreduce_dtype = allreduce_dtype
-        self.num_allreduce_streams = num_allreduce_streams
-        self.gradient_average = gradient_average
-        self.gradient_predivide_factor = float(gradient_predivide_factor)
-        self.broadcast_buffers = broadcast_buffers
+        for name, value in options.as_kwargs().items():  # Apex's attribute names
+            setattr(self, name, value)
         self._params = params
         self._join(process_group)
         self.needs_refresh = False  # Apex's flag: True re-plans the buckets at the next forward

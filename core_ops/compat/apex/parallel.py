@@ -14,6 +14,7 @@ from core_ops.parallel import (LARC, Reducer, SyncBatchNorm, convert_syncbn_mode
                                create_syncbn_process_group, sync_batchnorm)
 # apex.parallel.distributed is this module too: flat_dist_call is one of its names.
 from core_ops.parallel.distributed import flat_dist_call  # noqa: F401
+from core_ops.parallel.options import DDPOptions as _D  # the defaults, declared once
 
 # A package, as Apex's is: ApexAliasFinder serves apex.parallel.LARC, .sync_batchnorm, ...
 __path__ = []
@@ -45,12 +46,14 @@ class DistributedDataParallel(_core.DistributedDataParallel):
     records the collectives already.
     """
 
-    def __init__(self, module, message_size=10_000_000, delay_allreduce=False, shared_param=None,
-                 allreduce_trigger_params=None, retain_allreduce_buffers=False,
-                 allreduce_always_fp32=False, num_allreduce_streams=1,
-                 allreduce_communicators=None, gradient_average=True,
-                 gradient_predivide_factor=1.0, gradient_average_split_factor=None, prof=False,
-                 *, process_group=None, broadcast_buffers=True, allreduce_dtype=None):
+    def __init__(self, module, message_size=_D.message_size, delay_allreduce=_D.delay_allreduce,
+                 shared_param=None, allreduce_trigger_params=None,
+                 retain_allreduce_buffers=_D.retain_allreduce_buffers,
+                 allreduce_always_fp32=_D.allreduce_always_fp32, num_allreduce_streams=_D.num_allreduce_streams,
+                 allreduce_communicators=None, gradient_average=_D.gradient_average,
+                 gradient_predivide_factor=_D.gradient_predivide_factor, gradient_average_split_factor=None,
+                 prof=False, *, process_group=None, broadcast_buffers=_D.broadcast_buffers,
+                 allreduce_dtype=_D.allreduce_dtype):
         _check_retired(shared_param, allreduce_communicators)
         if gradient_average_split_factor is not None:
             gradient_predivide_factor = _renamed_split_factor(gradient_average_split_factor,

@@ -13,11 +13,10 @@ from accelerate.utils import KwargsHandler
 
 from core_ops.amp import AmpLoop
 from core_ops.amp.opt_levels import OPT_LEVELS, half_dtype_of
-from core_ops.parallel.distributed import check_options
+from core_ops.parallel import DDPOptions
+from core_ops.parallel.options import reduce_dtype_of
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-_REDUCE_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-                  "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 
 
 def _flag(value, name):
@@ -63,11 +62,8 @@ def _loss_scale(value, name):
 
 
 def _reduce_dtype(value, name):
-    if isinstance(value, torch.dtype) and value in _REDUCE_DTYPES.values():
-        return value
-    if str(value).lower() in _REDUCE_DTYPES:
-        return _REDUCE_DTYPES[str(value).lower()]
-    raise ValueError(f"{name}={value!r}: expected one of fp32, bf16, fp16")
+    # DDP's reduce dtypes by dtype or name (fp32, bf16, fp16, ...), parsed as DDPOptions does.
+    return reduce_dtype_of(value, name)
 
 
 # field -> (environment variable, parser, default)
@@ -81,11 +77,13 @@ FIELDS = {
     "max_loss_scale": ("CORE_OPS_MAX_LOSS_SCALE", _number(float), 2.0**24),
     "sync_bn": ("CORE_OPS_SYNC_BN", _flag, False),
     "fused_optimizer": ("CORE_OPS_FUSED_OPTIMIZER", _flag, False),
-    "message_size": ("CORE_OPS_MESSAGE_SIZE", _number(int), 10_000_000),
-    "delay_allreduce": ("CORE_OPS_DELAY_ALLREDUCE", _flag, False),
-    "allreduce_always_fp32": ("CORE_OPS_ALLREDUCE_ALWAYS_FP32", _flag, False),
-    "allreduce_dtype": ("CORE_OPS_ALLREDUCE_DTYPE", _reduce_dtype, None),
-    "gradient_predivide_factor": ("CORE_OPS_GRADIENT_PREDIVIDE_FACTOR", _number(float), 1.0),
+    # core_ops DistributedDataParallel's, with its defaults (DDPOptions)
+    "message_size": ("CORE_OPS_MESSAGE_SIZE", _number(int), DDPOptions.message_size),
+    "delay_allreduce": ("CORE_OPS_DELAY_ALLREDUCE", _flag, DDPOptions.delay_allreduce),
+    "allreduce_always_fp32": ("CORE_OPS_ALLREDUCE_ALWAYS_FP32", _flag, DDPOptions.allreduce_always_fp32),
+    "allreduce_dtype": ("CORE_OPS_ALLREDUCE_DTYPE", _reduce_dtype, DDPOptions.allreduce_dtype),
+    "gradient_predivide_factor": ("CORE_OPS_GRADIENT_PREDIVIDE_FACTOR", _number(float),
+                                  DDPOptions.gradient_predivide_factor),
 }
 AMP_OPTIONS = ("loss_scale", "keep_batchnorm_fp32", "master_weights", "min_loss_scale", "max_loss_scale")
 DDP_OPTIONS = ("message_size", "delay_allreduce", "allreduce_always_fp32", "allreduce_dtype",
@@ -125,14 +123,12 @@ class ApexPlugin(KwargsHandler):
             if value is None and os.environ.get(env, "") != "":
                 value, where = os.environ[env], env
             setattr(self, name, default if value is None else parse(value, where))
-        check_options(message_size=self.message_size, allreduce_always_fp32=self.allreduce_always_fp32,
-                      allreduce_dtype=self.allreduce_dtype,
-                      gradient_predivide_factor=self.gradient_predivide_factor)
+        self._ddp = DDPOptions(**{k: getattr(self, k) for k in DDP_OPTIONS})  # checked here, at construction
         options = {k: getattr(self, k) for k in AMP_OPTIONS if getattr(self, k) is not None}
         self.loop = AmpLoop(self.opt_level, half_dtype=self.half_dtype, **options)
 
     def ddp_options(self):
-        return {k: getattr(self, k) for k in DDP_OPTIONS}
+        return self._ddp.as_kwargs()
 
     # ---- what Accelerator.save_state / load_state keep (register_for_checkpointing)
 

@@ -78,9 +78,9 @@ def test_fabric_trains_on_a_gpu():
 def test_trainer_apex_fsdp_on_one_gpu():
     # FSDP2 over NCCL at world size 1: the float32 shards on the GPU are the masters,
     # the blocks compute in fp16, and the fit learns.
-    from fsdp_runs import Block
-    from fsdp_runs import Net as FSDPNet
-    from fsdp_runs import loader as fsdp_loader
+    from lightning_fsdp_runs import Block
+    from lightning_fsdp_runs import Net as FSDPNet
+    from lightning_fsdp_runs import loader as fsdp_loader
     model = FSDPNet()
     seen = []
     model.body[0][0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))

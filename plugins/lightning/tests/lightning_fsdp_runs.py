@@ -2,8 +2,8 @@
 ModelParallelStrategy under ``precision="apex-O2-bf16"``) on CPU with gloo, several
 fits in one launch:
 
-    python fsdp_runs.py OUT          # Trainers: each rank saves OUT/fsdp-rank<r>.pt
-    python fsdp_runs.py fabric OUT   # Fabric: OUT/fabric-rank<r>.pt
+    python lightning_fsdp_runs.py OUT          # Trainers: each rank saves OUT/fsdp-rank<r>.pt
+    python lightning_fsdp_runs.py fabric OUT   # Fabric: OUT/fabric-rank<r>.pt
 
 FSDP2 shards each rank's own tensors, so every rank builds the model from one seed.
 """

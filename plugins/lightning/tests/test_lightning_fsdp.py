@@ -1,5 +1,5 @@
 """``strategy="apex-fsdp"`` and Lightning's ModelParallelStrategy under Apex's precision,
-on 2 gloo processes: one launch of fsdp_runs.py, its fits compared here."""
+on 2 gloo processes: one launch of lightning_fsdp_runs.py, its fits compared here."""
 
 import os
 import subprocess
@@ -14,7 +14,7 @@ HERE = Path(__file__).parent
 
 def _launch(out, *args, stem):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(HERE / "fsdp_runs.py"), *args, str(out)], env=env,
+    proc = subprocess.run([sys.executable, str(HERE / "lightning_fsdp_runs.py"), *args, str(out)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [torch.load(out / f"{stem}-rank{r}.pt", weights_only=False) for r in (0, 1)]

@@ -1,7 +1,7 @@
 """ApexPlugin on Accelerate's FSDP2, 2 gloo processes through `accelerate launch`
-(fsdp_runs.py: on CPU the script sets the state's distributed type to FSDP itself, the
-one step Accelerate takes only from GPU kinds of run), against multi-CPU data
-parallelism with the same batches."""
+(accelerate_fsdp_runs.py: on CPU the script sets the state's distributed type to FSDP
+itself, the one step Accelerate takes only from GPU kinds of run), against multi-CPU
+data parallelism with the same batches."""
 
 import pytest
 import torch
@@ -11,7 +11,8 @@ from test_launches import HERE, launch
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("accelerate_fsdp")
-    return launch(["--multi_gpu", "--num_processes", "2", str(HERE / "fsdp_runs.py"), str(out)], out, name="fsdp")
+    return launch(["--multi_gpu", "--num_processes", "2", str(HERE / "accelerate_fsdp_runs.py"), str(out)], out,
+                  name="fsdp")
 
 
 def test_accelerate_shards_and_the_opt_level_takes_the_shards(runs):

@@ -1,7 +1,7 @@
 """ApexPlugin with Accelerate's FSDP2 (``FullyShardedDataParallelPlugin(fsdp_version=2)``)
 on 2 gloo processes, against the same training on multi-CPU data parallelism:
 
-    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 fsdp_runs.py OUT
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 accelerate_fsdp_runs.py OUT
 
 Accelerate enters FSDP only from GPU kinds of distributed run (AcceleratorState turns
 MULTI_GPU, not MULTI_CPU, into FSDP), so on a CPU machine this script makes the one
@@ -9,7 +9,7 @@ change Accelerate's launcher would have made on GPUs: after the data-parallel ru
 sets the accelerator's state's ``distributed_type`` to FSDP with the FSDP2 plugin.
 Everything after it is Accelerate's own FSDP2 preparation (``fully_shard`` by its
 auto-wrap policy, the optimizers moved onto the shards) and the plugin. Each rank saves
-OUT/fsdp-rank<r>.pt for test_fsdp_runs.py.
+OUT/fsdp-rank<r>.pt for test_accelerate_fsdp.py.
 """
 
 import sys

@@ -1,0 +1,124 @@
+"""The options of core_ops' data parallelism, declared once: ``DDPOptions`` for
+DistributedDataParallel (Apex's defaults) and ``FSDPOptions`` for sharding a model
+with FSDP2 under an opt level. Each checks and parses itself at construction, so a
+framework's strategy or plugin that takes them fails at its own construction, long
+before a model is wrapped; the Apex alias, both plugins and DistributedDataParallel's
+own signature take their defaults from here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..amp import fsdp
+from .ddp_checks import is_count
+
+REDUCE_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp64": torch.float64,
+                 "float64": torch.float64, "fp16": torch.float16, "float16": torch.float16,
+                 "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def reduce_dtype_of(value, name, allowed=tuple(dict.fromkeys(REDUCE_DTYPES.values())), none=None):
+    """``value`` (a dtype or a name such as "bf16") as one of ``allowed`` dtypes;
+    ``none``: what None means, when it is allowed."""
+    if value is None and none:
+        return None
+    dtype = REDUCE_DTYPES.get(value.lower()) if isinstance(value, str) else value
+    if dtype not in allowed:
+        also = f"None ({none}) or " if none else ""
+        raise ValueError(f"{name} must be {also}one of {', '.join(map(str, allowed))} (or their names: fp32, "
+                         f"bf16, ...), got {value!r}")
+    return dtype
+
+
+def _flag(value, name):
+    if value not in (True, False):  # 0 and 1 too (argparse's store_true aside, scripts pass ints)
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class DDPOptions:
+    """DistributedDataParallel's options (Apex's, and ``allreduce_dtype``,
+    ``broadcast_buffers``), checked: ``DDPOptions(message_size=2**24)``. ``split`` takes
+    them out of a dict of keyword arguments."""
+
+    message_size: int = 10_000_000
+    delay_allreduce: bool = False
+    allreduce_always_fp32: bool = False
+    allreduce_dtype: torch.dtype | None = None
+    num_allreduce_streams: int = 1
+    gradient_average: bool = True
+    gradient_predivide_factor: float = 1.0
+    retain_allreduce_buffers: bool = False
+    broadcast_buffers: bool = True
+
+    def __post_init__(self):
+        if not is_count(self.message_size):
+            raise ValueError(f"message_size must be a positive number of elements, got {self.message_size!r}")
+        if not isinstance(self.num_allreduce_streams, int) or self.num_allreduce_streams < 1:
+            raise ValueError(f"num_allreduce_streams must be >= 1, got {self.num_allreduce_streams!r}")
+        if not (isinstance(self.gradient_predivide_factor, (int, float)) and self.gradient_predivide_factor > 0):
+            raise ValueError(f"gradient_predivide_factor must be > 0, got {self.gradient_predivide_factor!r}")
+        dtype = reduce_dtype_of(self.allreduce_dtype, "allreduce_dtype", none="each grad's own dtype")
+        for name in ("delay_allreduce", "allreduce_always_fp32", "gradient_average", "retain_allreduce_buffers",
+                     "broadcast_buffers"):
+            object.__setattr__(self, name, _flag(getattr(self, name), name))
+        if self.allreduce_always_fp32 and dtype not in (None, torch.float32):
+            raise ValueError(f"allreduce_always_fp32=True contradicts allreduce_dtype={dtype}; give one of them")
+        object.__setattr__(self, "message_size", int(self.message_size))
+        object.__setattr__(self, "gradient_predivide_factor", float(self.gradient_predivide_factor))
+        object.__setattr__(self, "allreduce_dtype", dtype)
+
+    @classmethod
+    def names(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def split(cls, options):
+        """(DDPOptions of the entries of ``options`` that are its fields, the rest)."""
+        mine = {k: v for k, v in options.items() if k in cls.names()}
+        return cls(**mine), {k: v for k, v in options.items() if k not in mine}
+
+    def as_kwargs(self):
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class FSDPOptions:
+    """How a model is sharded by FSDP2 under an opt level: each module of a class in
+    ``auto_wrap_policy`` (a set of nn.Module classes, e.g. ``{Block}``) becomes a unit,
+    innermost first, then the root; ``reshard_after_forward`` as ``fully_shard``'s; grads
+    reduced in ``reduce_dtype`` (at O2: ``core_ops.amp.fsdp_policy``)."""
+
+    auto_wrap_policy: frozenset = frozenset()
+    reshard_after_forward: bool = True
+    reduce_dtype: torch.dtype = torch.float32
+
+    def __post_init__(self):
+        policy = self.auto_wrap_policy
+        classes = (frozenset(policy or ()) if isinstance(policy, (set, frozenset, list, tuple, type(None)))
+                   else None)
+        if classes is None or not all(isinstance(c, type) and issubclass(c, torch.nn.Module) for c in classes):
+            raise TypeError(f"auto_wrap_policy takes a set of nn.Module classes to shard one by one (e.g. "
+                            f"{{Block}}), got {policy!r}")
+        object.__setattr__(self, "auto_wrap_policy", classes)
+        object.__setattr__(self, "reshard_after_forward", _flag(self.reshard_after_forward, "reshard_after_forward"))
+        object.__setattr__(self, "reduce_dtype", reduce_dtype_of(
+            self.reduce_dtype, "reduce_dtype", (torch.float32, torch.float16, torch.bfloat16)))
+
+    def shard(self, module, mesh=None, opt_level=None, half_dtype=torch.float16):
+        """``module`` sharded by FSDP2 over ``mesh`` (the default: every process), with
+        the mixed precision of ``opt_level`` when given; a module that already holds
+        FSDP2 units (sharded by its owner) is returned as it is."""
+        from torch.distributed.fsdp import fully_shard
+        if fsdp.units(module):
+            return module
+        options = dict(mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        if opt_level is not None:
+            options["mp_policy"] = fsdp.fsdp_policy(opt_level, half_dtype, self.reduce_dtype)
+        for sub in reversed(list(module.modules())):  # innermost first, as FSDP2 asks
+            if sub is not module and type(sub) in self.auto_wrap_policy:
+                fully_shard(sub, **options)
+        return fully_shard(module, **options)
