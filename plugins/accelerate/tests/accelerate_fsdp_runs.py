@@ -6,7 +6,8 @@ on 2 gloo processes, against the same training on multi-CPU data parallelism:
 Accelerate enters FSDP only from GPU kinds of distributed run (AcceleratorState turns
 MULTI_GPU, not MULTI_CPU, into FSDP), so on a CPU machine this script makes the one
 change Accelerate's launcher would have made on GPUs: after the data-parallel run it
-sets the accelerator's state's ``distributed_type`` to FSDP with the FSDP2 plugin.
+sets the distributed type to FSDP (in the process state and the accelerator state)
+with the FSDP2 plugin.
 Everything after it is Accelerate's own FSDP2 preparation (``fully_shard`` by its
 auto-wrap policy, the optimizers moved onto the shards) and the plugin. Each rank saves
 OUT/fsdp-rank<r>.pt for test_accelerate_fsdp.py.
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from torch import nn
 
@@ -41,21 +42,37 @@ def _whole(p):
     return p.full_tensor().detach() if hasattr(p, "full_tensor") else p.detach().clone()
 
 
-def run(acc, data, record=True):
-    torch.manual_seed(0)
-    model = nn.Sequential(Block(), Block(), nn.Linear(16, 5))
-    model, opt = acc.prepare(model, FusedAdam(model.parameters(), lr=1e-2))
+def run(acc, data, record=True, inf_at=None, prepared=None):
+    model, opt = prepared or acc.prepare(*_prepared())
     history = []
-    for x, y in data:
+    for i, (x, y) in enumerate(data):
         loss = F.mse_loss(model(x).float(), y)
+        if inf_at == (i, acc.process_index):
+            loss = loss * float("inf")
         acc.backward(loss)
         norm = acc.clip_grad_norm_(model.parameters(), 0.5)
         opt.step()
         opt.zero_grad()
         if record:
             history.append(dict(loss=loss.detach(), norm=torch.as_tensor(norm).detach().float(),
+                                skipped=opt.step_was_skipped, scale=acc.core_ops_apex.loss_scale_value,
                                 params=torch.cat([_whole(p).float().reshape(-1) for p in model.parameters()])))
     return model, opt, history
+
+
+def _fsdp(apex, fsdp_plugin):
+    acc = Accelerator(kwargs_handlers=[apex])
+    # See the docstring. Every AcceleratorState() (Accelerate makes one per wrapped
+    # optimizer) copies the process state's fields over its own, so both are set.
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    acc.state.distributed_type, acc.state.fsdp_plugin = DistributedType.FSDP, fsdp_plugin
+    return acc
+
+
+def _prepared():
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(), Block(), nn.Linear(16, 5))
+    return model, FusedAdam(model.parameters(), lr=1e-2)
 
 
 def main():
@@ -69,11 +86,23 @@ def main():
 
     fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
                                                  transformer_cls_names_to_wrap=["Block"])
-    acc = Accelerator(kwargs_handlers=[plugin()])
-    acc.state.distributed_type, acc.state.fsdp_plugin = DistributedType.FSDP, fsdp_plugin  # see the docstring
+    acc = _fsdp(plugin(), fsdp_plugin)
     model, opt, results["fsdp"] = run(acc, data)
     results["fsdp_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
     results["fsdp_types"] = sorted({type(p).__name__ for p in model.parameters()})
+    # fp16 (dynamic loss scale), rank 1's loss inf at step 2; then stopped after 3 steps,
+    # save_state, a fresh model and optimizer load_state-d, 3 steps: as the straight run.
+    fp16 = lambda: ApexPlugin(opt_level="O2", half_dtype="fp16")  # noqa: E731
+    _, _, results["fp16"] = run(_fsdp(fp16(), fsdp_plugin), data, inf_at=(2, 1))
+    _, _, results["fp16_straight"] = run(_fsdp(fp16(), fsdp_plugin), data)
+    acc = _fsdp(fp16(), fsdp_plugin)
+    first = acc.prepare(*_prepared())
+    run(acc, data[:3], prepared=first)
+    acc.save_state(str(out / "state"))
+    acc = _fsdp(fp16(), fsdp_plugin)
+    resumed = acc.prepare(*_prepared())
+    acc.load_state(str(out / "state"))
+    _, _, results["resumed"] = run(acc, data[3:], prepared=resumed)
     results["fsdp_units"] = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.startswith("FSDP")})
     results["fsdp_param_dtypes"] = sorted({str(m._get_fsdp_state()._mp_policy.param_dtype) for m in model.modules()
                                            if hasattr(m, "_get_fsdp_state")})

@@ -37,3 +37,19 @@ def test_fsdp2_trains_as_data_parallel_and_clips_by_the_global_norm(runs):
         assert torch.equal(r["fsdp"][0]["loss"], r["ddp"][0]["loss"])  # the same model before any step
     for a, b in zip(runs[0]["fsdp"], runs[1]["fsdp"]):
         assert torch.equal(a["params"], b["params"]) and torch.equal(a["norm"], b["norm"])
+
+
+def test_an_overflow_on_one_rank_skips_the_step_on_both(runs):
+    for r in runs:  # fp16: step 0 overflows at the first scale; rank 1's loss is inf at step 2
+        assert [(h["skipped"], h["scale"]) for h in r["fp16"]] == [
+            (True, 2.0**15), (False, 2.0**15), (True, 2.0**14), (False, 2.0**14), (False, 2.0**14), (False, 2.0**14)]
+        assert torch.equal(r["fp16"][1]["params"], r["fp16"][2]["params"])
+
+
+def test_save_state_and_load_state_resume_exactly(runs):
+    for r in runs:
+        straight, resumed = r["fp16_straight"][3:], r["resumed"]
+        assert len(resumed) == 3
+        for a, b in zip(straight, resumed):
+            assert torch.equal(a["params"], b["params"]) and torch.equal(a["loss"], b["loss"])
+            assert a["scale"] == b["scale"]

@@ -4,6 +4,7 @@ fits in one launch:
 
     python lightning_fsdp_runs.py OUT          # Trainers: each rank saves OUT/fsdp-rank<r>.pt
     python lightning_fsdp_runs.py fabric OUT   # Fabric: OUT/fabric-rank<r>.pt
+    python lightning_fsdp_runs.py four OUT     # 4 processes: OUT/four-rank<r>.pt
 
 FSDP2 shards each rank's own tensors, so every rank builds the model from one seed.
 """
@@ -79,9 +80,9 @@ def loader():
     return torch.utils.data.DataLoader(data, batch_size=8)
 
 
-def fit(key, results, model=None, ckpt_path=None, **kw):
+def fit(key, results, model=None, ckpt_path=None, devices=2, **kw):
     model = model or Net()
-    trainer = pl.Trainer(accelerator="cpu", devices=2, logger=False, enable_checkpointing=False,
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, **kw)
     trainer.fit(model, loader(), ckpt_path=ckpt_path)
     results["rank"] = trainer.global_rank
@@ -122,15 +123,57 @@ def fabric_run(out):
             history.append(dict(loss=loss.detach(), scale=fabric.strategy.precision.loss_scale,
                                 norm=None if norm is None else torch.as_tensor(norm).detach().float(),
                                 params=torch.cat([_whole(p).float().reshape(-1) for p in model.parameters()])))
+        if name == "apex-fsdp":
+            results["resume"] = fabric_resume(fabric, out)
         results[name] = dict(history=history, dtypes=sorted({str(p.dtype) for p in model.parameters()}),
                                  types=sorted({type(p).__name__ for p in model.parameters()}))
         results["rank"] = fabric.global_rank
     torch.save(results, out / f"fabric-rank{results['rank']}.pt")
 
 
+def fabric_resume(fabric, out):
+    """4 steps straight, and 2 steps, fabric.save (a sharded checkpoint), a fresh model
+    and optimizer fabric.load-ed, 2 steps: the whole params after each, and the scale."""
+    def fresh():
+        torch.manual_seed(0)
+        model = fabric.setup_module(nn.Sequential(Block(), Block(), nn.Linear(16, 5)))
+        return model, fabric.setup_optimizers(FusedAdam(model.parameters(), lr=1e-2))
+
+    def steps(model, opt, batches):
+        for x, y in batches:
+            opt.zero_grad()
+            fabric.backward(F.mse_loss(model(x).float(), y))
+            opt.step()
+        return torch.cat([_whole(p).reshape(-1) for p in model.parameters()])
+
+    batches = list(loader())[:4]
+    straight = steps(*fresh(), batches)
+    model, opt = fresh()
+    steps(model, opt, batches[:2])
+    fabric.save(out / "fabric.ckpt", {"model": model, "optimizer": opt, "amp": fabric.strategy.precision})
+    model, opt = fresh()
+    fabric.load(out / "fabric.ckpt", {"model": model, "optimizer": opt, "amp": fabric.strategy.precision})
+    return dict(straight=straight, resumed=steps(model, opt, batches[2:]), is_dir=(out / "fabric.ckpt").is_dir())
+
+
+def four(out):
+    """apex-fsdp and apex-ddp on 4 processes, rank 3's loss inf at step 1. apex-ddp sums
+    in float32 as FSDP2 does (4 ranks' fp16 grads overflow an fp16 sum at the first scale
+    where each alone does not)."""
+    from core_ops_lightning import ApexDDPStrategy
+    results = {}
+    for key, strategy in (("fsdp", ApexFSDPStrategy(auto_wrap_policy={Block})),
+                          ("ddp", ApexDDPStrategy(allreduce_always_fp32=True))):
+        fit(key, results, model=Net(inf_at=(1, 3)), precision="apex-O2", strategy=strategy, max_epochs=2,
+            gradient_clip_val=0.5, devices=4)
+    torch.save(results, out / f"four-rank{results['rank']}.pt")
+
+
 def main():
     if sys.argv[1] == "fabric":
         return fabric_run(Path(sys.argv[2]))
+    if sys.argv[1] == "four":
+        return four(Path(sys.argv[2]))
     out = Path(sys.argv[1])
     results = {}
     fsdp = ApexFSDPStrategy(auto_wrap_policy={Block})
