@@ -119,6 +119,18 @@ def misuse(rank, world):
     opt.step()
     errors["apart"] = seen
     errors["apart_running_mean"] = str(apart[1].running_mean.dtype)
+    # A policy given at fully_shard is kept (here: grads reduced in bf16, half the bytes);
+    # one gathering in another half dtype than the opt level's is refused.
+    policy = amp.fsdp_policy("O2", torch.bfloat16, reduce_dtype=torch.bfloat16)
+    kept = fully_shard(model(), mp_policy=policy)
+    kept, opt = amp.initialize(kept, FusedAdam(kept.parameters()), opt_level="O2", half_dtype=torch.bfloat16,
+                               verbosity=0)
+    errors["kept_policy"] = kept._get_fsdp_state()._mp_policy
+    other = fully_shard(model(), mp_policy=policy)
+    try:
+        amp.initialize(other, FusedAdam(other.parameters()), opt_level="O2", half_dtype=torch.float16, verbosity=0)
+    except ValueError as e:
+        errors["other_half"] = str(e)
     return errors
 
 

@@ -100,3 +100,6 @@ def test_misuse_is_named_with_the_route_that_works():
                                ("FSDPBatchNorm1d", "torch.float32", "torch.bfloat16"),
                                ("Linear", "torch.bfloat16", "torch.bfloat16")]
     assert errors["apart_running_mean"] == "torch.float32"
+    assert (errors["kept_policy"].param_dtype, errors["kept_policy"].reduce_dtype) == (torch.bfloat16, torch.bfloat16)
+    assert "gathers params in torch.bfloat16 (its mp_policy) but the opt level computes in torch.float16" in \
+        errors["other_half"]
