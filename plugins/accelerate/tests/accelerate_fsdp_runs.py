@@ -1,5 +1,5 @@
 """ApexPlugin with Accelerate's FSDP2 (``FullyShardedDataParallelPlugin(fsdp_version=2)``)
-on 2 gloo processes, against the same training on multi-CPU data parallelism:
+on 2 (or 4) gloo processes, against the same training on multi-CPU data parallelism:
 
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 accelerate_fsdp_runs.py OUT
 
@@ -10,7 +10,8 @@ sets the distributed type to FSDP (in the process state and the accelerator stat
 with the FSDP2 plugin.
 Everything after it is Accelerate's own FSDP2 preparation (``fully_shard`` by its
 auto-wrap policy, the optimizers moved onto the shards) and the plugin. Each rank saves
-OUT/fsdp-rank<r>.pt for test_accelerate_fsdp.py.
+OUT/fsdp-rank<r>.pt for test_accelerate_fsdp.py (4 processes: the bf16 comparison alone,
+OUT/fsdp4-rank<r>.pt).
 """
 
 import sys
@@ -90,6 +91,11 @@ def main():
     model, opt, results["fsdp"] = run(acc, data)
     results["fsdp_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
     results["fsdp_types"] = sorted({type(p).__name__ for p in model.parameters()})
+    results["fsdp_local"] = sum(p.to_local().numel() for p in model.parameters())
+    results["whole"] = sum(p.numel() for p in model.parameters())
+    if acc.num_processes != 2:  # 4 processes: the comparison alone
+        torch.save(results, out / f"fsdp{acc.num_processes}-rank{rank}.pt")
+        return
     # fp16 (dynamic loss scale), rank 1's loss inf at step 2; then stopped after 3 steps,
     # save_state, a fresh model and optimizer load_state-d, 3 steps: as the straight run.
     fp16 = lambda: ApexPlugin(opt_level="O2", half_dtype="fp16")  # noqa: E731

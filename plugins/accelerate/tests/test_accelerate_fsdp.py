@@ -15,16 +15,7 @@ def runs(tmp_path_factory):
                   name="fsdp")
 
 
-def test_accelerate_shards_and_the_opt_level_takes_the_shards(runs):
-    for r in runs:
-        # Accelerate's auto-wrap policy made the units; O2 made them gather in bf16 and
-        # the float32 shards are the masters.
-        assert r["fsdp_units"] == ["FSDPBlock", "FSDPSequential"]
-        assert r["fsdp_param_dtypes"] == ["torch.bfloat16"]
-        assert r["fsdp_dtypes"] == ["torch.float32"] and r["fsdp_types"] == ["DTensor"]
-
-
-def test_fsdp2_trains_as_data_parallel_and_clips_by_the_global_norm(runs):
+def _check_against_data_parallel(runs):
     for r in runs:
         for a, b in zip(r["fsdp"], r["ddp"]):
             # Data parallelism rounds each step's mean grads to the bf16 half params'
@@ -35,8 +26,28 @@ def test_fsdp2_trains_as_data_parallel_and_clips_by_the_global_norm(runs):
             torch.testing.assert_close(a["loss"], b["loss"], rtol=5e-3, atol=0)
             torch.testing.assert_close(a["params"], b["params"], rtol=0, atol=1e-2)
         assert torch.equal(r["fsdp"][0]["loss"], r["ddp"][0]["loss"])  # the same model before any step
-    for a, b in zip(runs[0]["fsdp"], runs[1]["fsdp"]):
-        assert torch.equal(a["params"], b["params"]) and torch.equal(a["norm"], b["norm"])
+    for other in runs[1:]:
+        for a, b in zip(runs[0]["fsdp"], other["fsdp"]):
+            assert torch.equal(a["params"], b["params"]) and torch.equal(a["norm"], b["norm"])
+    assert sum(r["fsdp_local"] for r in runs) == runs[0]["whole"]
+
+
+def test_accelerate_shards_and_the_opt_level_takes_the_shards(runs):
+    for r in runs:
+        # Accelerate's auto-wrap policy made the units; O2 made them gather in bf16 and
+        # the float32 shards are the masters.
+        assert r["fsdp_units"] == ["FSDPBlock", "FSDPSequential"]
+        assert r["fsdp_param_dtypes"] == ["torch.bfloat16"]
+        assert r["fsdp_dtypes"] == ["torch.float32"] and r["fsdp_types"] == ["DTensor"]
+
+
+def test_fsdp2_trains_as_data_parallel_and_clips_by_the_global_norm(runs):
+    _check_against_data_parallel(runs)
+
+
+def test_fsdp2_on_four_processes(tmp_path):
+    _check_against_data_parallel(launch(["--multi_gpu", "--num_processes", "4", str(HERE / "accelerate_fsdp_runs.py"),
+                                         str(tmp_path)], tmp_path, name="fsdp4", ranks=4))
 
 
 def test_an_overflow_on_one_rank_skips_the_step_on_both(runs):

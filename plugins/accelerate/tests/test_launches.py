@@ -31,11 +31,11 @@ main_training_function: main
 """
 
 
-def launch(args, out, env=None, name=None, timeout=420):
+def launch(args, out, env=None, name=None, timeout=420, ranks=2):
     env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
     proc = subprocess.run([ACCELERATE, "launch", *args], env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return [torch.load(out / f"{name}-rank{r}.pt", weights_only=False) for r in (0, 1)]
+    return [torch.load(out / f"{name}-rank{r}.pt", weights_only=False) for r in range(ranks)]
 
 
 @pytest.fixture(scope="module")

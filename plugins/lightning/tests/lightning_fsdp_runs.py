@@ -4,7 +4,7 @@ fits in one launch:
 
     python lightning_fsdp_runs.py OUT          # Trainers: each rank saves OUT/fsdp-rank<r>.pt
     python lightning_fsdp_runs.py fabric OUT   # Fabric: OUT/fabric-rank<r>.pt
-    python lightning_fsdp_runs.py four OUT     # 4 processes: OUT/four-rank<r>.pt
+    python lightning_fsdp_runs.py four OUT     # 4 processes: OUT/four-rank<r>.pt, fabric4-rank<r>.pt
 
 FSDP2 shards each rank's own tensors, so every rank builds the model from one seed.
 """
@@ -94,9 +94,10 @@ def fit(key, results, model=None, ckpt_path=None, devices=2, **kw):
     return trainer
 
 
-def fabric_run(out):
+def fabric_run(out, devices=2):
     """Fabric(precision="apex-O2", strategy="apex-fsdp") against apex-ddp: 4 steps of the
-    same batches, rank 1's loss inf at step 2, grads clipped to 0.5."""
+    same batches, the last rank's loss inf at step 2, grads clipped to 0.5; on 2
+    processes, a resume too."""
     import lightning as L
     from core_ops_lightning.fabric import ApexDDPStrategy
     results = {}
@@ -104,7 +105,7 @@ def fabric_run(out):
     # grads in float32 as FSDP2's reduce-scatter does (an fp16 sum of two equal grads
     # overflows where one does not).
     for name, strategy in (("apex-fsdp", "apex-fsdp"), ("apex-ddp", ApexDDPStrategy(allreduce_always_fp32=True))):
-        fabric = L.Fabric(precision="apex-O2", strategy=strategy, accelerator="cpu", devices=2)
+        fabric = L.Fabric(precision="apex-O2", strategy=strategy, accelerator="cpu", devices=devices)
         fabric.launch()
         torch.manual_seed(0)
         model = fabric.setup_module(nn.Sequential(Block(), Block(), nn.Linear(16, 5)))
@@ -115,7 +116,7 @@ def fabric_run(out):
                 break
             opt.zero_grad()
             loss = F.mse_loss(model(x).float(), y)
-            if (step, fabric.global_rank) == (2, 1):
+            if (step, fabric.global_rank) == (2, devices - 1):
                 loss = loss * float("inf")
             fabric.backward(loss)
             norm = fabric.clip_gradients(model, opt, max_norm=0.5)
@@ -123,12 +124,12 @@ def fabric_run(out):
             history.append(dict(loss=loss.detach(), scale=fabric.strategy.precision.loss_scale,
                                 norm=None if norm is None else torch.as_tensor(norm).detach().float(),
                                 params=torch.cat([_whole(p).float().reshape(-1) for p in model.parameters()])))
-        if name == "apex-fsdp":
+        if name == "apex-fsdp" and devices == 2:
             results["resume"] = fabric_resume(fabric, out)
         results[name] = dict(history=history, dtypes=sorted({str(p.dtype) for p in model.parameters()}),
                                  types=sorted({type(p).__name__ for p in model.parameters()}))
         results["rank"] = fabric.global_rank
-    torch.save(results, out / f"fabric-rank{results['rank']}.pt")
+    torch.save(results, out / f"fabric{'' if devices == 2 else devices}-rank{results['rank']}.pt")
 
 
 def fabric_resume(fabric, out):
@@ -173,7 +174,8 @@ def main():
     if sys.argv[1] == "fabric":
         return fabric_run(Path(sys.argv[2]))
     if sys.argv[1] == "four":
-        return four(Path(sys.argv[2]))
+        four(Path(sys.argv[2]))
+        return fabric_run(Path(sys.argv[2]), devices=4)
     out = Path(sys.argv[1])
     results = {}
     fsdp = ApexFSDPStrategy(auto_wrap_policy={Block})
