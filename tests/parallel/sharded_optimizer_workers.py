@@ -1,6 +1,8 @@
 """Rank functions for test_sharded_optimizers.py: models sharded by FSDP2's fully_shard
 (params are DTensors), trained by core_ops' fused optimizers and by torch.optim."""
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -16,14 +18,16 @@ PAIRS = {
 }
 
 
-def sharded_mlp():
+def sharded_mlp(mesh=None):
+    """The MLP sharded by FSDP2 over ``mesh`` (default: every rank; a 2-d mesh is HSDP:
+    replicated over its first dim, sharded over its second)."""
     from torch.distributed.fsdp import fully_shard
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    return fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def train(make_opt, rank, steps=4):
@@ -71,9 +75,13 @@ def whole_norm_optimizers(rank, world):
         calls.append(1)
         return all_reduce(*args, **kwargs)
 
+    meshes = {"fsdp": None}
+    if world == 4:
+        from torch.distributed.device_mesh import init_device_mesh
+        meshes["hsdp"] = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     out = {}
-    for name, (make, step_kwargs) in WHOLE_NORMS.items():
-        model = sharded_mlp()
+    for (name, (make, step_kwargs)), (layout, mesh) in itertools.product(WHOLE_NORMS.items(), meshes.items()):
+        model = sharded_mlp(mesh)
         torch.manual_seed(0)
         whole = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
         opt, ref = make(model.parameters()), make(whole.parameters())
@@ -93,7 +101,7 @@ def whole_norm_optimizers(rank, world):
                 dist.all_reduce = all_reduce
             per_step.append(len(calls))
             ref.step(**step_kwargs)
-        out[name] = {"sharded": [p.full_tensor() for p in model.parameters()],
+        out[f"{name} {layout}"] = {"sharded": [p.full_tensor() for p in model.parameters()],
                      "whole": [p.detach().clone() for p in whole.parameters()],
                      "all_reduces": per_step,
                      "grad_norm": getattr(opt, "last_grad_norm", None),
