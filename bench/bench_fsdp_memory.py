@@ -6,12 +6,17 @@ transformer-sized MLP blocks (~25M params), FusedAdam, 3 training steps in bf16.
 
 Per rank, after the third step: the bytes of every tensor training keeps (params,
 grads, fp32 masters, optimizer state; each storage once) and the peak resident memory
-the run added over the process's start (after ``import torch``). Each configuration
+the run added over the process's start (after ``import torch`` and one tiny O2 step,
+which loads the kernels). Each configuration
 runs in fresh processes, so each peak is its own. DDP's half params and masters are
 whole on every rank; FSDP2's float32 shards are the masters, 1/N of the model each.
+``fsdp-meta`` builds the model on the meta device and initializes only each rank's
+shards (``to_empty`` + ``reset_parameters``), FSDP2's way for models that do not fit
+whole.
 """
 
 import argparse
+import contextlib
 import resource
 import subprocess
 import sys
@@ -21,6 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import harness
+
+KINDS = ("ddp", "fsdp", "fsdp-meta")
 
 
 def _model(args):
@@ -52,18 +59,39 @@ def _held(model, opt):
     return _storage_bytes(tensors)
 
 
+def _warm_up():
+    """One tiny O2 step, so that the libraries' first-use memory (the native kernels,
+    oneDNN's bf16 set-up) is in the baseline, not in the configuration's growth."""
+    from core_ops import amp
+    from core_ops.optimizers import FusedAdam
+    tiny = torch.nn.Linear(64, 64)
+    tiny, opt = amp.initialize(tiny, FusedAdam(tiny.parameters()), opt_level="O2", half_dtype=torch.bfloat16,
+                               verbosity=0)
+    with amp.scale_loss(tiny(torch.randn(8, 64)).float().sum(), opt) as scaled:
+        scaled.backward()
+    opt.step()
+
+
 def worker(rank, args):
     import torch.distributed as dist
     from core_ops import amp
     from core_ops.optimizers import FusedAdam
     from core_ops.parallel import DistributedDataParallel
+    _warm_up()
     start_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    model = _model(args)
-    if args.kind == "fsdp":
+    meta = args.kind == "fsdp-meta"  # built on the meta device, each rank making only its shards
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        model = _model(args)
+    if args.kind.startswith("fsdp"):
         from torch.distributed.fsdp import fully_shard
         for block in model:
             fully_shard(block)
         fully_shard(model)
+    if meta:
+        model.to_empty(device="cpu")
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
     opt = FusedAdam(model.parameters(), lr=1e-3)
     model, opt = amp.initialize(model, opt, opt_level="O2", half_dtype=torch.bfloat16, verbosity=0)
     net = DistributedDataParallel(model) if args.kind == "ddp" else model
@@ -92,7 +120,7 @@ def main():
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--kind", choices=["ddp", "fsdp"], help=argparse.SUPPRESS)  # a child's
+    p.add_argument("--kind", choices=KINDS, help=argparse.SUPPRESS)  # a child's
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.kind:  # a child: one configuration
@@ -100,7 +128,7 @@ def main():
         return
     results = {}
     for world in args.worlds:
-        for kind in ("ddp", "fsdp"):
+        for kind in KINDS:
             cmd = [sys.executable, __file__, "--kind", kind, "--blocks", str(args.blocks), "--width",
                    str(args.width), "--batch", str(args.batch), "--threads", str(args.threads)]
             out = subprocess.run(cmd + ["--world", str(world)], capture_output=True, text=True)
@@ -112,12 +140,12 @@ def main():
     mib = 2.0**20
     params = next(iter(results.values()))[0]
     print(f"O2 bf16, FusedAdam, {params / 1e6:.1f}M params; per rank (the largest rank's):")
-    print(f"{'ranks':>5} {'layout':>6} {'held MiB':>9} {'vs DDP':>7} {'peak MiB':>9} {'vs DDP':>7}")
+    print(f"{'ranks':>5} {'layout':>9} {'held MiB':>9} {'vs DDP':>7} {'peak MiB':>9} {'vs DDP':>7}")
     for world in args.worlds:
         _, ddp_held, ddp_peak = results[("ddp", world)]
-        for kind in ("ddp", "fsdp"):
+        for kind in KINDS:
             _, held, peak = results[(kind, world)]
-            print(f"{world:>5} {kind:>6} {held / mib:>9.1f} {held / ddp_held:>7.2f} {peak / mib:>9.1f} "
+            print(f"{world:>5} {kind:>9} {held / mib:>9.1f} {held / ddp_held:>7.2f} {peak / mib:>9.1f} "
                   f"{peak / ddp_peak:>7.2f}")
 
 
