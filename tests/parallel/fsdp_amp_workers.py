@@ -74,8 +74,10 @@ def o2_against_ddp(rank, world):
     return _against_ddp(rank, world, ("O2",))
 
 
-def misuse(rank, world):
-    """What a model sharded after initialize, and one run before initialize, are told."""
+def edges(rank, world):
+    """What a model sharded after initialize, one run before initialize, one with params
+    outside every unit and one with BatchNorm beside other layers are told; BatchNorm
+    apart; a policy given at fully_shard; a model built on the meta device."""
     errors = {}
     net = model()
     net, _ = amp.initialize(net, FusedAdam(net.parameters()), opt_level="O2", half_dtype=torch.bfloat16,
@@ -131,6 +133,19 @@ def misuse(rank, world):
         amp.initialize(other, FusedAdam(other.parameters()), opt_level="O2", half_dtype=torch.float16, verbosity=0)
     except ValueError as e:
         errors["other_half"] = str(e)
+    with torch.device("meta"):
+        meta = model()
+    shard(meta).to_empty(device="cpu")
+    torch.manual_seed(0)
+    for m in meta.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    linears = [m for m in meta.modules() if isinstance(m, nn.Linear)]
+    errors["meta_init"] = [(m.in_features, m.weight.full_tensor().abs().max().item(), m.weight.full_tensor().std().item())
+                           for m in linears]
+    meta, opt = amp.initialize(meta, FusedAdam(meta.parameters(), lr=1e-2), opt_level="O2",
+                               half_dtype=torch.bfloat16, verbosity=0)
+    errors["meta_losses"] = _train(meta, opt, rank, world, 1)  # a first step
     return errors
 
 

@@ -87,8 +87,9 @@ def test_resume_from_sharded_and_full_checkpoints_is_exact(tmp_path, monkeypatch
     torch.testing.assert_close(four, two, rtol=1e-3, atol=0)
 
 
-def test_misuse_is_named_with_the_route_that_works():
-    errors = run_ranks("fsdp_amp_workers:misuse", timeout=120)[0]
+def test_edges_and_misuse_named_with_the_route_that_works():
+    both = run_ranks("fsdp_amp_workers:edges", timeout=120)
+    errors = both[0]
     assert "sharded by fully_shard after amp.initialize" in errors["sharded_after"]
     assert "has already run forward" in errors["ran_before"] and "fsdp_policy" in errors["ran_before"]
     assert "parameter '1.0.weight' is not sharded" in errors["unsharded_param"]
@@ -103,3 +104,9 @@ def test_misuse_is_named_with_the_route_that_works():
     assert (errors["kept_policy"].param_dtype, errors["kept_policy"].reduce_dtype) == (torch.bfloat16, torch.bfloat16)
     assert "gathers params in torch.bfloat16 (its mp_policy) but the opt level computes in torch.float16" in \
         errors["other_half"]
+    # A model built on the meta device, each rank initializing only its shards: every
+    # Linear's weight as nn.Linear draws it (uniform within 1/sqrt(fan_in), not the
+    # zeros or garbage of to_empty), then a finite first O2 step.
+    for fan_in, largest, std in errors["meta_init"]:
+        assert 0 < largest <= fan_in ** -0.5 and std > 0.25 * fan_in ** -0.5
+    assert torch.isfinite(errors["meta_losses"]).all()
