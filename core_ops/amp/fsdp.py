@@ -35,7 +35,7 @@ from .._sharded import is_sharded
 from .masters import HALF
 
 
-def _fsdp_module_type():
+def fsdp_module_type():
     if not torch.distributed.is_available():
         return ()
     try:
@@ -47,7 +47,7 @@ def _fsdp_module_type():
 
 def units(model):
     """The FSDP2 units in ``model`` (modules ``fully_shard`` was applied to), outermost first."""
-    kind = _fsdp_module_type()
+    kind = fsdp_module_type()
     return [m for m in model.modules() if kind and isinstance(m, kind)]
 
 
@@ -129,7 +129,7 @@ def prepare(model, props, where="models[0]: "):
     half = props.cast_model_type if props.cast_model_type in HALF else None
     if half is None:
         return
-    kind = _fsdp_module_type()
+    kind = fsdp_module_type()
     for unit in units(model):
         own = list(_own_modules(unit, kind))
         holders = [m for m in own if any(True for _ in m.parameters(recurse=False))]

@@ -108,10 +108,14 @@ class FSDPOptions:
         object.__setattr__(self, "reduce_dtype", reduce_dtype_of(
             self.reduce_dtype, "reduce_dtype", (torch.float32, torch.float16, torch.bfloat16)))
 
-    def shard(self, module, mesh=None, opt_level=None, half_dtype=torch.float16):
+    def shard(self, module, mesh=None, opt_level=None, half_dtype=torch.float16, root=True):
         """``module`` sharded by FSDP2 over ``mesh`` (the default: every process), with
         the mixed precision of ``opt_level`` when given; a module that already holds
-        FSDP2 units (sharded by its owner) is returned as it is."""
+        FSDP2 units (sharded by its owner) is returned as it is. ``root=False``: the
+        module's children holding params become the outermost units, and the module
+        itself one only if it holds params of its own: for a module whose children are
+        called directly (a LightningModule's ``training_step`` calling ``self.model(x)``
+        would otherwise meet the root's params still sharded, its forward not run)."""
         from torch.distributed.fsdp import fully_shard
         if fsdp.units(module):
             return module
@@ -121,4 +125,9 @@ class FSDPOptions:
         for sub in reversed(list(module.modules())):  # innermost first, as FSDP2 asks
             if sub is not module and type(sub) in self.auto_wrap_policy:
                 fully_shard(sub, **options)
-        return fully_shard(module, **options)
+        if root or any(True for _ in module.parameters(recurse=False)):
+            return fully_shard(module, **options)
+        for child in module.children():
+            if not isinstance(child, fsdp.fsdp_module_type()) and any(True for _ in child.parameters()):
+                fully_shard(child, **options)
+        return module

@@ -151,7 +151,9 @@ class _FSDP:
     ModelParallelStrategy (FSDP2) over every process as one data-parallel mesh, the
     model sharded by the strategy as ``FSDPOptions`` says: each module of a class in
     ``auto_wrap_policy`` (a set of classes, e.g. ``{Block}``) is given to ``fully_shard``,
-    then the root, with ``reshard_after_forward`` and, under ``precision="apex-O2"``,
+    then the root (the Trainer: the LightningModule's children holding params, and the
+    LightningModule only if it holds params itself, as Lightning's own FSDP2 recipe
+    shards ``self.model``), with ``reshard_after_forward`` and, under ``precision="apex-O2"``,
     FSDP2's mixed precision for the opt level (``core_ops.amp.fsdp_policy``: params
     gathered in half, grads reduced in ``reduce_dtype``). A model already sharded (by
     ``configure_model``) is left as it is. Checkpoints are torch.distributed.checkpoint
@@ -173,10 +175,10 @@ class _FSDP:
         self._data_parallel_size, self._tensor_parallel_size = self.num_nodes * self.num_processes, 1
         super().setup_environment()
 
-    def _shard(self, module, precision):
+    def _shard(self, module, precision, root):
         loop = getattr(precision, "loop", None)
-        return self.apex_fsdp.shard(module, self.device_mesh["data_parallel"],
-                                    *((loop.opt_level, loop.half_dtype) if loop is not None else ()))
+        level = (loop.opt_level, loop.half_dtype) if loop is not None else (None,)
+        return self.apex_fsdp.shard(module, self.device_mesh["data_parallel"], *level, root=root)
 
     @classmethod
     def register_strategies(cls, strategy_registry):
@@ -200,7 +202,9 @@ class _ApexFSDP(_FSDP):
 
         def configure_model():  # the Trainer calls it next: the model is sharded there
             own(module)
-            self._shard(module, self.precision_plugin)
+            # Not the LightningModule itself (unless it holds params): training_step may
+            # call its children directly, never running its forward.
+            self._shard(module, self.precision_plugin, root=False)
 
         module.configure_model = configure_model
 
@@ -234,7 +238,7 @@ class _ApexFabricFSDP(_FabricClipping, _FSDP):
             plugin.converts_after_sharding = True  # convert_module leaves it to _parallelize
 
     def _parallelize(self, module, mesh):
-        self._shard(module, self.precision)
+        self._shard(module, self.precision, root=True)  # Fabric calls the module's forward
         loop = getattr(self.precision, "loop", None)
         return module if loop is None else loop.prepare_model(module)
 

@@ -155,6 +155,37 @@ def _spawned(fabric, out, strategy):
                Path(out) / f"fabric_spawn-{strategy}-rank{fabric.global_rank}.pt")
 
 
+def standalone_fsdp(pl):
+    """pytorch_lightning's Trainer with strategy="apex-fsdp": the tree's own classes."""
+    from core_ops.optimizers import FusedAdam
+
+    class Blocks(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
+            self.losses = []
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = F.cross_entropy(self.body(x).float(), y)
+            self.losses.append(loss.detach())
+            return loss
+
+        def configure_optimizers(self):
+            return FusedAdam(self.parameters(), lr=1e-2)
+
+    g = torch.Generator().manual_seed(3)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g))
+    model = Blocks()
+    trainer = pl.Trainer(**trainer_kwargs(precision="apex-O2-bf16", strategy="apex-fsdp", max_epochs=3))
+    trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8))
+    strategy = type(trainer.strategy)
+    return dict(strategy=f"{strategy.__module__}.{strategy.__name__}", losses=torch.stack(model.losses),
+                types=sorted({type(p).__name__ for p in model.parameters()}),
+                dtypes=sorted({str(p.dtype) for p in model.parameters()}))
+
+
 def main():
     suite, out = sys.argv[1], sys.argv[2]
     if suite == "fabric_spawn":
@@ -188,6 +219,7 @@ def main():
         results = trainer_suite(pl, out) if suite == "trainer" else {}
         if suite == "standalone":
             fit(pl, "o2", results, precision="apex-O2", strategy="apex-ddp", sync_batchnorm=True, max_epochs=1)
+            results["fsdp"] = standalone_fsdp(pl)
     torch.save(results, Path(out) / f"{suite}-rank{results['rank']}.pt")
 
 

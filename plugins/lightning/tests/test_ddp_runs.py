@@ -117,6 +117,11 @@ def test_the_standalone_packages(tmp_path):
     assert r0["o2"]["dtypes"] == ["torch.float16", "torch.float32"]
     h = r0["o2"]["history"]
     assert not torch.equal(h[0]["params"], h[-1]["params"])
+    for r in (r0, r1):  # apex-fsdp in that tree: its own strategy class, float32 shards, learning
+        fsdp = r["fsdp"]
+        assert fsdp["strategy"] == "core_ops_lightning.pytorch_lightning.ApexFSDPStrategy"
+        assert fsdp["types"] == ["DTensor"] and fsdp["dtypes"] == ["torch.float32"]
+        assert torch.isfinite(fsdp["losses"]).all() and fsdp["losses"][-4:].mean() < fsdp["losses"][:4].mean()
 
 
 def test_fabric_spawn_strategies_pickle_the_plugin(tmp_path):
