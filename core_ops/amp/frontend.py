@@ -9,7 +9,7 @@ import weakref
 import torch
 
 from ..optimizers.larc import LARC
-from . import _state, opt_levels, torch_ddp
+from . import _state, fsdp, opt_levels, torch_ddp
 from .amp_optimizer import AmpOptimizer
 from .loss_scaler import LossScaler
 from .masters import MasterWeights
@@ -40,9 +40,12 @@ def _check_optimizers(optimizers, models):
         params = [p for group in opt.param_groups for p in group["params"]]
         foreign = [p for p in params if id(p) not in owned]
         if params and len(foreign) == len(params):
+            sharded = any(map(fsdp.is_fully_sharded, models))
             raise ValueError(f"optimizers[{i}] holds none of the parameters of the models passed to "
                              f"initialize (its first has shape {tuple(params[0].shape)}); build the "
-                             "optimizer from those models' parameters")
+                             "optimizer from those models' parameters" +
+                             (" (fully_shard replaces a model's parameters with sharded ones: build the "
+                              "optimizer after sharding)" if sharded else ""))
         if foreign:
             held = {id(p) for o in optimizers for g in o.param_groups for p in g["params"]}
             left = [n for m in models for n, p in m.named_parameters()

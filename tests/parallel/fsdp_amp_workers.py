@@ -100,6 +100,12 @@ def edges(rank, world):
         amp.initialize(half_shard, FusedAdam(half_shard.parameters()), opt_level="O2", verbosity=0)
     except ValueError as e:
         errors["unsharded_param"] = str(e)
+    early = model()
+    early_opt = FusedAdam(early.parameters())  # built before the sharding
+    try:
+        amp.initialize(shard(early), early_opt, opt_level="O2", verbosity=0)
+    except ValueError as e:
+        errors["optimizer_before"] = str(e)
     mixed = fully_shard(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)))
     try:
         amp.initialize(mixed, FusedAdam(mixed.parameters()), opt_level="O2", half_dtype=torch.bfloat16, verbosity=0)

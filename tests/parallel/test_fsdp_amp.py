@@ -93,6 +93,7 @@ def test_edges_and_misuse_named_with_the_route_that_works():
     assert "sharded by fully_shard after amp.initialize" in errors["sharded_after"]
     assert "has already run forward" in errors["ran_before"] and "fsdp_policy" in errors["ran_before"]
     assert "parameter '1.0.weight' is not sharded" in errors["unsharded_param"]
+    assert "build the optimizer after sharding" in errors["optimizer_before"]
     assert "holds BatchNorm (BatchNorm1d) beside other layers" in errors["batchnorm"]
     assert "fully_shard(bn)" in errors["batchnorm"]
     # BatchNorm in a unit of its own computes in float32 (its running stats stay float32)
