@@ -26,6 +26,9 @@ from torch import nn
 from core_ops.optimizers import FusedAdam
 from core_ops_accelerate import ApexPlugin
 
+sys.path.insert(0, str(Path(__file__).parents[3] / "tests" / "support"))
+from teardown import leave_process_group  # noqa: E402
+
 STEPS = 6
 
 
@@ -117,3 +120,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    leave_process_group()

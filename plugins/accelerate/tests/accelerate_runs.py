@@ -15,6 +15,7 @@ from accelerate import Accelerator
 
 sys.path.insert(0, str(Path(__file__).parents[3] / "tests" / "support"))
 import small_task as task  # noqa: E402
+from teardown import leave_process_group  # noqa: E402
 
 from core_ops_accelerate import ApexPlugin  # noqa: E402
 
@@ -108,3 +109,4 @@ if __name__ == "__main__":
     name, out = sys.argv[1], sys.argv[2]
     results = suite(out)
     torch.save(results, Path(out) / f"{name}-rank{results['rank']}.pt")
+    leave_process_group()

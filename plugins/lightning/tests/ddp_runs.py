@@ -21,6 +21,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 import lightning_cases as cases  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parents[3] / "tests" / "support"))
+from teardown import leave_process_group  # noqa: E402
+
 
 def trainer_kwargs(**kw):
     # log_every_n_steps=1: the histories read loss_scale and skipped_steps every step.
@@ -153,6 +156,7 @@ def _spawned(fabric, out, strategy):
     torch.save(dict(params=cases.flat(model.parameters()), precision=type(fabric.strategy.precision).__name__,
                     dtypes=sorted({str(p.dtype) for p in model.parameters()})),
                Path(out) / f"fabric_spawn-{strategy}-rank{fabric.global_rank}.pt")
+    leave_process_group()
 
 
 def standalone_fsdp(pl):
@@ -225,3 +229,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    leave_process_group()

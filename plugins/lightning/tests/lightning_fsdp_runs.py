@@ -22,6 +22,9 @@ import core_ops_lightning  # noqa: F401  (the apex-* names)
 from core_ops.optimizers import FusedAdam
 from core_ops_lightning import ApexFSDPStrategy
 
+sys.path.insert(0, str(Path(__file__).parents[3] / "tests" / "support"))
+from teardown import leave_process_group  # noqa: E402
+
 
 class Block(nn.Sequential):
     def __init__(self):
@@ -204,3 +207,4 @@ def main():
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
+    leave_process_group()
