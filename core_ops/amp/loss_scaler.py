@@ -22,7 +22,7 @@ import torch
 
 from .. import _validate
 from ..multi_tensor_apply import multi_tensor_check_finite, multi_tensor_scale, update_scale
-from .._sharded import is_sharded, max_over_meshes
+from .._sharded import local, max_over_meshes, meshes_of
 
 
 class _Stage(enum.Enum):
@@ -36,22 +36,20 @@ def _grads_by_device_dtype(optimizer):
     of its sharded grads). Sparse grads are coalesced and contribute their values (as
     torch.amp.GradScaler does); DTensor grads (FSDP2) contribute their local shards,
     and the overflow flag is then reduced over their meshes (``max_over_meshes``)."""
-    groups, meshes = defaultdict(list), []
+    groups, grads = defaultdict(list), []
     for group in optimizer.param_groups:
         for p in group["params"]:
             g = p.grad
             if g is None:
                 continue
-            if is_sharded(g):
-                if g.device_mesh not in meshes:
-                    meshes.append(g.device_mesh)
-                g = g.to_local()
+            grads.append(g)
+            g = local(g)
             if g.is_sparse:
                 if g.dtype is torch.float16:
                     g = p.grad = g.coalesce()  # fp16 sums of duplicates could overflow
                 g = g._values()
             groups[(g.device, g.dtype)].append(g)
-    return groups, meshes
+    return groups, meshes_of(grads)
 
 
 def _fresh_optimizer_state():

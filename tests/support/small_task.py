@@ -54,3 +54,10 @@ class AllReduceCounter:
 
     def __exit__(self, *exc):
         dist.all_reduce = self._original
+
+
+class Block(torch.nn.Sequential):
+    """A transformer-sized block in miniature, the unit the FSDP2 runs shard by."""
+
+    def __init__(self):
+        super().__init__(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16), torch.nn.LayerNorm(16))

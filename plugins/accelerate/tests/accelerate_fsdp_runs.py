@@ -28,13 +28,9 @@ from core_ops_accelerate import ApexPlugin
 
 sys.path.insert(0, str(Path(__file__).parents[3] / "tests" / "support"))
 from teardown import leave_process_group  # noqa: E402
+from small_task import Block  # noqa: E402
 
 STEPS = 6
-
-
-class Block(nn.Sequential):
-    def __init__(self):
-        super().__init__(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16))
 
 
 def batches(rank):

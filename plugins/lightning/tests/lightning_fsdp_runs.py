@@ -24,11 +24,7 @@ from core_ops_lightning import ApexFSDPStrategy
 
 sys.path.insert(0, str(Path(__file__).parents[3] / "tests" / "support"))
 from teardown import leave_process_group  # noqa: E402
-
-
-class Block(nn.Sequential):
-    def __init__(self):
-        super().__init__(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), nn.LayerNorm(16))
+from small_task import Block  # noqa: E402
 
 
 class Net(pl.LightningModule):
