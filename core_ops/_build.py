@@ -264,8 +264,13 @@ def _compile(kind: str, name: str, build_dir: Path, arch: str | None) -> None:
             raise RuntimeError("no CUDA toolkit found (no nvcc on PATH and CUDA_HOME unset)")
         cpp_extension.CUDA_HOME = home  # in case it was imported before this call
         os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_archs(arch)
-        nvidia = Path(torch.__file__).resolve().parent.parent / "nvidia"
-        includes += [str(p) for p in nvidia.glob("*/include")]
+        # torch's wheels keep the headers of their CUDA libraries (cuDNN, NCCL, ...) in
+        # site-packages/nvidia/*/include; the runtime's (nvidia/cu13) only when it is the
+        # toolkit too: beside another toolkit they are a second CUDA release's headers,
+        # which CCCL refuses (a 13.0 nvcc with torch 2.15's 13.2 runtime).
+        runtime = _cuda_toolkit.pip_runtime()
+        includes += [str(p) for p in _cuda_toolkit.site_nvidia().glob("*/include")
+                     if p.parent != runtime or Path(home).resolve() == runtime.resolve()]
         pip_includes, link_flags = _cuda_toolkit.build_flags(home, build_dir)
         includes += [p for p in pip_includes if p not in includes]
         extra = dict(extra_cflags=["-O3"], extra_cuda_cflags=cuda_flags(), extra_ldflags=link_flags)
@@ -336,8 +341,8 @@ def _precondition(kind: str) -> str | None:
             return "this PyTorch build has no CUDA"
         home = cuda_home()
         if home is None:
-            return ("no CUDA toolkit found (no nvcc on PATH, CUDA_HOME unset, no pip-installed compiler: "
-                    "pip install \"core-ops[cuda]\")")
+            return ("no CUDA toolkit found (no nvcc on PATH, CUDA_HOME unset, no pip-installed compiler): "
+                    + _cuda_toolkit.install_hint())
         problem = _cuda_toolkit.mismatch(home)
         if problem:
             return problem

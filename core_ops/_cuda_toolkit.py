@@ -2,8 +2,12 @@
 
 Note [CUDA toolkit from pip]: torch's pip wheels carry the CUDA runtime but no
 compiler, so most GPU machines have no toolkit. NVIDIA ships the compiler as pip
-packages too (``pip install "core-ops[cuda]"``: nvidia-cuda-nvcc, -crt, -cccl,
-nvidia-nvvm, and the runtime torch already pulls in), which all unpack into one root,
+packages too (nvidia-cuda-nvcc, -crt, -cccl, nvidia-nvvm, and the runtime torch already
+pulls in). ``core-ops[cuda]`` asks for them through NVIDIA's ``cuda-toolkit[nvcc,cccl]``
+with no version: torch's CUDA 13 wheels pin ``cuda-toolkit`` to their own release
+(2.14.1: 13.0.3, 2.15.0: 13.2.2), so pip takes the compiler of torch's release, the
+one whose headers match the runtime's (CCCL refuses any other pair). From CUDA 13
+the packages all unpack into one root,
 ``site-packages/nvidia/cu<major>/`` (bin/nvcc, nvvm/, include/, lib/). That root
 is a toolkit with two gaps the build fills: its nvcc.profile points the include path
 at ``targets/<arch>/include``, which the pip layout lacks (the build adds
@@ -25,16 +29,22 @@ from pathlib import Path
 import torch
 
 
-def _site_nvidia() -> Path:
+def site_nvidia() -> Path:
     return Path(torch.__file__).resolve().parent.parent / "nvidia"
+
+
+def pip_runtime() -> Path | None:
+    """Where the pip packages of torch's CUDA major version unpack (nvidia/cu13): the
+    CUDA runtime torch's wheel pulls in and, with the [cuda] extra, the compiler."""
+    if torch.version.cuda is None:
+        return None
+    return site_nvidia() / f"cu{torch.version.cuda.split('.')[0]}"
 
 
 def pip_root() -> Path | None:
     """The pip packages' toolkit root for torch's CUDA major version, if nvcc is in it."""
-    if torch.version.cuda is None:
-        return None
-    root = _site_nvidia() / f"cu{torch.version.cuda.split('.')[0]}"
-    return root if (root / "bin" / "nvcc").is_file() else None
+    root = pip_runtime()
+    return root if root is not None and (root / "bin" / "nvcc").is_file() else None
 
 
 def find_root() -> str | None:
@@ -78,17 +88,46 @@ def release(home: str) -> str | None:
     return f"{match.group(1)}.{match.group(2)}" if match else None
 
 
+def headers_release(include: Path) -> str | None:
+    """The CUDA release of the runtime headers in ``include`` ("13.2"), or None."""
+    try:
+        text = (include / "cuda_runtime_api.h").read_text(errors="replace")
+    except OSError:
+        return None
+    match = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", text)
+    if not match:
+        return None
+    version = int(match.group(1))
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def install_hint() -> str:
+    """What to install for a compiler of this torch's CUDA release."""
+    cuda = torch.version.cuda
+    major = cuda.split(".")[0]
+    if int(major) >= 13:
+        return (f'pip install "cuda-toolkit[nvcc,cccl]=={cuda}.*" (core-ops[cuda] installs that beside a torch '
+                f"wheel pinning cuda-toolkit), or set CUDA_HOME to a CUDA {cuda} toolkit")
+    return (f"set CUDA_HOME to a CUDA {major}.x toolkit ({cuda} as torch), from NVIDIA or conda (NVIDIA's "
+            f"CUDA {major} pip packages carry ptxas but no nvcc)")
+
+
 def mismatch(home: str) -> str | None:
     """Why the compiler in ``home`` cannot build for this torch, or None: its CUDA major
-    version must be torch's (a minor version apart is fine, as torch's own check says)."""
+    version must be torch's (a minor version apart is fine, as torch's own check says),
+    and the runtime headers beside it its own release (CCCL refuses any other: the pip
+    packages of two releases can share one root)."""
     found, wanted = release(home), torch.version.cuda
     if found is None:
         return f"the nvcc in {home} does not run"
     if wanted is not None and found.split(".")[0] != wanted.split(".")[0]:
-        major = wanted.split(".")[0]
         return (f"the CUDA compiler in {home} is CUDA {found} but this torch was built with CUDA {wanted}: "
-                f"pip install the CUDA {major} compiler (core-ops[cuda] for CUDA 13) or set CUDA_HOME to a "
-                f"CUDA {major}.x toolkit")
+                + install_hint())
+    headers = headers_release(Path(home) / "include")
+    if wanted is not None and headers is not None and headers != found:
+        return (f"the CUDA compiler in {home} is CUDA {found} but the CUDA runtime headers beside it are "
+                f"{headers} (torch's runtime package), and CUDA's headers refuse another compiler: "
+                + install_hint())
     return None
 
 

@@ -198,8 +198,21 @@ def test_cache_key_tracks_sources_flags_and_arch(tmp_path, monkeypatch):
     assert _build.build_key("cpu") != before
 
 
-@pytest.mark.skipif(_build.cuda_home() is None or not Path(_build.cuda_home(), "bin", "nvcc").exists(),
-                    reason="no CUDA toolkit on this machine")
+def _why_no_cuda_build():
+    """Why this machine cannot build the CUDA kernels for this torch, or None."""
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is built without CUDA: there are no CUDA kernels to build"
+    home = _build.cuda_home()
+    if home is None or not Path(home, "bin", "nvcc").exists():
+        return "no CUDA toolkit on this machine"
+    return _cuda_toolkit.mismatch(home)
+
+
+NO_CUDA_BUILD = _why_no_cuda_build()
+needs_cuda_build = pytest.mark.skipif(NO_CUDA_BUILD is not None, reason=str(NO_CUDA_BUILD))
+
+
+@needs_cuda_build
 def test_cuda_extension_compiles_for_sm80_and_sm90_and_loads():
     proc = subprocess.run([PY, "-m", "core_ops", "build", "--cuda", "--arch", "8.0;9.0"],
                           capture_output=True, text=True, timeout=1800)
@@ -246,8 +259,7 @@ CUDA_ENTRY_CHECKS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(_build.cuda_home() is None or not Path(_build.cuda_home(), "bin", "nvcc").exists(),
-                    reason="no CUDA toolkit on this machine")
+@needs_cuda_build
 def test_cuda_library_checks_bad_input_before_device_code():
     """Note [Norm checks before dispatch]: the CUDA library's norm entry points (its C++
     autograd and its kernels) reject bad input before any device code, exercised with
@@ -307,21 +319,37 @@ def test_the_cuda_kernels_build_from_pip_packages_alone(tmp_path):
     assert f"cuda toolkit: {pip}" in proc.stdout
 
 
-def test_a_compiler_of_another_cuda_major_version_is_named(tmp_path, monkeypatch):
-    """A toolkit whose CUDA major version is not torch's gets a reason that says so
-    (and how to get the right one), not a compile error."""
+def test_a_compiler_of_another_cuda_release_is_named(tmp_path, monkeypatch):
+    """A toolkit whose CUDA major version is not torch's, or whose runtime headers are
+    another release than its compiler (the pip packages of two releases in one root),
+    gets a reason that says so and what to install, not a compile error."""
     (tmp_path / "bin").mkdir()
     nvcc = tmp_path / "bin" / "nvcc"
-    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 11.8, V11.8.89'\n")
-    nvcc.chmod(0o755)
+
+    def compiler(release):
+        nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+        nvcc.chmod(0o755)
+
+    compiler("11.8")
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     message = _cuda_toolkit.mismatch(str(tmp_path))
-    assert "is CUDA 11.8 but this torch was built with CUDA 13.0" in message and "core-ops[cuda]" in message
-    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.2, V13.2.51'\n")
+    assert "is CUDA 11.8 but this torch was built with CUDA 13.0" in message
+    assert 'pip install "cuda-toolkit[nvcc,cccl]==13.0.*"' in message
+    compiler("13.2")
     assert _cuda_toolkit.mismatch(str(tmp_path)) is None  # a minor version apart builds
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "cuda_runtime_api.h").write_text("#define CUDART_VERSION 13020\n")
+    assert _cuda_toolkit.mismatch(str(tmp_path)) is None  # its own headers
+    compiler("13.0")
+    monkeypatch.setattr(torch.version, "cuda", "13.2")
+    message = _cuda_toolkit.mismatch(str(tmp_path))
+    assert "is CUDA 13.0 but the CUDA runtime headers beside it are 13.2" in message
+    assert 'pip install "cuda-toolkit[nvcc,cccl]==13.2.*"' in message
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
-    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.1'\n")
-    assert "is CUDA 12.4" in _build._precondition("cuda")
+    message = _build._precondition("cuda")
+    assert "is CUDA 13.0 but this torch was built with CUDA 12.4" in message
+    assert "set CUDA_HOME to a CUDA 12.x toolkit (12.4 as torch)" in message
 
 
 def test_unity_files_cover_every_cpu_source_once(tmp_path, monkeypatch):

@@ -17,10 +17,9 @@ BatchNorm beside other layers is refused with that route.
 
 FSDP2 reads a unit's policy when the root first runs forward (its lazy init), and
 ``fully_shard`` offers no setter: ``initialize`` sets the policy of units that still
-have the default one, before that first forward, through the three private attributes
-checked by ``_state`` so that a torch that renames them gives this module's error, not
-a wrong dtype: ``FSDPState._mp_policy``, ``FSDPState._fsdp_param_groups`` and each
-group's ``mp_policy`` (and ``FSDPState._is_root``, None until the lazy init). O3's cast
+have the default one, before that first forward, in the private slots each torch
+release keeps it in (Note [FSDP2 policy slots], fsdp_policy_slots.py), and checks at
+that forward that FSDP2 took it (``FSDPState._is_root`` is None until then). O3's cast
 of the shards needs that first forward still to come as well: FSDP2 takes the cast
 params then. Models sharded with ``mp_policy=fsdp_policy(...)``
 (what the Lightning and Accelerate plugins do) need no private attribute.
@@ -32,6 +31,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .._sharded import is_sharded
+from . import fsdp_policy_slots as slots
 from .masters import HALF
 
 
@@ -88,23 +88,8 @@ def _own_modules(unit, kind):
             yield from _own_modules(child, kind)
 
 
-def _state(unit):
-    state = unit._get_fsdp_state()
-    missing = [name for name, owner in (("_mp_policy", state), ("_fsdp_param_groups", state),
-                                        ("_is_root", state))
-               if not hasattr(owner, name)]
-    missing += ["FSDPParamGroup.mp_policy" for g in getattr(state, "_fsdp_param_groups", [])
-                if not hasattr(g, "mp_policy")]
-    if missing:
-        raise RuntimeError(f"this torch ({torch.__version__}) keeps FSDP2's mixed-precision policy "
-                           f"elsewhere ({', '.join(missing)} not found): shard the model with "
-                           "fully_shard(..., mp_policy=core_ops.amp.fsdp_policy(opt_level, half_dtype)) "
-                           "before amp.initialize")
-    return state
-
-
 def _unrun_state(unit, where):
-    state = _state(unit)
+    state = slots.state_of(unit)
     if state._is_root is not None:
         raise RuntimeError(f"{where}{type(unit).__name__} has already run forward, when FSDP2 fixes "
                            "its params' dtypes: call amp.initialize before the first forward (for O2 "
@@ -113,10 +98,13 @@ def _unrun_state(unit, where):
 
 
 def _set_policy(unit, policy, where):
-    state = _unrun_state(unit, where)
-    state._mp_policy = policy
-    for group in state._fsdp_param_groups:
-        group.mp_policy = policy
+    slots.write(_unrun_state(unit, where), policy)
+
+    def check_once(module, args):  # runs after FSDP2's own pre-forward hook: its lazy init is done
+        handle.remove()
+        slots.verify(module, policy)
+
+    handle = unit.register_forward_pre_hook(check_once)
 
 
 def prepare(model, props, where="models[0]: "):
@@ -146,7 +134,7 @@ def prepare(model, props, where="models[0]: "):
                 if not (keep and isinstance(m, _BatchNorm)):
                     m._apply(lambda t: t.to(half) if t.is_floating_point() else t, recurse=False)
             continue
-        current = _state(unit)._mp_policy
+        current = slots.state_of(unit)._mp_policy
         if keep:
             _set_policy(unit, MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
                                                    output_dtype=half), where)

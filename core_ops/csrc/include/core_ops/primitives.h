@@ -12,6 +12,9 @@
 
 #if !defined(__CUDACC__) && !defined(__HIPCC__)
 #include <ATen/cpu/vec/vec.h>
+// convert_to_float / convert_from_float: torch 2.14's vec.h brings them; 2.6's does not
+// (they live only in functional_bfloat16.h there), and functional.h includes them in both.
+#include <ATen/cpu/vec/functional.h>
 #endif
 
 namespace core_ops {

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The compatibility run: for each torch release named, a fresh venv with that torch,
+# this repository installed into it as a user installs it (non-editable: core-ops with
+# [test] and, where torch's wheel pins a CUDA 13 toolkit, [cuda]; both plugins), the
+# native kernels built, and the test suite run against the installed packages. Ends
+# with one table, also written to $DIR/table.md.
+#
+#   bash tools/compat.sh 2.6 2.15             # the newest patch of each: torch==2.6.*
+#   bash tools/compat.sh 2.13.0+cpu 2.14.1    # exact builds
+#   bash tools/compat.sh -k fsdp 2.15         # a subset of the suite (pytest -k)
+#   bash tools/compat.sh --past-pin 2.16      # a release outside pyproject's torch pin
+#   bash tools/compat.sh --no-cuda 2.6        # skip the CUDA kernels' build (~4 min each)
+#   bash tools/compat.sh --dir /tmp/compat 2.6
+#
+# DIR is --dir's, else ~/.cache/core-ops-compat: torch-<release>/ holds the
+# venv (made anew each run), its kernel cache and the logs of each step. A machine whose
+# pip config caps torch (a constraint file) needs PIP_CONFIG_FILE=/dev/null for releases
+# above the cap. See docs/kernels.md, "Supported torch releases".
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+DIR=${XDG_CACHE_HOME:-$HOME/.cache}/core-ops-compat
+PYTHON=${PYTHON:-python3}
+subset=() past_pin=0 cuda=1 releases=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    -k) subset=(-k "$2"); shift 2 ;;
+    --past-pin) past_pin=1; shift ;;
+    --no-cuda) cuda=0; shift ;;
+    --dir) DIR=$2; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -*) echo "compat.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) releases+=("$1"); shift ;;
+  esac
+done
+[ ${#releases[@]} -gt 0 ] || { echo "usage: tools/compat.sh [-k EXPR] [--past-pin] [--no-cuda] [--dir DIR] RELEASE..." >&2; exit 2; }
+mkdir -p "$DIR"
+rows=()
+
+# The source installed: the repository's files (tracked and new, not ignored), copied so
+# that --past-pin can drop the pin and a build leaves nothing in the work tree.
+source_copy() {
+  local to=$1
+  rm -rf "$to" && mkdir -p "$to"
+  (cd "$repo" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$to")
+  if [ "$past_pin" = 1 ]; then
+    sed -i -E 's/"torch[<>=!~][^"]*"/"torch"/' "$to/pyproject.toml"
+  fi
+}
+
+# seconds CMD...: run it, print its wall seconds on fd 3.
+seconds() { local t0=$SECONDS; "$@"; local rc=$?; echo $(( SECONDS - t0 )) >&3; return $rc; }
+
+one_release() {
+  local release=$1 home="$DIR/torch-$release" spec py version torch_s install_s extras
+  spec="torch==$release"
+  [[ $release =~ ^[0-9]+\.[0-9]+$ ]] && spec="torch==$release.*"
+  rm -rf "$home" && mkdir -p "$home/logs"
+  local log="$home/logs"
+  "$PYTHON" -m venv "$home/venv" || { rows+=("| $release | venv failed | - | - | - | - |"); return; }
+  py="$home/venv/bin/python"
+  pip() { "$py" -m pip --disable-pip-version-check "$@"; }
+  torch_s=$( { seconds pip install "$spec" >"$log/torch.log" 2>&1; } 3>&1 ) \
+    || { rows+=("| $release | torch did not install: $(grep -m1 -E 'ERROR' "$log/torch.log" | cut -c1-120) | - | - | - | - |"); return; }
+  version=$("$py" -c "import torch; print(torch.__version__)" 2>/dev/null)
+  echo "== torch $version ($torch_s s to install)"
+  # [cuda] where torch's wheel pins NVIDIA's cuda-toolkit: the extra then takes the
+  # compiler of that same release (Note [CUDA toolkit from pip]).
+  extras=test
+  "$py" -c "from importlib.metadata import requires; import sys; sys.exit(not any(r.startswith('cuda-toolkit') for r in requires('torch') or []))" \
+    && extras=test,cuda
+  source_copy "$home/src"
+  # pip must keep the torch installed (the distribution's version: 2.14.1, not 2.14.1+cu130).
+  "$py" -c "from importlib.metadata import version; print('torch==' + version('torch'))" >"$home/constraints.txt"
+  install_s=$( { seconds pip install -c "$home/constraints.txt" "$home/src[$extras]" \
+    "$home/src/plugins/lightning[demo]" "$home/src/plugins/accelerate" >"$log/install.log" 2>&1; } 3>&1 ) \
+    || { rows+=("| $version | refused: $(grep -m1 -E 'ERROR|requested' "$log/install.log" | cut -c1-160) | - | - | - | - |"); return; }
+  rm -rf "$home/src"
+  # The suite runs from the repository (its tests and scripts), but every import of
+  # core_ops must come from the venv: PYTHONSAFEPATH keeps the current folder off
+  # sys.path, also in the subprocesses the tests start.
+  export PYTHONSAFEPATH=1 CORE_OPS_CACHE_DIR="$home/kernels"
+  local where
+  where=$(cd "$repo" && "$py" -c "import core_ops, core_ops_lightning, core_ops_accelerate as a; print(core_ops.__file__, a.__file__)")
+  case $where in
+    "$home/venv/"*" $home/venv/"*) ;;
+    *) rows+=("| $version | installed, but imports resolve outside the venv: $where | - | - | - | - |"); return ;;
+  esac
+  local cpu_s cpu cuda_col="-" cuda_s suite_s summary failures
+  cpu_s=$( { seconds "$py" -m core_ops build >"$log/build-cpu.log" 2>&1; } 3>&1 )
+  cpu=$(grep -m1 "^cpu:" "$log/build-cpu.log" | cut -c1-160)
+  [[ $cpu == "cpu: ok: native"* ]] && cpu="build (${cpu_s} s)" || cpu="**fail**: ${cpu#cpu: }"
+  if [ "$cuda" = 1 ] && "$py" -c "import torch, sys; sys.exit(torch.version.cuda is None)"; then
+    cuda_s=$( { seconds "$py" -m core_ops build --cuda --arch 9.0 >"$log/build-cuda.log" 2>&1; } 3>&1 )
+    cuda_col=$(grep -m1 "^cuda:" "$log/build-cuda.log" | cut -c1-200)
+    [[ $cuda_col == "cuda: ok: native"* ]] && cuda_col="build, sm_90 (${cuda_s} s)" || cuda_col="**fail**: ${cuda_col#cuda: }"
+  fi
+  suite_s=$( { seconds env -C "$repo" timeout 5400 "$py" -m pytest -q -p no:cacheprovider -rfE "${subset[@]}" \
+    >"$log/suite.log" 2>&1; } 3>&1 )
+  summary=$(grep -E "(passed|failed|error).* in [0-9.]+s" "$log/suite.log" | tail -n 1 | tr -d '=' | sed -E 's/^ +| +$//g')
+  [ -n "$summary" ] || summary="no summary: $(tail -n 1 "$log/suite.log" | cut -c1-120)"
+  failures=$(grep -E "^(FAILED|ERROR) " "$log/suite.log" | sed -E 's/^(FAILED|ERROR) //; s/ - .*//' \
+             | awk 'NR <= 30' | paste -sd ' ' -)
+  rows+=("| $version | torch ${torch_s} s, core-ops[$extras] + plugins ${install_s} s | $cpu | $cuda_col | $summary (${suite_s} s) | ${failures:--} |")
+  unset PYTHONSAFEPATH CORE_OPS_CACHE_DIR
+}
+
+for release in "${releases[@]}"; do
+  one_release "$release"
+done
+{
+  echo "| torch | install | native CPU kernels | CUDA kernels | the suite${subset[*]:+ (${subset[*]})} | failed |"
+  echo "|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} | tee "$DIR/table.md"
