@@ -22,6 +22,7 @@ nothing), after which the grads are put back.
 from __future__ import annotations
 
 from collections import defaultdict
+import functools
 
 import torch
 
@@ -135,6 +136,9 @@ class AmpOptimizer:
     def _patch_zero_grad(self):
         zero_grad = self.optimizer.zero_grad
 
+        # wraps: callers read the signature (Accelerate passes set_to_none only where
+        # inspect.signature shows it)
+        @functools.wraps(zero_grad)
         def zero_grad_with_model(*args, **kwargs):
             zero_grad(*args, **kwargs)
             for p, _ in self.pairs:

@@ -3,6 +3,7 @@ in core_ops/amp/amp_optimizer.py): losses with their own scalers, micro-batches,
 zeroed in place. Each backward's overflow is counted once, by its own scaler, as in
 Apex; the sums are exact for power-of-two scales. (Under DDP: test_amp_ddp.py.)"""
 
+import inspect
 import math
 
 import pytest
@@ -91,3 +92,10 @@ def test_o2_master_grads_keep_their_memory_across_accumulations():
         backward(model, opt, 1e-3)
         addresses.add(next(amp.master_params(opt)).grad.data_ptr())
     assert len(addresses) == 1  # static addresses, e.g. for captured steps
+
+
+def test_zero_grad_keeps_the_optimizer_s_signature():
+    """Accelerate passes ``set_to_none`` only where inspect.signature shows it (and
+    refuses otherwise), so the zero_grad that also clears the model's grads keeps it."""
+    _, opt = model_and_opt("O2")
+    assert "set_to_none" in inspect.signature(opt.zero_grad).parameters
