@@ -39,15 +39,23 @@ class FusedOptimizer(Optimizer):
     _state_keys: tuple[str, ...] = ()
     # Settings kept as attributes rather than in defaults; torch.optim.Optimizer pickles
     # only defaults, state and param_groups, so these are added (deepcopy, torch.save).
-    _pickled_attrs: tuple[str, ...] = ("set_grad_none", "master_weights", "capturable", "last_grad_norm")
+    _pickled_attrs: tuple[str, ...] = ("set_grad_none", "master_weights", "capturable", "_grad_norm")
 
     def __init__(self, params, defaults, *, set_grad_none, master_weights=False, capturable=False):
         self.set_grad_none = set_grad_none
         self.master_weights = master_weights
         self.capturable = capturable
-        self.last_grad_norm = None
+        # A one-item list written in place: torch 2.6's torch.compile cannot set an
+        # attribute of an optimizer without a graph break, and the graph resumed after
+        # that break read every grad as None.
+        self._grad_norm = [None]
         check_hyperparameters(defaults)
         super().__init__(params, defaults)
+
+    @property
+    def last_grad_norm(self):
+        """The global grad norm of the last step that clipped (max_grad_norm), else None."""
+        return self._grad_norm[0]
 
     def __getstate__(self):
         return {**super().__getstate__(), **{k: getattr(self, k) for k in self._pickled_attrs}}
@@ -215,7 +223,7 @@ class FusedOptimizer(Optimizer):
         if grad_scale is not None:
             total = total / grad_scale.to(device, dtype).reshape(())
         found_inf = self._flag_overflow(found_inf, (~torch.isfinite(total)).float().reshape(1))
-        self.last_grad_norm = total
+        self._grad_norm[0] = total
         # grads / (scale / clip) = unscaled grads * clip, clip = min(1, max_norm / norm)
         # clip_eps=1e-6 as torch.nn.utils.clip_grad_norm_; LAMB passes 0 (Apex's
         # max_norm / max(norm, max_norm)).
