@@ -5,17 +5,18 @@
 # native kernels built, and the test suite run against the installed packages. Ends
 # with one table, also written to $DIR/table.md.
 #
-#   bash tools/compat.sh 2.6 2.15             # the newest patch of each: torch==2.6.*
+#   bash tools/compat.sh 2.7 2.15             # the newest patch of each: torch==2.7.*
 #   bash tools/compat.sh 2.13.0+cpu 2.14.1    # exact builds
 #   bash tools/compat.sh -k fsdp 2.15         # a subset of the suite (pytest -k)
 #   bash tools/compat.sh --past-pin 2.16      # a release outside pyproject's torch pin
-#   bash tools/compat.sh --no-cuda 2.6        # skip the CUDA kernels' build (~4 min each)
-#   bash tools/compat.sh --dir /tmp/compat 2.6
+#   bash tools/compat.sh --no-cuda 2.7        # skip the CUDA kernels' build (~4 min each)
+#   bash tools/compat.sh --dir /tmp/compat 2.7
 #
-# DIR is --dir's, else ~/.cache/core-ops-compat: torch-<release>/ holds the
-# venv (made anew each run), its kernel cache and the logs of each step. A machine whose
-# pip config caps torch (a constraint file) needs PIP_CONFIG_FILE=/dev/null for releases
-# above the cap. See docs/kernels.md, "Supported torch releases".
+# DIR is --dir's, else ~/.cache/core-ops-compat: torch-<release>/ holds the venv (made
+# anew each run), the copy of the sources the suite runs from, the kernel cache and the
+# logs of each step. A machine whose pip config caps torch (a constraint file) needs
+# PIP_CONFIG_FILE=/dev/null for releases above the cap. Its use: docs/kernels.md,
+# "Supported torch releases".
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 DIR=${XDG_CACHE_HOME:-$HOME/.cache}/core-ops-compat
@@ -37,7 +38,8 @@ mkdir -p "$DIR"
 rows=()
 
 # The source installed: the repository's files (tracked and new, not ignored), copied so
-# that --past-pin can drop the pin and a build leaves nothing in the work tree.
+# that --past-pin can drop the pin, a build leaves nothing in the work tree, and the
+# suite runs the tests of the sources installed, whatever the work tree becomes meanwhile.
 source_copy() {
   local to=$1
   rm -rf "$to" && mkdir -p "$to"
@@ -74,13 +76,14 @@ one_release() {
   install_s=$( { seconds pip install -c "$home/constraints.txt" "$home/src[$extras]" \
     "$home/src/plugins/lightning[demo]" "$home/src/plugins/accelerate" >"$log/install.log" 2>&1; } 3>&1 ) \
     || { rows+=("| $version | refused: $(grep -m1 -E 'ERROR|requested' "$log/install.log" | cut -c1-160) | - | - | - | - |"); return; }
-  rm -rf "$home/src"
-  # The suite runs from the repository (its tests and scripts), but every import of
-  # core_ops must come from the venv: PYTHONSAFEPATH keeps the current folder off
-  # sys.path, also in the subprocesses the tests start.
-  export PYTHONSAFEPATH=1 CORE_OPS_CACHE_DIR="$home/kernels"
+  # The suite runs from that copy, its own packages taken out, so that every import of
+  # core_ops comes from the venv (also in the subprocesses and workers the tests start,
+  # whose sys.path holds the copy's root). The plugins' sources stay: they are not on
+  # sys.path, and a test builds their wheels.
+  rm -rf "$home/src/core_ops" "$home/src/core_ops_autoload.py" "$home/src/build"
+  export CORE_OPS_CACHE_DIR="$home/kernels"
   local where
-  where=$(cd "$repo" && "$py" -c "import core_ops, core_ops_lightning, core_ops_accelerate as a; print(core_ops.__file__, a.__file__)")
+  where=$(cd "$home/src" && "$py" -c "import core_ops, core_ops_lightning, core_ops_accelerate as a; print(core_ops.__file__, a.__file__)")
   case $where in
     "$home/venv/"*" $home/venv/"*) ;;
     *) rows+=("| $version | installed, but imports resolve outside the venv: $where | - | - | - | - |"); return ;;
@@ -94,14 +97,14 @@ one_release() {
     cuda_col=$(grep -m1 "^cuda:" "$log/build-cuda.log" | cut -c1-200)
     [[ $cuda_col == "cuda: ok: native"* ]] && cuda_col="build, sm_90 (${cuda_s} s)" || cuda_col="**fail**: ${cuda_col#cuda: }"
   fi
-  suite_s=$( { seconds env -C "$repo" timeout 5400 "$py" -m pytest -q -p no:cacheprovider -rfE "${subset[@]}" \
+  suite_s=$( { seconds env -C "$home/src" timeout 5400 "$py" -m pytest -q -p no:cacheprovider -rfE "${subset[@]}" \
     >"$log/suite.log" 2>&1; } 3>&1 )
   summary=$(grep -E "(passed|failed|error).* in [0-9.]+s" "$log/suite.log" | tail -n 1 | tr -d '=' | sed -E 's/^ +| +$//g')
   [ -n "$summary" ] || summary="no summary: $(tail -n 1 "$log/suite.log" | cut -c1-120)"
   failures=$(grep -E "^(FAILED|ERROR) " "$log/suite.log" | sed -E 's/^(FAILED|ERROR) //; s/ - .*//' \
              | awk 'NR <= 30' | paste -sd ' ' -)
   rows+=("| $version | torch ${torch_s} s, core-ops[$extras] + plugins ${install_s} s | $cpu | $cuda_col | $summary (${suite_s} s) | ${failures:--} |")
-  unset PYTHONSAFEPATH CORE_OPS_CACHE_DIR
+  unset CORE_OPS_CACHE_DIR
 }
 
 for release in "${releases[@]}"; do
