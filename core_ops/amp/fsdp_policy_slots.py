@@ -8,14 +8,14 @@ lazy init (``FSDPParam.init_dtype_attrs``). ``fully_shard`` has no setter, so a 
 sharded without a policy gets one by writing every slot FSDP2 may read before that
 init. The slots, read from each release's ``_fully_shard`` sources:
 
-  torch 2.6          ``state._fsdp_param_group``, one group or None (a unit holding no
+  torch 2.6, 2.7     ``state._fsdp_param_group``, one group or None (a unit holding no
                      params); ``group.mp_policy`` is read at lazy init
   torch 2.14         ``state._fsdp_param_groups``, a list; ``group.mp_policy`` is read
   torch 2.15         the list; each ``FSDPParam.mp_policy`` is read (resolved per param),
                      the group keeps none
 
 Each FSDPParam has held an ``mp_policy`` since 2.6, so writing every slot that exists
-covers all three. A release that moves them again is one more case in ``param_groups``
+covers all of them. A release that moves them again is one more case in ``param_groups``
 or ``slots``; ``verify`` checks at the first forward that the gathered dtypes are the
 policy's, so a layout this module misreads is an error, never a model silently
 computing in float32.

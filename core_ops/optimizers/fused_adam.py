@@ -31,14 +31,14 @@ class FusedAdam(FusedOptimizer):
                          master_weights=master_weights, capturable=capturable)
 
     def _complete_group(self, group):
-        # A torch.optim.Adam / AdamW state dict says which it was (torch 2.6's do not:
-        # the group keeps this optimizer's mode, and with weight decay that is said),
-        # and torch always corrects the bias.
+        # A torch.optim.Adam / AdamW state dict says which it was (one saved by torch 2.6
+        # or older does not: the group keeps this optimizer's mode, and with weight decay
+        # that is said), and torch always corrects the bias.
         if "decoupled_weight_decay" in group:
             group.setdefault("adam_w_mode", group["decoupled_weight_decay"])
         elif "adam_w_mode" not in group and group.get("weight_decay"):
-            warnings.warn("a loaded param group says neither adam_w_mode nor decoupled_weight_decay (torch 2.6's "
-                          "Adam and AdamW write neither), so it is not known whether its weight decay was "
+            warnings.warn("a loaded param group says neither adam_w_mode nor decoupled_weight_decay (torch's Adam "
+                          "and AdamW wrote neither before 2.7), so it is not known whether its weight decay was "
                           f"decoupled: it keeps this FusedAdam's adam_w_mode={self.defaults['adam_w_mode']}. "
                           "Build FusedAdam with the mode of the optimizer that saved it, or set "
                           "param_groups[i]['adam_w_mode'] after loading", stacklevel=4)

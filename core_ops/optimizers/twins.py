@@ -12,7 +12,7 @@ from .fused_sgd import FusedSGD
 # torch.optim class -> (core_ops class, options the twin needs that torch's groups lack)
 TWINS = {
     torch.optim.AdamW: (FusedAdam, dict(adam_w_mode=True)),
-    torch.optim.Adam: (FusedAdam, {}),  # adam_w_mode from decoupled_weight_decay where torch has it
+    torch.optim.Adam: (FusedAdam, {}),  # adam_w_mode from decoupled_weight_decay (torch >= 2.6)
     torch.optim.SGD: (FusedSGD, {}),
     torch.optim.Adagrad: (FusedAdagrad, {}),
 }
@@ -27,18 +27,14 @@ def fused_twin(optimizer):
     cls, needed = TWINS[type(optimizer)]
     if any(g.get("differentiable") for g in optimizer.param_groups):
         return None  # a step that autograd records: only torch's kernels do that
-    options = []
+    groups = []
     for group in optimizer.param_groups:
-        options.append(dict(needed))
-        if cls is FusedAdam:  # torch 2.6's Adam and AdamW groups say neither
-            options[-1]["adam_w_mode"] = bool(group.get("decoupled_weight_decay", needed.get("adam_w_mode", False)))
-    twin = cls([{"params": list(g["params"]), "lr": g["lr"], **o} for g, o in zip(optimizer.param_groups, options)])
+        options = dict(needed)
+        if cls is FusedAdam:
+            options["adam_w_mode"] = bool(group.get("decoupled_weight_decay", needed.get("adam_w_mode", False)))
+        groups.append({"params": list(group["params"]), "lr": group["lr"], **options})
+    twin = cls(groups)
     # torch's state dict carries every group's hyperparameters and the state; core_ops'
-    # optimizers load it (Note in fused_adam.py: their state dicts interoperate), with
-    # the options its groups lack.
-    state = optimizer.state_dict()
-    for group, missing in zip(state["param_groups"], options):
-        for key, value in missing.items():
-            group.setdefault(key, value)
-    twin.load_state_dict(state)
+    # optimizers load it (Note in fused_adam.py: their state dicts interoperate).
+    twin.load_state_dict(optimizer.state_dict())
     return twin

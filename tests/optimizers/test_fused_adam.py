@@ -8,6 +8,7 @@ the largest |param|. float64: the reference against torch in fp64, 1e-12.
 """
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -195,18 +196,32 @@ def test_torch_state_dict_loads_and_continues(source):
     for p, q in zip(a, b):
         q.data.copy_(p.data)
     ours = FusedAdam(b, lr=1.0, adam_w_mode=not adamw)  # the state dict must win
-    if "decoupled_weight_decay" in ref.state_dict()["param_groups"][0]:
-        ours.load_state_dict(ref.state_dict())
-    else:  # torch 2.6 writes neither: the group keeps the constructor's mode, and says so
-        with pytest.warns(UserWarning, match=f"it keeps this FusedAdam's adam_w_mode={not adamw}"):
-            ours.load_state_dict(ref.state_dict())
-        assert ours.param_groups[0]["adam_w_mode"] is (not adamw)
-        ours.param_groups[0]["adam_w_mode"] = adamw  # what the warning says to do
+    ours.load_state_dict(ref.state_dict())
     assert ours.param_groups[0]["adam_w_mode"] is adamw and ours.param_groups[0]["lr"] == 1e-2
     run(ref, a, steps=5, seed=7)
     run(ours, b, steps=5, seed=7)
     for p, q in zip(a, b):
         ulps_close(q.detach(), p.detach())
+
+
+@pytest.mark.parametrize("adamw", [False, True])
+def test_a_torch_2_6_state_dict_keeps_the_constructor_s_mode_and_says_so(adamw):
+    """torch's Adam / AdamW saved no decoupled_weight_decay before 2.7: which decay the
+    checkpoint used is unknown, so the group keeps FusedAdam's and a warning says how to
+    set it."""
+    a = make_params(sizes=(64, 7))
+    ref = (torch.optim.AdamW if adamw else torch.optim.Adam)(a, lr=1e-2, weight_decay=0.1)
+    run(ref, a, steps=2)
+    state = ref.state_dict()
+    del state["param_groups"][0]["decoupled_weight_decay"]  # as torch 2.6 wrote it
+    ours = FusedAdam(clone_params(a), lr=1.0, adam_w_mode=not adamw)
+    with pytest.warns(UserWarning, match=f"it keeps this FusedAdam's adam_w_mode={not adamw}"):
+        ours.load_state_dict(state)
+    assert ours.param_groups[0]["adam_w_mode"] is (not adamw) and ours.param_groups[0]["lr"] == 1e-2
+    state["param_groups"][0]["weight_decay"] = 0.0  # no decay: the mode does not matter, nothing said
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        FusedAdam(clone_params(a), adam_w_mode=not adamw).load_state_dict(state)
 
 
 def test_our_state_dict_loads_into_torch_and_continues():
