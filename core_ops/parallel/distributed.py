@@ -398,8 +398,16 @@ class DistributedDataParallel(nn.Module):
             return
         b, slot = self._slot[index]
         if b < self._next:
+            self._drain()
             raise ready_twice_error(self._name(param))
         self._buckets[b].put_again(slot, param.grad)
+
+    def _drain(self):
+        """Waits for the allreduces launched in this backward before it fails: left
+        unwaited, torch 2.7's gloo group never completed them and its destructor
+        waited on them forever, hanging the rank's exit."""
+        for work in self._works:
+            work.wait()
 
     def _launch_ready(self):
         """Launches complete buckets in layout order: every rank issues the same
