@@ -5,12 +5,12 @@
 # native kernels built, and the test suite run against the installed packages. Ends
 # with one table, also written to $DIR/table.md.
 #
-#   bash tools/compat.sh 2.7 2.15             # the newest patch of each: torch==2.7.*
+#   bash tools/compat.sh 2.9 2.15             # the newest patch of each: torch==2.9.*
 #   bash tools/compat.sh 2.13.0+cpu 2.14.1    # exact builds
 #   bash tools/compat.sh -k fsdp 2.15         # a subset of the suite (pytest -k)
 #   bash tools/compat.sh --past-pin 2.16      # a release outside pyproject's torch pin
-#   bash tools/compat.sh --no-cuda 2.7        # skip the CUDA kernels' build (~4 min each)
-#   bash tools/compat.sh --dir /tmp/compat 2.7
+#   bash tools/compat.sh --no-cuda 2.9        # skip the CUDA kernels' build (~4 min each)
+#   bash tools/compat.sh --dir /tmp/compat 2.9
 #
 # DIR is --dir's, else ~/.cache/core-ops-compat: torch-<release>/ holds the venv (made
 # anew each run), the copy of the sources the suite runs from, the kernel cache and the
@@ -76,11 +76,12 @@ one_release() {
   install_s=$( { seconds pip install -c "$home/constraints.txt" "$home/src[$extras]" \
     "$home/src/plugins/lightning[demo]" "$home/src/plugins/accelerate" >"$log/install.log" 2>&1; } 3>&1 ) \
     || { rows+=("| $version | refused: $(grep -m1 -E 'ERROR|requested' "$log/install.log" | cut -c1-160) | - | - | - | - |"); return; }
-  # The suite runs from that copy, its own packages taken out, so that every import of
+  # The suite runs from that copy, its own packages (and the egg-info the install left,
+  # which pkg_resources would take for a second core_ops) taken out, so that every import of
   # core_ops comes from the venv (also in the subprocesses and workers the tests start,
   # whose sys.path holds the copy's root). The plugins' sources stay: they are not on
   # sys.path, and a test builds their wheels.
-  rm -rf "$home/src/core_ops" "$home/src/core_ops_autoload.py" "$home/src/build"
+  rm -rf "$home/src/core_ops" "$home/src/core_ops_autoload.py" "$home/src/build" "$home/src/"*.egg-info
   export CORE_OPS_CACHE_DIR="$home/kernels"
   local where
   where=$(cd "$home/src" && "$py" -c "import core_ops, core_ops_lightning, core_ops_accelerate as a; print(core_ops.__file__, a.__file__)")

@@ -8,7 +8,7 @@ lazy init (``FSDPParam.init_dtype_attrs``). ``fully_shard`` has no setter, so a 
 sharded without a policy gets one by writing every slot FSDP2 may read before that
 init. The slots, read from each release's ``_fully_shard`` sources:
 
-  torch 2.6, 2.7     ``state._fsdp_param_group``, one group or None (a unit holding no
+  torch 2.6 - 2.9    ``state._fsdp_param_group``, one group or None (a unit holding no
                      params); ``group.mp_policy`` is read at lazy init
   torch 2.14         ``state._fsdp_param_groups``, a list; ``group.mp_policy`` is read
   torch 2.15         the list; each ``FSDPParam.mp_policy`` is read (resolved per param),
