@@ -49,7 +49,7 @@ def param_groups(state):
     """The unit's FSDPParamGroups (none for a unit without params of its own)."""
     if hasattr(state, "_fsdp_param_groups"):  # 2.14, 2.15 (2.15 also has the singular, a property)
         return list(state._fsdp_param_groups)
-    if hasattr(state, "_fsdp_param_group"):  # 2.6
+    if hasattr(state, "_fsdp_param_group"):  # 2.6 - 2.9
         group = state._fsdp_param_group
         return [] if group is None else [group]
     raise _missing("FSDPState._fsdp_param_groups")
@@ -62,7 +62,7 @@ def slots(state):
         params = getattr(group, "fsdp_params", None)
         if params is None:
             raise _missing("FSDPParamGroup.fsdp_params")
-        if hasattr(group, "mp_policy"):  # 2.6 - 2.14
+        if hasattr(group, "mp_policy"):  # before 2.15
             found.append((group, "mp_policy"))
         elif not all(hasattr(p, "mp_policy") for p in params):
             raise _missing("FSDPParamGroup.mp_policy")
