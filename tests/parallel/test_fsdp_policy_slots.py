@@ -58,9 +58,9 @@ def test_a_slot_missed_is_an_error_at_the_first_forward(world1, monkeypatch):
     from core_ops import amp
     monkeypatch.setattr(slots, "write", lambda state, policy: None)
     model = amp.initialize(sharded(), opt_level="O2", half_dtype=torch.bfloat16, verbosity=0)
-    with pytest.raises(slots.LayoutError, match=rf"this torch \({re.escape(torch.__version__)}\) did not take .* gather in "
-                                                r"torch.float32, not torch.bfloat16\. Shard the model with "
-                                                r"fully_shard\(\.\.\., mp_policy=core_ops\.amp\.fsdp_policy"):
+    said = (rf"this torch \({re.escape(torch.__version__)}\) did not take .* gather in torch.float32, not "
+            r"torch.bfloat16\. Shard the model with fully_shard\(\.\.\., mp_policy=core_ops\.amp\.fsdp_policy")
+    with pytest.raises(slots.LayoutError, match=said):
         model(torch.randn(3, 4))
 
 
