@@ -21,21 +21,23 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 DIR=${XDG_CACHE_HOME:-$HOME/.cache}/core-ops-compat
 PYTHON=${PYTHON:-python3}
-subset=() past_pin=0 cuda=1 releases=()
-while [ $# -gt 0 ]; do
-  case $1 in
-    -k) subset=(-k "$2"); shift 2 ;;
-    --past-pin) past_pin=1; shift ;;
-    --no-cuda) cuda=0; shift ;;
-    --dir) DIR=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
-    -*) echo "compat.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
-    *) releases+=("$1"); shift ;;
-  esac
-done
-[ ${#releases[@]} -gt 0 ] || { echo "usage: tools/compat.sh [-k EXPR] [--past-pin] [--no-cuda] [--dir DIR] RELEASE..." >&2; exit 2; }
-mkdir -p "$DIR"
-rows=()
+subset=() past_pin=0 cuda=1 releases=() rows=()
+
+parse_args() {
+  while [ $# -gt 0 ]; do
+    case $1 in
+      -k) subset=(-k "$2"); shift 2 ;;
+      --past-pin) past_pin=1; shift ;;
+      --no-cuda) cuda=0; shift ;;
+      --dir) DIR=$2; shift 2 ;;
+      -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+      -*) echo "compat.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+      *) releases+=("$1"); shift ;;
+    esac
+  done
+  [ ${#releases[@]} -gt 0 ] || { echo "usage: tools/compat.sh [-k EXPR] [--past-pin] [--no-cuda] [--dir DIR] RELEASE..." >&2; exit 2; }
+  mkdir -p "$DIR"
+}
 
 # The source installed: the repository's files (tracked and new, not ignored), copied so
 # that --past-pin can drop the pin, a build leaves nothing in the work tree, and the
@@ -108,11 +110,18 @@ one_release() {
   unset CORE_OPS_CACHE_DIR
 }
 
-for release in "${releases[@]}"; do
-  one_release "$release"
-done
-{
-  echo "| torch | install | native CPU kernels | CUDA kernels | the suite${subset[*]:+ (${subset[*]})} | failed |"
-  echo "|---|---|---|---|---|---|"
-  printf '%s\n' "${rows[@]}"
-} | tee "$DIR/table.md"
+# Everything runs from functions, so that bash has read the whole file before the first
+# step: an edit of this script during a run (an hour) cannot change what the run does.
+main() {
+  parse_args "$@"
+  for release in "${releases[@]}"; do
+    one_release "$release"
+  done
+  {
+    echo "| torch | install | native CPU kernels | CUDA kernels | the suite${subset[*]:+ (${subset[*]})} | failed |"
+    echo "|---|---|---|---|---|---|"
+    printf '%s\n' "${rows[@]}"
+  } | tee "$DIR/table.md"
+}
+
+main "$@"; exit $?
