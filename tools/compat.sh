@@ -51,6 +51,13 @@ source_copy() {
   fi
 }
 
+# without_nvcc PATH: PATH less the folders that hold an nvcc.
+without_nvcc() {
+  local IFS=: dir kept=()
+  for dir in $1; do [ -x "$dir/nvcc" ] || kept+=("$dir"); done
+  echo "${kept[*]}"
+}
+
 # seconds CMD...: run it, print its wall seconds on fd 3.
 seconds() { local t0=$SECONDS; "$@"; local rc=$?; echo $(( SECONDS - t0 )) >&3; return $rc; }
 
@@ -96,9 +103,17 @@ one_release() {
   cpu=$(grep -m1 "^cpu:" "$log/build-cpu.log" | cut -c1-160)
   [[ $cpu == "cpu: ok: native"* ]] && cpu="build (${cpu_s} s)" || cpu="**fail**: ${cpu#cpu: }"
   if [ "$cuda" = 1 ] && "$py" -c "import torch, sys; sys.exit(torch.version.cuda is None)"; then
-    cuda_s=$( { seconds "$py" -m core_ops build --cuda --arch 9.0 >"$log/build-cuda.log" 2>&1; } 3>&1 )
+    # With [cuda], its compiler, as on a GPU machine without a toolkit: no CUDA_HOME and
+    # no nvcc on PATH (the pip packages come before /usr/local/cuda in the search).
+    local how=("nvcc on PATH") build_env=(env)
+    if [[ $extras == *cuda* ]]; then
+      how=("the [cuda] extra's nvcc")
+      build_env=(env -u CUDA_HOME -u CUDA_PATH PATH="$(without_nvcc "$PATH")")
+    fi
+    cuda_s=$( { seconds "${build_env[@]}" "$py" -m core_ops build --cuda --arch 9.0 >"$log/build-cuda.log" 2>&1; } 3>&1 )
     cuda_col=$(grep -m1 "^cuda:" "$log/build-cuda.log" | cut -c1-200)
-    [[ $cuda_col == "cuda: ok: native"* ]] && cuda_col="build, sm_90 (${cuda_s} s)" || cuda_col="**fail**: ${cuda_col#cuda: }"
+    [[ $cuda_col == "cuda: ok: native"* ]] && cuda_col="build, sm_90, ${how[0]} (${cuda_s} s)" \
+      || cuda_col="**fail** (${how[0]}): ${cuda_col#cuda: }"
   fi
   suite_s=$( { seconds env -C "$home/src" timeout 5400 "$py" -m pytest -q -p no:cacheprovider -rfE "${subset[@]}" \
     >"$log/suite.log" 2>&1; } 3>&1 )
