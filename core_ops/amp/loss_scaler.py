@@ -23,6 +23,7 @@ import torch
 from .. import _validate
 from ..multi_tensor_apply import multi_tensor_check_finite, multi_tensor_scale, update_scale
 from .._sharded import local, max_over_meshes, meshes_of
+from ..optimizers._base import FusedOptimizer
 
 
 class _Stage(enum.Enum):
@@ -237,7 +238,15 @@ class LossScaler:
             raise RuntimeError("step() has already been called on this optimizer since the last "
                                "update()")
         self._lazy_init(self._first_grad_device(optimizer))
-        if getattr(optimizer, "_step_supports_amp_scaling", False):
+        if isinstance(optimizer, FusedOptimizer):
+            # core_ops' optimizers take the scale and the flag as arguments: nothing is set
+            # on the optimizer, which torch 2.9's torch.compile refuses outright.
+            grad_scale = None
+            if state["stage"] is _Stage.READY:
+                self._record_found(state, self._check(optimizer))
+                grad_scale = self._scale
+            result = optimizer.step(grad_scale=grad_scale, found_inf=state["found_inf"], **kwargs)
+        elif getattr(optimizer, "_step_supports_amp_scaling", False):
             if state["stage"] is _Stage.READY:
                 self._record_found(state, self._check(optimizer))
                 optimizer.grad_scale = self._scale

@@ -399,7 +399,9 @@ def test_each_ranks_banner_is_a_line_of_its_own(tmp_path):
     script.write_text(BANNERS)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    # Only the lines with a banner: torch 2.9's gloo prints its own connection messages
+    # there (two ranks' mixed in one line). A banner cut or joined still fails fullmatch.
+    lines = [ln for ln in proc.stdout.splitlines() if "core_ops" in ln]
     pattern = re.compile(r"\[rank [01]\] core_ops\.amp: O2 with torch\.bfloat16: cast_model_type=torch\.bfloat16, "
                          r"autocast=False, keep_batchnorm_fp32=True, master_weights=True, loss_scale=dynamic")
     assert len(lines) == 60 and all(pattern.fullmatch(ln) for ln in lines), proc.stdout[-2000:]
