@@ -112,8 +112,13 @@ one_release() {
     fi
     cuda_s=$( { seconds "${build_env[@]}" "$py" -m core_ops build --cuda --arch 9.0 >"$log/build-cuda.log" 2>&1; } 3>&1 )
     cuda_col=$(grep -m1 "^cuda:" "$log/build-cuda.log" | cut -c1-200)
-    [[ $cuda_col == "cuda: ok: native"* ]] && cuda_col="build, sm_90, ${how[0]} (${cuda_s} s)" \
-      || cuda_col="**fail** (${how[0]}): ${cuda_col#cuda: }"
+    if [[ $cuda_col == "cuda: ok: native"* ]]; then
+      cuda_col="build, sm_90, ${how[0]} (${cuda_s} s)"
+    elif [[ $cuda_col == *"but this torch was built with CUDA"* || $cuda_col == *"no CUDA toolkit found"* ]]; then
+      cuda_col="refused, as it should be: ${cuda_col#cuda: FAILED: }"  # no toolkit to match torch's CUDA here
+    else
+      cuda_col="**fail** (${how[0]}): ${cuda_col#cuda: }"
+    fi
   fi
   suite_s=$( { seconds env -C "$home/src" timeout 5400 "$py" -m pytest -q -p no:cacheprovider -rfE "${subset[@]}" \
     >"$log/suite.log" 2>&1; } 3>&1 )
