@@ -1,24 +1,14 @@
 """Bad input gives a clear error naming the problem. Runs in this process, on a gloo
 group of one rank where a group is needed (created and destroyed per test)."""
 
-import datetime
-
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from _launch import free_port
+from one_rank import world1  # noqa: F401  (a fixture)
 from core_ops.parallel import (DistributedDataParallel, Reducer, SyncBatchNorm,
                                create_syncbn_process_group)
-
-
-@pytest.fixture
-def world1():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1, timeout=datetime.timedelta(seconds=10))
-    yield
-    dist.destroy_process_group()
 
 
 def test_process_group_not_initialized():

@@ -2,26 +2,16 @@
 group): every slot it finds takes the policy and FSDP2 gathers in its dtype; a slot
 it misses is caught at the first forward, naming the torch and the route that works."""
 
-import datetime
 import re
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from _launch import free_port
+from one_rank import world1  # noqa: F401  (a fixture)
 from core_ops.amp import fsdp_policy_slots as slots
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")
-
-
-@pytest.fixture
-def world1():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1, timeout=datetime.timedelta(seconds=10))
-    yield
-    dist.destroy_process_group()
 
 
 def sharded():
