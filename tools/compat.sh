@@ -105,19 +105,19 @@ one_release() {
   if [ "$cuda" = 1 ] && "$py" -c "import torch, sys; sys.exit(torch.version.cuda is None)"; then
     # With [cuda], its compiler, as on a GPU machine without a toolkit: no CUDA_HOME and
     # no nvcc on PATH (the pip packages come before /usr/local/cuda in the search).
-    local how=("nvcc on PATH") build_env=(env)
+    local how="nvcc on PATH" build_env=(env)
     if [[ $extras == *cuda* ]]; then
-      how=("the [cuda] extra's nvcc")
+      how="the [cuda] extra's nvcc"
       build_env=(env -u CUDA_HOME -u CUDA_PATH PATH="$(without_nvcc "$PATH")")
     fi
     cuda_s=$( { seconds "${build_env[@]}" "$py" -m core_ops build --cuda --arch 9.0 >"$log/build-cuda.log" 2>&1; } 3>&1 )
     cuda_col=$(grep -m1 "^cuda:" "$log/build-cuda.log" | cut -c1-200)
     if [[ $cuda_col == "cuda: ok: native"* ]]; then
-      cuda_col="build, sm_90, ${how[0]} (${cuda_s} s)"
+      cuda_col="build, sm_90, ${how} (${cuda_s} s)"
     elif [[ $cuda_col == *"but this torch was built with CUDA"* || $cuda_col == *"no CUDA toolkit found"* ]]; then
       cuda_col="refused, as it should be: ${cuda_col#cuda: FAILED: }"  # no toolkit to match torch's CUDA here
     else
-      cuda_col="**fail** (${how[0]}): ${cuda_col#cuda: }"
+      cuda_col="**fail** (${how}): ${cuda_col#cuda: }"
     fi
   fi
   suite_s=$( { seconds env -C "$home/src" timeout 5400 "$py" -m pytest -q -p no:cacheprovider -rfE "${subset[@]}" \
