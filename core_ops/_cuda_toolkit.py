@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import subprocess
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
@@ -123,12 +124,43 @@ def mismatch(home: str) -> str | None:
     if wanted is not None and found.split(".")[0] != wanted.split(".")[0]:
         return (f"the CUDA compiler in {home} is CUDA {found} but this torch was built with CUDA {wanted}: "
                 + install_hint())
+    apart = pip_packages_apart(home)
+    if apart:
+        return apart
     headers = headers_release(Path(home) / "include")
     if wanted is not None and headers is not None and headers != found:
         return (f"the CUDA compiler in {home} is CUDA {found} but the CUDA runtime headers beside it are "
                 f"{headers} (torch's runtime package), and CUDA's headers refuse another compiler: "
                 + install_hint())
     return None
+
+
+# The pip packages that make the compiler: nvcc's front end, the device compiler (cicc,
+# nvvm) and the headers nvcc includes (crt) must be one release: a newer cicc writes PTX
+# the older ptxas refuses ("Unsupported .version 9.5"). cuda-toolkit 13.0.2 (torch 2.11,
+# 2.12) pins nvcc but leaves the other two to float to the newest.
+_COMPILER_PACKAGES = ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt")
+
+
+def pip_packages_apart(home: str) -> str | None:
+    """Why the pip compiler in ``home`` is a mix of releases, or None."""
+    root = pip_root()
+    if root is None or Path(home).resolve() != root.resolve():
+        return None
+    found = {}
+    for name in _COMPILER_PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    releases = {".".join(v.split(".")[:2]) for v in found.values()}
+    if len(releases) < 2:
+        return None
+    want = ".".join(found["nvidia-cuda-nvcc"].split(".")[:2]) if "nvidia-cuda-nvcc" in found else min(releases)
+    fixes = " ".join(f'"{n}=={want}.*"' for n, v in found.items() if not v.startswith(want + "."))
+    listed = ", ".join(f"{n} {v}" for n, v in found.items())
+    return (f"the pip packages of the CUDA compiler in {home} are of different CUDA releases ({listed}), "
+            f"whose parts refuse each other: pip install {fixes}")
 
 
 def build_flags(home: str, build_dir: Path) -> tuple[list[str], list[str]]:

@@ -301,6 +301,10 @@ def _system_toolkit(pip):
 @pytest.mark.skipif(_cuda_toolkit.pip_root() is None or shutil.which("unshare") is None
                     or not hasattr(os, "geteuid") or os.geteuid() != 0,
                     reason="needs the [cuda] extra's pip packages, unshare and root")
+@pytest.mark.skipif(_cuda_toolkit.pip_root() is not None
+                    and _cuda_toolkit.pip_packages_apart(str(_cuda_toolkit.pip_root())) is not None,
+                    reason="the [cuda] extra's packages are of different releases (the build refuses them: "
+                           "test_compiler_packages_of_two_releases_are_named)")
 def test_the_cuda_kernels_build_from_pip_packages_alone(tmp_path):
     """Note [CUDA toolkit from pip]: with the system toolkit and every nvcc wrapper
     hidden (a private mount namespace: hiding nvcc from PATH alone is not enough,
@@ -317,6 +321,25 @@ def test_the_cuda_kernels_build_from_pip_packages_alone(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "cuda: ok: native" in proc.stdout
     assert f"cuda toolkit: {pip}" in proc.stdout
+
+
+def test_compiler_packages_of_two_releases_are_named(monkeypatch):
+    """cuda-toolkit 13.0.2 (torch 2.11, 2.12) pins nvcc but not nvvm and crt, so pip took
+    13.5's beside nvcc 13.0, whose ptxas refused the PTX: the build says which packages
+    to pin instead of failing in ptxas."""
+    pip = _cuda_toolkit.pip_root()
+    if pip is None:
+        pytest.skip("needs the [cuda] extra's pip packages")
+    real = _cuda_toolkit.version
+    monkeypatch.setattr(_cuda_toolkit, "version", lambda name: {"nvidia-cuda-nvcc": "13.0.88", "nvidia-nvvm": "13.5.37",
+                                                                "nvidia-cuda-crt": "13.5.37"}.get(name) or real(name))
+    reason = _cuda_toolkit.mismatch(str(pip))
+    assert reason == (f"the pip packages of the CUDA compiler in {pip} are of different CUDA releases "
+                      "(nvidia-cuda-nvcc 13.0.88, nvidia-nvvm 13.5.37, nvidia-cuda-crt 13.5.37), whose parts "
+                      'refuse each other: pip install "nvidia-nvvm==13.0.*" "nvidia-cuda-crt==13.0.*"')
+    monkeypatch.setattr(_cuda_toolkit, "version", lambda name: "13.0.88")
+    assert _cuda_toolkit.pip_packages_apart(str(pip)) is None
+    assert _cuda_toolkit.pip_packages_apart("/usr/local/cuda") is None  # a full toolkit: not pip's
 
 
 def test_a_compiler_of_another_cuda_release_is_named(tmp_path, monkeypatch):
