@@ -153,11 +153,12 @@ def pip_packages_apart(home: str) -> str | None:
             found[name] = version(name)
         except PackageNotFoundError:
             continue
-    releases = {".".join(v.split(".")[:2]) for v in found.values()}
-    if len(releases) < 2:
+    if "nvidia-cuda-nvcc" not in found:
         return None
-    want = ".".join(found["nvidia-cuda-nvcc"].split(".")[:2]) if "nvidia-cuda-nvcc" in found else min(releases)
-    fixes = " ".join(f'"{n}=={want}.*"' for n, v in found.items() if not v.startswith(want + "."))
+    want = ".".join(found["nvidia-cuda-nvcc"].split(".")[:2]) + "."  # the others follow nvcc
+    fixes = " ".join(f'"{n}=={want}*"' for n, v in found.items() if not v.startswith(want))
+    if not fixes:
+        return None
     listed = ", ".join(f"{n} {v}" for n, v in found.items())
     return (f"the pip packages of the CUDA compiler in {home} are of different CUDA releases ({listed}), "
             f"whose parts refuse each other: pip install {fixes}")
