@@ -17,7 +17,7 @@ Conventions shared by all multi-tensor ops (Note [Multi-tensor conventions]):
 
 import torch
 
-from ._validate import (batch_norm_acc_dtype, check_batch_norm_args, check_lists, check_norm_args,
+from ._validate import (batch_norm_acc_dtype, check_batch_norm_args, check_compact_adam_lists, check_lists, check_norm_args,
                         check_norm_bwd_args, check_residual,
                         check_optimizer_lists, check_per_tensor_state)
 
@@ -66,6 +66,21 @@ SCHEMAS = {
         "Tensor(f!)[] steps, float lr, float beta1, float beta2, float eps, float weight_decay, "
         "bool adam_w_mode, bool bias_correction, bool amsgrad, bool maximize, "
         "Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()"
+    ),
+    # Note [Compact Adam state]: fused_adam_ (no amsgrad) over params whose state is
+    # kept small (core_ops/reference/compact_state.py). exp_avgs / exp_avg_sqs are all
+    # float32, all bfloat16, or all uint8 codes of 8-bit blockwise moments, with
+    # exp_avg_absmaxes / exp_avg_sq_absmaxes (float32, one per BLOCK elements in
+    # memory order; empty lists otherwise) and the 256-value maps they index;
+    # master_params is empty, float32 masters (half params), or int16 remainders
+    # (bfloat16 params: master = param joined with remainder, Note [Master remainders]).
+    "fused_adam_compact_": (
+        "fused_adam_compact_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] exp_avgs, "
+        "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] exp_avg_absmaxes, Tensor(e!)[] exp_avg_sq_absmaxes, "
+        "Tensor(f!)[] master_params, Tensor(h!)[] steps, Tensor? exp_avg_map, Tensor? exp_avg_sq_map, "
+        "float lr, float beta1, float beta2, float eps, float weight_decay, bool adam_w_mode, "
+        "bool bias_correction, bool maximize, Tensor? lr_tensor, Tensor? grad_scale, "
+        "Tensor? found_inf) -> ()"
     ),
     "fused_sgd_": (
         "fused_sgd_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] momentum_buffers, "
@@ -228,6 +243,14 @@ def _(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, step
     check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
                           max_exp_avg_sqs=max_exp_avg_sqs if amsgrad else None,
                           master_params=master_params or None)
+
+
+@torch.library.register_fake("core_ops::fused_adam_compact_")
+def _(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes, master_params, steps,
+      exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adam_w_mode, bias_correction,
+      maximize, lr_tensor, grad_scale, found_inf):
+    check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
+                             exp_avg_sq_absmaxes, master_params, exp_avg_map, exp_avg_sq_map)
 
 
 @torch.library.register_fake("core_ops::fused_sgd_")

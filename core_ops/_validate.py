@@ -278,3 +278,65 @@ def check_residual(input, residual):
     if residual.shape != input.shape or residual.dtype != input.dtype or residual.device != input.device:
         raise ValueError(f"residual must match input: got {list(residual.shape)} {residual.dtype} on "
                          f"{residual.device}, input {list(input.shape)} {input.dtype} on {input.device}")
+
+
+COMPACT_STATE_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)
+
+
+def _check_like_params(params, ts, name, dtypes):
+    """``ts``: one tensor per param, of its shape and strides (state walks memory in
+    the param's order), on its device, all of one dtype among ``dtypes``."""
+    same_length(params, "params", ts, name)
+    for i, (p, t) in enumerate(zip(params, ts)):
+        if t.layout != torch.strided or t.device != p.device:
+            raise ValueError(f"{name}[{i}] must be a dense tensor on {p.device}, got {t.layout} on {t.device}")
+        if t.dtype != ts[0].dtype:
+            raise TypeError(f"{name}[{i}] has dtype {t.dtype} but {name}[0] has {ts[0].dtype}")
+        if t.shape != p.shape or (t.numel() > 1 and t.stride() != p.stride()):
+            raise ValueError(f"{name}[{i}] must have the shape and strides of params[{i}] "
+                             f"{list(p.shape)} {p.stride()}, got {list(t.shape)} {t.stride()}")
+    if ts[0].dtype not in dtypes:
+        raise TypeError(f"{name}: expected {' or '.join(map(str, dtypes))} tensors, got {ts[0].dtype}")
+
+
+def check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
+                             exp_avg_sq_absmaxes, master_params, exp_avg_map, exp_avg_sq_map):
+    """The checks of fused_adam_compact_ (Note [Compact Adam state] in _library.py), for
+    the reference and fake kernels; csrc/include/core_ops/compact_state_args.h words
+    them for the C++ kernels."""
+    from .reference.compact_state import blocks_of
+    check_optimizer_lists(params, grads, steps)
+    if not params:
+        return
+    if params[0].dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"params: compact Adam state is for float32, float16 or bfloat16 params, got "
+                        f"{params[0].dtype}")
+    _check_like_params(params, exp_avgs, "exp_avgs", COMPACT_STATE_DTYPES)
+    _check_like_params(params, exp_avg_sqs, "exp_avg_sqs", COMPACT_STATE_DTYPES)
+    if exp_avg_sqs[0].dtype != exp_avgs[0].dtype:
+        raise TypeError(f"exp_avg_sqs have dtype {exp_avg_sqs[0].dtype} but exp_avgs {exp_avgs[0].dtype}")
+    quantized = exp_avgs[0].dtype == torch.uint8
+    for name, absmaxes, qmap in (("exp_avg", exp_avg_absmaxes, exp_avg_map),
+                                 ("exp_avg_sq", exp_avg_sq_absmaxes, exp_avg_sq_map)):
+        if not quantized:
+            if absmaxes:
+                raise ValueError(f"{name}_absmaxes must be empty for {exp_avgs[0].dtype} moments")
+            continue
+        same_length(params, "params", absmaxes, f"{name}_absmaxes")
+        for i, (p, a) in enumerate(zip(params, absmaxes)):
+            if a.dtype != torch.float32 or a.device != p.device or a.shape != (blocks_of(p.numel()),) \
+                    or not a.is_contiguous():
+                raise ValueError(f"{name}_absmaxes[{i}] must be a contiguous float32 tensor of "
+                                 f"{blocks_of(p.numel())} block maxima on {p.device}, got {a.dtype} "
+                                 f"{list(a.shape)} on {a.device}")
+        if (qmap is None or qmap.dtype != torch.float32 or qmap.shape != (256,) or qmap.device != params[0].device
+                or not qmap.is_contiguous()):
+            raise ValueError(f"{name}_map must be a contiguous float32 tensor of 256 values on "
+                             f"{params[0].device} for uint8 moments")
+    if master_params:
+        _check_like_params(params, master_params, "master_params", (torch.float32, torch.int16))
+        if master_params[0].dtype == torch.int16 and params[0].dtype != torch.bfloat16:
+            raise TypeError(f"master_params: int16 remainders are for bfloat16 params, got {params[0].dtype} "
+                            "params")
+        if master_params[0].dtype == torch.float32 and params[0].dtype == torch.float32:
+            raise TypeError("master_params: float32 params take no master_params")

@@ -17,6 +17,7 @@ from ..multi_tensor_apply.ops import global_l2norm, multi_tensor_l2norm
 from ._checks import (check_dense, check_given, check_group_keys, check_hyperparameters,
                       check_scale_args)
 from .._sharded import is_sharded
+from .compact_state import check_master_weights
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -41,9 +42,12 @@ class FusedOptimizer(Optimizer):
     # only defaults, state and param_groups, so these are added (deepcopy, torch.save).
     _pickled_attrs: tuple[str, ...] = ("set_grad_none", "master_weights", "capturable", "_grad_norm")
 
+    # Whether master_weights="remainder" (int16 remainders of bfloat16 params) is taken.
+    _supports_remainder = False
+
     def __init__(self, params, defaults, *, set_grad_none, master_weights=False, capturable=False):
         self.set_grad_none = set_grad_none
-        self.master_weights = master_weights
+        self.master_weights = check_master_weights(master_weights, self._supports_remainder, type(self).__name__)
         self.capturable = capturable
         # A one-item list written in place: torch 2.6's torch.compile cannot set an
         # attribute of an optimizer without a graph break, and the graph resumed after
@@ -176,7 +180,7 @@ class FusedOptimizer(Optimizer):
         """The fp32 masters of the half params in ``ps`` (made on first use; an empty
         list without master weights). A param written since the last step gives its
         master the new values first (Note [Writes to half params])."""
-        if not self.master_weights:
+        if self.master_weights is not True:  # none, or remainders (FusedAdam)
             return []
         # Under torch.compile writes are not looked for: the marks would not persist
         # and the compiled compare would skip the rounding to the half dtype.

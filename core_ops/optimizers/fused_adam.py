@@ -3,9 +3,12 @@ call per (device, dtype) group."""
 
 import warnings
 
+import torch
+
 from .._library import op
-from ._base import FusedOptimizer
-from .._sharded import elementwise
+from ._base import HALF, FusedOptimizer, _write_marks_of
+from .._sharded import elementwise, local
+from . import compact_state
 
 
 class FusedAdam(FusedOptimizer):
@@ -17,13 +20,23 @@ class FusedAdam(FusedOptimizer):
     ``maximize``; ``step(grad_scale=, found_inf=, max_grad_norm=)`` unscales, skips on
     overflow and clips by global norm inside the update (see ``FusedOptimizer``);
     state dicts load into and from ``torch.optim.Adam`` / ``AdamW``.
+
+    Half the memory (docs/core.md, "Compact optimizer state"): ``state_dtype``
+    keeps the moments in ``torch.bfloat16`` or ``"int8"`` (8-bit blockwise, Dettmers
+    et al.; tensors under 4096 elements keep float32); ``master_weights="remainder"``
+    keeps each bfloat16 param's fp32 master as the param plus an int16 remainder (2
+    bytes, not 4; float32 params among them are their own masters). A state dict of
+    any of these layouts, or torch's, loads into any other.
     """
 
     _state_keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+    _supports_remainder = True
+    _pickled_attrs = (*FusedOptimizer._pickled_attrs, "state_dtype")
 
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
                  adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True,
-                 capturable=False, master_weights=False, maximize=False):
+                 capturable=False, master_weights=False, maximize=False, state_dtype=torch.float32):
+        self.state_dtype = compact_state.state_dtype_name(state_dtype)
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, adam_w_mode=adam_w_mode, amsgrad=amsgrad,
                         maximize=maximize)
@@ -50,9 +63,23 @@ class FusedAdam(FusedOptimizer):
             group["decoupled_weight_decay"] = group["adam_w_mode"]  # for torch.optim to load
         return sd
 
+    @property
+    def compact(self):
+        """Whether the state takes the compact op (compact moments or remainders)."""
+        return self.state_dtype != "float32" or self.master_weights == "remainder"
+
+    def _check_group(self, group, where):
+        super()._check_group(group, where)
+        if group["amsgrad"] and self.compact:
+            raise ValueError(f"{where}amsgrad=True keeps a third moment that compact state does not "
+                             f"hold: use state_dtype=torch.float32 and master_weights=True or False "
+                             f"(got state_dtype={self.state_dtype!r}, master_weights={self.master_weights!r})")
+
     def _step_group(self, group, ps, device, grad_scale, found_inf):
         beta1, beta2 = group["betas"]
         lr, lr_tensor = self._lr(group, device)
+        if self.compact and ps[0].dtype != torch.float64:
+            return self._step_compact(group, ps, device, lr, lr_tensor, grad_scale, found_inf)
         elementwise(op("fused_adam_"), ps)(*self._lists(group, ps), lr, beta1, beta2, group["eps"],
                           group["weight_decay"], group["adam_w_mode"], group["bias_correction"],
                           group["amsgrad"], group["maximize"], lr_tensor, grad_scale, found_inf)
@@ -64,3 +91,98 @@ class FusedAdam(FusedOptimizer):
         states, steps = self._state_lists(group, ps, **make)
         maxes = states[2] if group["amsgrad"] else []
         return ps, [p.grad for p in ps], states[0], states[1], maxes, self._masters(ps), steps
+
+    # ---- compact state (compact_state.py) ------------------------------------------
+
+    def _step_compact(self, group, ps, device, lr, lr_tensor, grad_scale, found_inf):
+        if group["amsgrad"]:
+            self._check_group(group, "")
+        remainders = self._remainders(group, ps)
+        maps = self.__dict__.setdefault("_maps", compact_state.Maps())
+        by_dtype = {}
+        for i, p in enumerate(ps):
+            by_dtype.setdefault(compact_state.moment_dtype(self.state_dtype, p), []).append(i)
+        beta1, beta2 = group["betas"]
+        for dtype, indices in by_dtype.items():
+            sub = [ps[i] for i in indices]
+            for p in sub:
+                if "exp_avg" not in self.state[p]:  # a first step (the maxima come with the codes)
+                    self.state[p].update(compact_state.new_moments(p, dtype))
+            states, steps = self._state_lists(group, sub, exp_avg=None, exp_avg_sq=None)
+            quantized = dtype == torch.uint8
+            absmaxes = [self._absmaxes(sub, key) if quantized else [] for key in compact_state.MOMENTS]
+            qmaps = maps(device) if quantized else (None, None)
+            masters = [remainders[i] for i in indices] if remainders else self._masters(sub)
+            elementwise(op("fused_adam_compact_"), sub)(
+                sub, [p.grad for p in sub], states[0], states[1], absmaxes[0], absmaxes[1], masters, steps,
+                qmaps[0], qmaps[1], lr, beta1, beta2, group["eps"], group["weight_decay"], group["adam_w_mode"],
+                group["bias_correction"], group["maximize"], lr_tensor, grad_scale, found_inf)
+
+    def _absmaxes(self, ps, key):
+        """The block maxima of 8-bit ``key`` of each param in ``ps`` (made with it)."""
+        return [self.state[p][f"{key}_absmax"] for p in ps]
+
+    def _remainders(self, group, ps):
+        """The int16 remainders of ``ps`` (bfloat16 params; float32 ones are their own
+        masters and get an empty one, which the op is not given), or [] without
+        remainders. A param written since the last step (Note [Writes to half params])
+        restarts from its written value: its remainders are zeroed, as the written
+        bfloat16 values carry no lower bits."""
+        if self.master_weights != "remainder":
+            return []
+        dtype = ps[0].dtype
+        if dtype == torch.float16:
+            raise TypeError(f"{self._param_name(group, group['params'].index(ps[0]), ps[0])}: master_weights="
+                            "\"remainder\" keeps the lower 16 bits of a float32 master beside a bfloat16 param; "
+                            "a float16 param is not the upper half of a float32. Use master_weights=True for "
+                            "float16 params")
+        if dtype != torch.bfloat16:
+            return []
+        marks = None if torch.compiler.is_compiling() else self._write_marks()
+        now = _write_marks_of(ps) if marks is not None else [None] * len(ps)
+        out = []
+        for p, mark in zip(ps, now):
+            state = self.state[p]
+            if "master_remainder" not in state:
+                state["master_remainder"] = torch.zeros_like(p, dtype=torch.int16,
+                                                             memory_format=torch.preserve_format)
+            elif marks is not None and marks.get(id(p)) != mark:
+                state["master_remainder"].zero_()
+            out.append(state["master_remainder"])
+        return out
+
+    def _check_loadable(self, state_dict):
+        super()._check_loadable(state_dict)
+        for saved, p in self._saved_states(state_dict):
+            value = saved.get("master_remainder")
+            if isinstance(value, torch.Tensor) and (value.shape != p.shape or p.dtype != torch.bfloat16):
+                raise ValueError(f"state 'master_remainder' ({value.dtype} {tuple(value.shape)}) belongs to a "
+                                 f"bfloat16 param of its shape, not a {p.dtype} param of shape {tuple(p.shape)}")
+            for key in compact_state.MOMENTS:
+                if isinstance(saved.get(key), torch.Tensor):
+                    compact_state.moment_values(saved, key, p, compact_state.Maps())
+
+    def _restore_exact(self, state_dict):
+        if not self.compact and not _holds_compact(state_dict):
+            return super()._restore_exact(state_dict)
+        maps = self.__dict__.setdefault("_maps", compact_state.Maps())
+        for saved, p in self._saved_states(state_dict):
+            state = self.state[p]
+            compact_state.convert_loaded(state, saved, p, self.state_dtype, self.master_weights, maps)
+            for key in ("max_exp_avg_sq",):
+                if isinstance(saved.get(key), torch.Tensor):
+                    state[key] = self._state_zeros(p).copy_(saved[key])
+            if "step" in state:
+                state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(
+                    p.device, copy=True).reshape(())
+
+
+def _holds_compact(state_dict):
+    """Whether a saved state dict has compact state (8-bit / bfloat16 moments, remainders)."""
+    for saved in state_dict["state"].values():
+        if any(k in saved for k in compact_state.COMPACT_KEYS):
+            return True
+        if any(isinstance(saved.get(k), torch.Tensor) and saved[k].dtype == torch.bfloat16
+               for k in compact_state.MOMENTS):
+            return True
+    return False

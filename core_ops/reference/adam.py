@@ -49,25 +49,30 @@ def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_pa
         lr = lr_tensor.item()
     for i, param in enumerate(params):
         steps[i].add_(1)
-        step = steps[i].item()
-        m, v = exp_avgs[i], exp_avg_sqs[i]
         weights, x = weights_in_state_dtype(param, master_params, i)
-        g = scaled_grad(grads[i], m.dtype, grad_scale, maximize)
-        if adam_w_mode:
-            x.mul_(1 - lr * weight_decay)
-        else:
-            g = g.add(x, alpha=weight_decay)
-        m.lerp_(g, 1 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        bc1 = 1 - beta1 ** step if bias_correction else 1.0
-        bc2_sqrt = math.sqrt(1 - beta2 ** step) if bias_correction else 1.0
-        second = v
-        if amsgrad:
-            second = max_exp_avg_sqs[i]
-            second.copy_(second.maximum(v))
-        denom = (second.sqrt() / bc2_sqrt).add_(eps)
-        x.addcdiv_(m, denom, value=-(lr / bc1))
+        g = scaled_grad(grads[i], exp_avgs[i].dtype, grad_scale, maximize)
+        adam_update_(x, g, exp_avgs[i], exp_avg_sqs[i], max_exp_avg_sqs[i] if amsgrad else None,
+                     steps[i].item(), lr, beta1, beta2, eps, weight_decay, adam_w_mode, bias_correction)
         write_back(param, weights, x)
 
+
+def adam_update_(x, g, m, v, vmax, step, lr, beta1, beta2, eps, weight_decay, adam_w_mode,
+                 bias_correction):
+    """One Adam / AdamW update of weights ``x`` and moments ``m``, ``v`` (and ``vmax``
+    for amsgrad, else None), in place, all in one dtype, at step count ``step``."""
+    if adam_w_mode:
+        x.mul_(1 - lr * weight_decay)
+    else:
+        g = g.add(x, alpha=weight_decay)
+    m.lerp_(g, 1 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    bc1 = 1 - beta1 ** step if bias_correction else 1.0
+    bc2_sqrt = math.sqrt(1 - beta2 ** step) if bias_correction else 1.0
+    second = v
+    if vmax is not None:
+        vmax.copy_(vmax.maximum(v))
+        second = vmax
+    denom = (second.sqrt() / bc2_sqrt).add_(eps)
+    x.addcdiv_(m, denom, value=-(lr / bc1))
 
 KERNELS = {"fused_adam_": fused_adam_}
