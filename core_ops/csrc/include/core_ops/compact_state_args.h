@@ -1,0 +1,87 @@
+// Argument checks of fused_adam_compact_, shared by its CPU and CUDA kernels; worded
+// as core_ops/_validate.py's check_compact_adam_lists (reference and fake kernels).
+#pragma once
+
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <core_ops/compact_state.h>
+#include <core_ops/optimizer_args.h>
+
+namespace core_ops {
+
+enum class MomentKind { kFloat, kBFloat16, kCodes };
+enum class WeightKind { kParam, kMaster, kRemainder };
+
+// `ts`: one tensor per param, its shape and strides, on its device, one dtype.
+inline void check_like_params(at::TensorList params, at::TensorList ts, const char* name) {
+  check_same_length(params, "params", ts, name);
+  check_list(ts, name, params[0].device());
+  check_same_numel(params, "params", ts, name);
+  for (size_t i = 0; i < ts.size(); ++i) {
+    TORCH_CHECK_VALUE(ts[i].numel() <= 1 || ts[i].strides() == params[i].strides(), name, "[", i,
+                      "] must have the shape and strides of params[", i, "] ", params[i].strides(),
+                      ", got ", ts[i].strides());
+  }
+}
+
+inline MomentKind check_compact_moments(at::TensorList params, at::TensorList exp_avgs,
+                                        at::TensorList exp_avg_sqs) {
+  check_like_params(params, exp_avgs, "exp_avgs");
+  check_like_params(params, exp_avg_sqs, "exp_avg_sqs");
+  const auto dtype = exp_avgs[0].scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kByte,
+                   "exp_avgs: expected float32, bfloat16 or uint8 tensors, got ", dtype_name(dtype));
+  TORCH_CHECK_TYPE(exp_avg_sqs[0].scalar_type() == dtype, "exp_avg_sqs have dtype ",
+                   dtype_name(exp_avg_sqs[0].scalar_type()), " but exp_avgs ", dtype_name(dtype));
+  return dtype == at::kFloat ? MomentKind::kFloat
+                             : (dtype == at::kBFloat16 ? MomentKind::kBFloat16 : MomentKind::kCodes);
+}
+
+inline void check_absmaxes(at::TensorList params, at::TensorList absmaxes, const char* name,
+                           const std::optional<at::Tensor>& map, const char* map_name, bool quantized) {
+  if (!quantized) {
+    TORCH_CHECK_VALUE(absmaxes.empty(), name, " must be empty for float32 or bfloat16 moments");
+    return;
+  }
+  check_same_length(params, "params", absmaxes, name);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t blocks = (params[i].numel() + kQuantBlock - 1) / kQuantBlock;
+    TORCH_CHECK_VALUE(absmaxes[i].scalar_type() == at::kFloat && absmaxes[i].device() == params[i].device() &&
+                          absmaxes[i].dim() == 1 && absmaxes[i].numel() == blocks && absmaxes[i].is_contiguous(),
+                      name, "[", i, "] must be a contiguous float32 tensor of ", blocks, " block maxima on ",
+                      params[i].device());
+  }
+  TORCH_CHECK_VALUE(map.has_value() && map->scalar_type() == at::kFloat && map->numel() == kMapSize &&
+                        map->dim() == 1 && map->device() == params[0].device() && map->is_contiguous(),
+                    map_name, " must be a contiguous float32 tensor of 256 values on ", params[0].device(),
+                    " for uint8 moments");
+}
+
+inline WeightKind check_compact_masters(at::TensorList params, at::TensorList master_params) {
+  if (master_params.empty()) return WeightKind::kParam;
+  check_like_params(params, master_params, "master_params");
+  const auto dtype = master_params[0].scalar_type();
+  const auto param = params[0].scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kShort,
+                   "master_params: expected float32 or int16 tensors, got ", dtype_name(dtype));
+  TORCH_CHECK_TYPE(dtype != at::kShort || param == at::kBFloat16,
+                   "master_params: int16 remainders are for bfloat16 params, got ", dtype_name(param), " params");
+  TORCH_CHECK_TYPE(dtype != at::kFloat || param != at::kFloat, "master_params: float32 params take no master_params");
+  return dtype == at::kShort ? WeightKind::kRemainder : WeightKind::kMaster;
+}
+
+inline void check_compact_params(at::TensorList params) {
+  const auto dtype = params[0].scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+                   "params: compact Adam state is for float32, float16 or bfloat16 params, got ",
+                   dtype_name(dtype));
+  for (size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK_VALUE(params[i].is_non_overlapping_and_dense(), "params[", i,
+                      "] must be dense (contiguous or a permutation of it), got strides ", params[i].strides());
+  }
+}
+
+}  // namespace core_ops
