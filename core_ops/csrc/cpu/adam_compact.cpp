@@ -9,6 +9,9 @@
 #include <mutex>
 
 #include <torch/library.h>
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#endif
 
 #include <core_ops/adam_math.h>
 #include <core_ops/compact_state_args.h>
@@ -18,27 +21,113 @@
 namespace core_ops::cpu {
 namespace {
 
-// A map with its midpoints and, for every bfloat16 bit pattern (the top half of a
-// float), the number of midpoints below the smallest float of that pattern: a code is
-// then found in a step or two (code_from) instead of a binary search.
+// A map with its midpoints and, for every bfloat16 bit pattern h (the top half of a
+// float), the codes of the floats with that top half, in one int32 so that a vector
+// lane reads it with one gather: bits 0-7 hold the number of midpoints below the
+// pattern's smallest float; bits 8-23 a key K such that a float x of the pattern lies
+// above the next midpoint iff key(x) > K, key(x) being x's low 16 bits, flipped for a
+// negative x (there a larger magnitude is a smaller value). K is 0xFFFF (never
+// exceeded) when no midpoint falls inside the pattern. That needs at most one midpoint
+// per pattern: true of the dynamic maps, checked here; another map takes code_from.
 struct Quantizer {
   std::array<float, kMapSize> map, mid;
-  std::array<uint8_t, 65536> start;
+  std::array<int32_t, 65536> entry;
+  bool one_step = true;
 
   explicit Quantizer(const float* values) {
     std::copy(values, values + kMapSize, map.begin());
     for (int j = 0; j < kMapSize; ++j) mid[j] = map_midpoint(values, j);
     for (uint32_t h = 0; h < 65536; ++h) {
-      const float lo = bits_float(h & 0x8000 ? (h << 16) | 0xFFFF : h << 16);  // the pattern's smallest float
-      if (std::isnan(lo)) { start[h] = kMapSize - 1; continue; }
-      start[h] = static_cast<uint8_t>(std::lower_bound(mid.begin(), mid.end() - 1, lo) - mid.begin());
+      const bool negative = h & 0x8000;
+      const float lo = bits_float(negative ? (h << 16) | 0xFFFF : h << 16);  // the pattern's smallest float
+      const float hi = bits_float(negative ? h << 16 : (h << 16) | 0xFFFF);  // and largest
+      if (std::isnan(lo)) {
+        entry[h] = (kMapSize - 1) | (0xFFFF << 8);
+        continue;
+      }
+      const int32_t start = static_cast<int32_t>(std::lower_bound(mid.begin(), mid.end() - 1, lo) - mid.begin());
+      const auto last = std::upper_bound(mid.begin(), mid.end() - 1, hi) - mid.begin();  // codes start..last
+      one_step = one_step && last - start <= 1;
+      uint32_t key = 0xFFFF;
+      if (last > start) {
+        const uint32_t low = float_bits(mid[start]) & 0xFFFF;
+        key = negative ? 0xFFFF - low : low;
+      }
+      entry[h] = start | static_cast<int32_t>(key << 8);
     }
   }
 
   uint8_t code(float normalized) const {
-    return code_from(normalized, mid.data(), start[float_bits(normalized) >> 16]);
+    return code_from(normalized, mid.data(), entry[float_bits(normalized) >> 16] & 0xFF);
   }
 };
+
+using iVec = at::vec::Vectorized<int32_t>;
+constexpr int64_t kLanes = fVec::size();
+
+// Lane-wise table reads. at::vec::gather reads int32 lanes one by one; the
+// instructions read the whole vector.
+inline fVec gather_floats(const float* table, const iVec& index) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_i32gather_ps(index, table, sizeof(float));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_i32gather_ps(table, index, sizeof(float));
+#else
+  return at::vec::gather<sizeof(float)>(table, index);
+#endif
+}
+
+inline iVec gather_ints(const int32_t* table, const iVec& index) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_i32gather_epi32(index, table, sizeof(int32_t));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_i32gather_epi32(table, index, sizeof(int32_t));
+#else
+  return at::vec::gather<sizeof(int32_t)>(table, index);
+#endif
+}
+
+// out[i] = map[codes[i]] * scale for a block.
+void dequantize_block(const Quantizer& q, const uint8_t* codes, float scale, int64_t n, float* out) {
+  alignas(64) int32_t index[kQuantBlock];
+  for (int64_t i = 0; i < n; ++i) index[i] = codes[i];
+  const fVec vscale(scale);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    (gather_floats(q.map.data(), iVec::loadu(index + i)) * vscale).store(out + i);
+  }
+  for (; i < n; ++i) out[i] = q.map[codes[i]] * scale;
+}
+
+// The block's absolute maximum (a NaN if any element is one, as the reference's
+// amax), then each element's code.
+float quantize_block(const Quantizer& q, const float* in, int64_t n, uint8_t* codes) {
+  fVec vtop(0.f);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) vtop = at::vec::maximum(vtop, fVec::loadu(in + i).abs());
+  float top = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return at::vec::maximum(a, b); }, vtop);
+  for (; i < n; ++i) {
+    const float a = std::fabs(in[i]);
+    if (a > top || std::isnan(a)) top = a;
+  }
+  const float inv = inverse_absmax(top);
+  i = 0;
+  if (q.one_step) {
+    alignas(64) int32_t out[kQuantBlock];
+    const fVec vinv(inv);
+    const iVec low8(0xFF), low16(0xFFFF), one(1), by8(8), by16(16), by31(31);
+    for (; i + kLanes <= n; i += kLanes) {
+      const iVec bits = at::vec::cast<int32_t>(fVec::loadu(in + i) * vinv);
+      const iVec e = gather_ints(q.entry.data(), (bits >> by16) & low16);
+      const iVec key = (bits & low16) ^ ((bits >> by31) & low16);  // flipped for negatives
+      const iVec above = at::vec::cast<int32_t>(key > ((e >> by8) & low16)) & one;
+      ((e & low8) + above).store(out + i);
+    }
+    for (int64_t j = 0; j < i; ++j) codes[j] = static_cast<uint8_t>(out[j]);
+  }
+  for (; i < n; ++i) codes[i] = q.code(in[i] * inv);
+  return top;
+}
 
 // Built once per distinct map (the optimizers use two) and kept: 66 KB each.
 const Quantizer& quantizer_for(const at::Tensor& map) {
@@ -101,11 +190,8 @@ void load_moment(MomentKind kind, void* state, const float* absmax, const Quanti
   switch (kind) {
     case MomentKind::kFloat: std::copy_n(static_cast<float*>(state) + at, n, out); break;
     case MomentKind::kBFloat16: widen(static_cast<c10::BFloat16*>(state) + at, out, n); break;
-    case MomentKind::kCodes: {
-      const uint8_t* codes = static_cast<uint8_t*>(state) + at;
-      const float scale = absmax[at / kQuantBlock];
-      for (int64_t i = 0; i < n; ++i) out[i] = q->map[codes[i]] * scale;
-    }
+    case MomentKind::kCodes:
+      dequantize_block(*q, static_cast<uint8_t*>(state) + at, absmax[at / kQuantBlock], n, out);
   }
 }
 
@@ -114,17 +200,8 @@ void store_moment(MomentKind kind, void* state, float* absmax, const Quantizer* 
   switch (kind) {
     case MomentKind::kFloat: std::copy_n(in, n, static_cast<float*>(state) + at); break;
     case MomentKind::kBFloat16: narrow(in, static_cast<c10::BFloat16*>(state) + at, n); break;
-    case MomentKind::kCodes: {
-      float top = 0.f;
-      for (int64_t i = 0; i < n; ++i) {
-        const float a = std::fabs(in[i]);
-        if (a > top || std::isnan(a)) top = a;  // a NaN stays, as in the reference's amax
-      }
-      absmax[at / kQuantBlock] = top;
-      const float inv = inverse_absmax(top);
-      uint8_t* codes = static_cast<uint8_t*>(state) + at;
-      for (int64_t i = 0; i < n; ++i) codes[i] = q->code(in[i] * inv);
-    }
+    case MomentKind::kCodes:
+      absmax[at / kQuantBlock] = quantize_block(*q, in, n, static_cast<uint8_t*>(state) + at);
   }
 }
 
@@ -135,9 +212,12 @@ void load_weights(WeightKind kind, const CompactPtrs& t, int64_t at, int64_t n, 
     case WeightKind::kParam: widen(p, out, n); break;
     case WeightKind::kMaster: std::copy_n(static_cast<float*>(t.master) + at, n, out); break;
     case WeightKind::kRemainder: {
+      // join_master in integer lanes the compiler vectorizes, then the bits as floats.
       const auto* bits = reinterpret_cast<const uint16_t*>(p);
       const auto* r = static_cast<const int16_t*>(t.master) + at;
-      for (int64_t i = 0; i < n; ++i) out[i] = join_master(bits[i], r[i]);
+      alignas(64) uint32_t joined[kQuantBlock];
+      for (int64_t i = 0; i < n; ++i) joined[i] = (uint32_t(bits[i]) << 16) + uint32_t(int32_t(r[i]));
+      std::memcpy(out, joined, n * sizeof(float));
     }
   }
 }
@@ -148,9 +228,16 @@ void store_weights(WeightKind kind, const CompactPtrs& t, int64_t at, int64_t n,
   narrow(in, p, n);
   if (kind == WeightKind::kMaster) std::copy_n(in, n, static_cast<float*>(t.master) + at);
   if (kind == WeightKind::kRemainder) {
+    // remainder_of in integer lanes the compiler vectorizes.
     const auto* bits = reinterpret_cast<const uint16_t*>(p);
     auto* r = static_cast<int16_t*>(t.master) + at;
-    for (int64_t i = 0; i < n; ++i) r[i] = remainder_of(in[i], bits[i]);
+    alignas(64) uint32_t master[kQuantBlock];
+    std::memcpy(master, in, n * sizeof(float));
+    for (int64_t i = 0; i < n; ++i) {
+      int32_t d = int32_t(master[i] - (uint32_t(bits[i]) << 16));
+      d = d > 0x7FFF ? 0x7FFF : (d < -0x7FFF ? -0x7FFF : d);
+      r[i] = (master[i] & 0x7FFFFFFFu) > 0x7F800000u ? int16_t(0) : int16_t(d);  // 0 for a NaN
+    }
   }
 }
 
