@@ -7,6 +7,7 @@
 #include <cmath>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include <torch/library.h>
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
@@ -21,44 +22,60 @@
 namespace core_ops::cpu {
 namespace {
 
-// A map with its midpoints and, for every bfloat16 bit pattern h (the top half of a
-// float), the codes of the floats with that top half, in one int32 so that a vector
-// lane reads it with one gather: bits 0-7 hold the number of midpoints below the
-// pattern's smallest float; bits 8-23 a key K such that a float x of the pattern lies
-// above the next midpoint iff key(x) > K, key(x) being x's low 16 bits, flipped for a
-// negative x (there a larger magnitude is a smaller value). K is 0xFFFF (never
-// exceeded) when no midpoint falls inside the pattern. That needs at most one midpoint
-// per pattern: true of the dynamic maps, checked here; another map takes code_from.
+// A map with its midpoints, and the codes of every float by its top 16 bits (a
+// bfloat16 pattern) in one int32, so that a vector lane finds its code with one
+// gather: bits 0-7 hold the number of midpoints below the pattern's smallest float;
+// bits 8-23 a key K such that a float x of the pattern lies above the next midpoint
+// iff key(x) > K, key(x) being x's low 16 bits, flipped for a negative x (there a
+// larger magnitude is a smaller value); K = 0xFFFF (never exceeded) when no midpoint
+// falls inside the pattern. That needs at most one midpoint per pattern: true of the
+// dynamic maps, checked here (another map takes code_from's walk). Only magnitudes
+// from just below the smallest midpoint's to just above the largest's have entries
+// (the codes are constant outside), so a table is ~23 KB and stays in L1.
 struct Quantizer {
   std::array<float, kMapSize> map, mid;
-  std::array<int32_t, 65536> entry;
+  std::vector<int32_t> entry;  // [positive magnitudes, negative magnitudes], `range` each
+  int32_t base = 0, range = 0;  // magnitude pattern of entry 0, entries per sign
   bool one_step = true;
 
   explicit Quantizer(const float* values) {
     std::copy(values, values + kMapSize, map.begin());
     for (int j = 0; j < kMapSize; ++j) mid[j] = map_midpoint(values, j);
-    for (uint32_t h = 0; h < 65536; ++h) {
-      const bool negative = h & 0x8000;
-      const float lo = bits_float(negative ? (h << 16) | 0xFFFF : h << 16);  // the pattern's smallest float
-      const float hi = bits_float(negative ? h << 16 : (h << 16) | 0xFFFF);  // and largest
-      if (std::isnan(lo)) {
-        entry[h] = (kMapSize - 1) | (0xFFFF << 8);
-        continue;
+    int32_t lo_mag = 0x7FFF, hi_mag = 0;
+    for (int j = 0; j < kMapSize - 1; ++j) {
+      const int32_t mag = (float_bits(mid[j]) >> 16) & 0x7FFF;
+      lo_mag = std::min(lo_mag, mag);
+      hi_mag = std::max(hi_mag, mag);
+    }
+    base = std::max(lo_mag - 1, 0);
+    range = std::min(hi_mag + 1, 0x7FFF) - base + 1;
+    entry.resize(2 * range);
+    for (int32_t sign = 0; sign < 2; ++sign) {
+      for (int32_t k = 0; k < range; ++k) {
+        const uint32_t h = (uint32_t(sign) << 15) | uint32_t(base + k);
+        const float lo = bits_float(sign ? (h << 16) | 0xFFFF : h << 16);  // the pattern's smallest float
+        const float hi = bits_float(sign ? h << 16 : (h << 16) | 0xFFFF);  // and largest
+        const int32_t start = static_cast<int32_t>(std::lower_bound(mid.begin(), mid.end() - 1, lo) - mid.begin());
+        const auto last = std::upper_bound(mid.begin(), mid.end() - 1, hi) - mid.begin();  // codes start..last
+        one_step = one_step && last - start <= 1;
+        uint32_t key = 0xFFFF;
+        if (last > start) {
+          const uint32_t low = float_bits(mid[start]) & 0xFFFF;
+          key = sign ? 0xFFFF - low : low;
+        }
+        entry[sign * range + k] = start | static_cast<int32_t>(key << 8);
       }
-      const int32_t start = static_cast<int32_t>(std::lower_bound(mid.begin(), mid.end() - 1, lo) - mid.begin());
-      const auto last = std::upper_bound(mid.begin(), mid.end() - 1, hi) - mid.begin();  // codes start..last
-      one_step = one_step && last - start <= 1;
-      uint32_t key = 0xFFFF;
-      if (last > start) {
-        const uint32_t low = float_bits(mid[start]) & 0xFFFF;
-        key = negative ? 0xFFFF - low : low;
-      }
-      entry[h] = start | static_cast<int32_t>(key << 8);
     }
   }
 
+  int32_t index(uint32_t bits) const {
+    const int32_t mag = int32_t((bits >> 16) & 0x7FFF) - base;
+    return std::min(std::max(mag, 0), range - 1) + (bits >> 31 ? range : 0);
+  }
+
   uint8_t code(float normalized) const {
-    return code_from(normalized, mid.data(), entry[float_bits(normalized) >> 16] & 0xFF);
+    if (std::isnan(normalized)) return kMapSize - 1;
+    return code_from(normalized, mid.data(), entry[index(float_bits(normalized))] & 0xFF);
   }
 };
 
@@ -87,6 +104,39 @@ inline iVec gather_ints(const int32_t* table, const iVec& index) {
 #endif
 }
 
+// kLanes codes widened to int32 lanes, and back.
+inline iVec load_codes(const uint8_t* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+#else
+  alignas(64) int32_t wide[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) wide[j] = p[j];
+  return iVec::loadu(wide);
+#endif
+}
+
+inline void store_codes(uint8_t* p, const iVec& codes) {
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(codes));
+#else
+  alignas(64) int32_t wide[kLanes];
+  codes.store(wide);
+  for (int64_t j = 0; j < kLanes; ++j) p[j] = static_cast<uint8_t>(wide[j]);
+#endif
+}
+
+// Two vectors of moments decoded from their codes and their block's maximum.
+inline void decode2(const Quantizer& q, const uint8_t* codes, const fVec& scale, fVec& a, fVec& b) {
+  a = gather_floats(q.map.data(), load_codes(codes)) * scale;
+  b = gather_floats(q.map.data(), load_codes(codes + kLanes)) * scale;
+}
+
+inline float max_abs(const fVec& top) {
+  return at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return at::vec::maximum(a, b); }, top);
+}
+
 // out[i] = map[codes[i]] * scale for a block.
 void dequantize_block(const Quantizer& q, const uint8_t* codes, float scale, int64_t n, float* out) {
   alignas(64) int32_t index[kQuantBlock];
@@ -100,30 +150,39 @@ void dequantize_block(const Quantizer& q, const uint8_t* codes, float scale, int
 }
 
 // The block's absolute maximum (a NaN if any element is one, as the reference's
-// amax), then each element's code.
-float quantize_block(const Quantizer& q, const float* in, int64_t n, uint8_t* codes) {
-  fVec vtop(0.f);
+// amax), then each element's code; `known_top` when the caller has the maximum.
+float quantize_block(const Quantizer& q, const float* in, int64_t n, uint8_t* codes, const float* known_top = nullptr) {
+  float top;
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) vtop = at::vec::maximum(vtop, fVec::loadu(in + i).abs());
-  float top = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return at::vec::maximum(a, b); }, vtop);
-  for (; i < n; ++i) {
-    const float a = std::fabs(in[i]);
-    if (a > top || std::isnan(a)) top = a;
+  if (known_top != nullptr) {
+    top = *known_top;
+  } else {
+    fVec vtop(0.f);
+    for (; i + kLanes <= n; i += kLanes) vtop = at::vec::maximum(vtop, fVec::loadu(in + i).abs());
+    top = max_abs(vtop);
+    for (; i < n; ++i) {
+      const float a = std::fabs(in[i]);
+      if (a > top || std::isnan(a)) top = a;
+    }
   }
   const float inv = inverse_absmax(top);
   i = 0;
   if (q.one_step) {
-    alignas(64) int32_t out[kQuantBlock];
     const fVec vinv(inv);
-    const iVec low8(0xFF), low16(0xFFFF), one(1), by8(8), by16(16), by31(31);
+    const iVec low8(0xFF), low16(0xFFFF), mag16(0x7FFF), one(1), zero(0), by8(8), by16(16), by31(31);
+    const iVec base(q.base), last(q.range - 1), range(q.range);
     for (; i + kLanes <= n; i += kLanes) {
-      const iVec bits = at::vec::cast<int32_t>(fVec::loadu(in + i) * vinv);
-      const iVec e = gather_ints(q.entry.data(), (bits >> by16) & low16);
-      const iVec key = (bits & low16) ^ ((bits >> by31) & low16);  // flipped for negatives
+      const fVec x = fVec::loadu(in + i) * vinv;
+      const iVec bits = at::vec::cast<int32_t>(x);
+      const iVec negative = bits >> by31;  // all ones for a negative x
+      const iVec mag = at::vec::minimum(at::vec::maximum(((bits >> by16) & mag16) - base, zero), last);
+      const iVec e = gather_ints(q.entry.data(), mag + (negative & range));
+      const iVec key = (bits & low16) ^ (negative & low16);
       const iVec above = at::vec::cast<int32_t>(key > ((e >> by8) & low16)) & one;
-      ((e & low8) + above).store(out + i);
+      // A NaN lane: the reference's code is the last.
+      const iVec nan = at::vec::cast<int32_t>(x != x);
+      store_codes(codes + i, (((e & low8) + above) & ~nan) | (nan & low8));
     }
-    for (int64_t j = 0; j < i; ++j) codes[j] = static_cast<uint8_t>(out[j]);
   }
   for (; i < n; ++i) codes[i] = q.code(in[i] * inv);
   return top;
@@ -222,23 +281,26 @@ void load_weights(WeightKind kind, const CompactPtrs& t, int64_t at, int64_t n, 
   }
 }
 
+// The remainders of masters `in` beside their params, already written.
+template <typename param_t>
+void store_remainders_of(const CompactPtrs& t, int64_t at, int64_t n, const float* in) {
+  // remainder_of in integer lanes the compiler vectorizes.
+  const auto* bits = reinterpret_cast<const uint16_t*>(static_cast<const param_t*>(t.param) + at);
+  auto* r = static_cast<int16_t*>(t.master) + at;
+  alignas(64) uint32_t master[kQuantBlock];
+  std::memcpy(master, in, n * sizeof(float));
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t d = int32_t(master[i] - (uint32_t(bits[i]) << 16));
+    d = d > 0x7FFF ? 0x7FFF : (d < -0x7FFF ? -0x7FFF : d);
+    r[i] = (master[i] & 0x7FFFFFFFu) > 0x7F800000u ? int16_t(0) : int16_t(d);  // 0 for a NaN
+  }
+}
+
 template <typename param_t>
 void store_weights(WeightKind kind, const CompactPtrs& t, int64_t at, int64_t n, const float* in) {
-  auto* p = static_cast<param_t*>(t.param) + at;
-  narrow(in, p, n);
+  narrow(in, static_cast<param_t*>(t.param) + at, n);
   if (kind == WeightKind::kMaster) std::copy_n(in, n, static_cast<float*>(t.master) + at);
-  if (kind == WeightKind::kRemainder) {
-    // remainder_of in integer lanes the compiler vectorizes.
-    const auto* bits = reinterpret_cast<const uint16_t*>(p);
-    auto* r = static_cast<int16_t*>(t.master) + at;
-    alignas(64) uint32_t master[kQuantBlock];
-    std::memcpy(master, in, n * sizeof(float));
-    for (int64_t i = 0; i < n; ++i) {
-      int32_t d = int32_t(master[i] - (uint32_t(bits[i]) << 16));
-      d = d > 0x7FFF ? 0x7FFF : (d < -0x7FFF ? -0x7FFF : d);
-      r[i] = (master[i] & 0x7FFFFFFFu) > 0x7F800000u ? int16_t(0) : int16_t(d);  // 0 for a NaN
-    }
-  }
+  if (kind == WeightKind::kRemainder) store_remainders_of<param_t>(t, at, n, in);
 }
 
 // Grads as fused_adam_ reads them (divided by grad_scale, written back so).
@@ -254,6 +316,50 @@ void load_grads(const CompactPtrs& t, int64_t at, int64_t n, const GradReader<fl
   for (; i < n; ++i) out[i] = kUnscale ? grads.load(g + i) : static_cast<float>(g[i]);
 }
 
+// A whole block with 8-bit moments: moments decoded inside the vector loop and their
+// maxima taken there, so the block is read once and only coding takes a second pass.
+// The same operations on the same values as the buffered path below.
+template <bool kAdamW, bool kUnscale, typename param_t>
+void codes_block(const CompactPtrs& t, const CompactKinds& k, int64_t at, const AdamCoeffs<float>& c,
+                 const GradReader<float>& grads, Buffer& w, Buffer& m, Buffer& v) {
+  // Remainders are joined and split in integer passes over the block, which measured
+  // faster than the same in vector lanes inside the loop.
+  if (k.weights == WeightKind::kRemainder) load_weights<param_t>(k.weights, t, at, kQuantBlock, w.data());
+  auto* p = static_cast<param_t*>(t.param) + at;
+  auto* master = static_cast<float*>(t.master) + at;  // kMaster only
+  auto* g = static_cast<param_t*>(t.grad) + at;
+  const auto* m_codes = static_cast<const uint8_t*>(t.exp_avg) + at;
+  const auto* v_codes = static_cast<const uint8_t*>(t.exp_avg_sq) + at;
+  const fVec m_scale(t.exp_avg_absmax[at / kQuantBlock]), v_scale(t.exp_avg_sq_absmax[at / kQuantBlock]);
+  fVec m_top(0.f), v_top(0.f);
+  for (int64_t i = 0; i < kQuantBlock; i += kWidth) {
+    fVec p0, p1, g0, g1, m0, m1, v0, v1, x0, x1;
+    switch (k.weights) {
+      case WeightKind::kParam: load2(p + i, p0, p1); break;
+      case WeightKind::kMaster: load2(master + i, p0, p1); break;
+      case WeightKind::kRemainder: load2(w.data() + i, p0, p1); break;
+    }
+    if constexpr (kUnscale) grads.load(g + i, g0, g1); else load2(g + i, g0, g1);
+    decode2(*k.m_map, m_codes + i, m_scale, m0, m1);
+    decode2(*k.v_map, v_codes + i, v_scale, v0, v1);
+    adam_math<kAdamW, false>(p0, g0, m0, v0, x0, c);
+    adam_math<kAdamW, false>(p1, g1, m1, v1, x1, c);
+    store2(p + i, p0, p1);
+    if (k.weights == WeightKind::kMaster) store2(master + i, p0, p1);
+    if (k.weights == WeightKind::kRemainder) store2(w.data() + i, p0, p1);
+    store2(m.data() + i, m0, m1);
+    store2(v.data() + i, v0, v1);
+    m_top = at::vec::maximum(m_top, at::vec::maximum(m0.abs(), m1.abs()));
+    v_top = at::vec::maximum(v_top, at::vec::maximum(v0.abs(), v1.abs()));
+  }
+  if (k.weights == WeightKind::kRemainder) store_remainders_of<param_t>(t, at, kQuantBlock, w.data());
+  const float m_max = max_abs(m_top), v_max = max_abs(v_top);
+  t.exp_avg_absmax[at / kQuantBlock] =
+      quantize_block(*k.m_map, m.data(), kQuantBlock, static_cast<uint8_t*>(t.exp_avg) + at, &m_max);
+  t.exp_avg_sq_absmax[at / kQuantBlock] =
+      quantize_block(*k.v_map, v.data(), kQuantBlock, static_cast<uint8_t*>(t.exp_avg_sq) + at, &v_max);
+}
+
 template <bool kAdamW, bool kUnscale, typename param_t>
 void compact_chunk(const CompactPtrs& t, const CompactKinds& k, int64_t begin, int64_t end,
                    const AdamCoeffs<float>& c, const GradUnscale& unscale) {
@@ -261,6 +367,10 @@ void compact_chunk(const CompactPtrs& t, const CompactKinds& k, int64_t begin, i
   Buffer w, g, m, v;
   for (int64_t at = begin; at < end; at += kQuantBlock) {
     const int64_t n = std::min<int64_t>(kQuantBlock, end - at);
+    if (k.moments == MomentKind::kCodes && n == kQuantBlock && k.m_map->one_step && k.v_map->one_step) {
+      codes_block<kAdamW, kUnscale, param_t>(t, k, at, c, grads, w, m, v);
+      continue;
+    }
     load_weights<param_t>(k.weights, t, at, n, w.data());
     load_grads<kUnscale, param_t>(t, at, n, grads, g.data());
     load_moment(k.moments, t.exp_avg, t.exp_avg_absmax, k.m_map, at, n, m.data());
