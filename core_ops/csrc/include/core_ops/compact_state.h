@@ -15,7 +15,7 @@ constexpr int kQuantBlock = 256;
 constexpr int kMapSize = 256;
 
 CORE_OPS_HD uint32_t float_bits(float x) {
-#if defined(__CUDACC__) || defined(__HIPCC__)
+#if defined(__CUDA_ARCH__)
   return __float_as_uint(x);
 #else
   uint32_t b;
@@ -25,7 +25,7 @@ CORE_OPS_HD uint32_t float_bits(float x) {
 }
 
 CORE_OPS_HD float bits_float(uint32_t b) {
-#if defined(__CUDACC__) || defined(__HIPCC__)
+#if defined(__CUDA_ARCH__)
   return __uint_as_float(b);
 #else
   float x;
