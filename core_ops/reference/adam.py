@@ -8,6 +8,8 @@ the fallback, not the fast path.
 
 import math
 
+import torch
+
 from .._validate import check_optimizer_lists, state_dtype
 
 
@@ -56,23 +58,36 @@ def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_pa
         write_back(param, weights, x)
 
 
+def correctly_rounded_sqrt(t):
+    """sqrt rounded once, as the kernels' sqrtf / vector sqrt instructions: torch's CPU
+    float32 sqrt is off by an ulp for some inputs (its vector math library's), so float32
+    goes through float64 (whose sqrt, rounded to float32, is exact)."""
+    return t.double().sqrt().to(t.dtype) if t.dtype == torch.float32 else t.sqrt()
+
+
 def adam_update_(x, g, m, v, vmax, step, lr, beta1, beta2, eps, weight_decay, adam_w_mode,
                  bias_correction):
     """One Adam / AdamW update of weights ``x`` and moments ``m``, ``v`` (and ``vmax``
-    for amsgrad, else None), in place, all in one dtype, at step count ``step``."""
+    for amsgrad, else None), in place, all in one dtype, at step count ``step``.
+
+    torch.optim.Adam's single-tensor formula, written as separate ops in the order of
+    csrc/include/core_ops/adam_math.h, each rounded once (torch's lerp_, addcmul_ and
+    addcdiv_ may fuse a multiply-add or associate otherwise), so that native kernels
+    and this agree bit for bit."""
     if adam_w_mode:
         x.mul_(1 - lr * weight_decay)
     else:
-        g = g.add(x, alpha=weight_decay)
-    m.lerp_(g, 1 - beta1)
-    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        g = g.add(x.mul(weight_decay))
+    m.add_((g - m).mul_(1 - beta1))  # lerp, weight 1 - beta1 < 0.5
+    v.mul_(beta2).add_(g.mul(1 - beta2).mul_(g))
     bc1 = 1 - beta1 ** step if bias_correction else 1.0
     bc2_sqrt = math.sqrt(1 - beta2 ** step) if bias_correction else 1.0
     second = v
     if vmax is not None:
         vmax.copy_(vmax.maximum(v))
         second = vmax
-    denom = (second.sqrt() / bc2_sqrt).add_(eps)
-    x.addcdiv_(m, denom, value=-(lr / bc1))
+    denom = correctly_rounded_sqrt(second).div_(bc2_sqrt).add_(eps)
+    x.add_(m.mul(-(lr / bc1)).div_(denom))
+
 
 KERNELS = {"fused_adam_": fused_adam_}
