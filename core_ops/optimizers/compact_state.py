@@ -131,8 +131,20 @@ def convert_loaded(state, saved, p, state_dtype, master_weights, maps):
     """Puts into ``state`` (torch's loader's result for param ``p``) the saved state in
     this optimizer's layout, exactly where the layouts agree."""
     for key in MOMENTS:
-        if isinstance(saved.get(key), torch.Tensor):
-            store_moment(state, key, moment_values(saved, key, p, maps), moment_dtype(state_dtype, p), p, maps)
+        value = saved.get(key)
+        if not isinstance(value, torch.Tensor):
+            continue
+        dtype = moment_dtype(state_dtype, p)
+        if value.dtype == dtype:  # the same layout: exactly as saved (decoding and coding again would not be)
+            fresh = new_moments(p, dtype)
+            local(fresh[key]).copy_(local(value))
+            state[key] = fresh[key]
+            if dtype == torch.uint8:
+                state[f"{key}_absmax"] = fresh[f"{key}_absmax"].copy_(saved[f"{key}_absmax"])
+            else:
+                state.pop(f"{key}_absmax", None)
+            continue
+        store_moment(state, key, moment_values(saved, key, p, maps), dtype, p, maps)
     master = saved.get("master_param")
     remainder = saved.get("master_remainder")
     state.pop("master_param", None)

@@ -146,7 +146,8 @@ class FusedAdam(FusedOptimizer):
             if "master_remainder" not in state:
                 state["master_remainder"] = torch.zeros_like(p, dtype=torch.int16,
                                                              memory_format=torch.preserve_format)
-            elif marks is not None and marks.get(id(p)) != mark:
+            elif marks is not None and marks.get(id(p), mark) != mark:
+                # (No mark: the first step since a load, which trusts the param.)
                 state["master_remainder"].zero_()
             out.append(state["master_remainder"])
         return out
