@@ -57,6 +57,19 @@ def _nothing():
     return None
 
 
+def check_keeps_remainders(optimizer, where=""):
+    """Raises unless ``optimizer`` can keep master remainders (master_weights="remainder")."""
+    from ..optimizers.fused_adam import FusedAdam
+    inner = optimizer.optim if isinstance(optimizer, LARC) else optimizer
+    if not isinstance(inner, FusedAdam):
+        raise ValueError(f"{where}master_weights=\"remainder\" keeps the masters' lower halves inside "
+                         f"core_ops.optimizers.FusedAdam's step, and this optimizer is "
+                         f"{type(inner).__module__}.{type(inner).__name__}: use FusedAdam, or master_weights=True")
+    if any("master_param" in s for s in inner.state.values()):
+        raise ValueError(f"{where}master_weights=\"remainder\": this FusedAdam already holds fp32 masters (it "
+                         "stepped with master_weights=True): call amp.initialize before the first step")
+
+
 class AmpOptimizer:
     """The amp state of one optimizer (``optimizer._core_ops_amp``)."""
 
@@ -90,6 +103,18 @@ class AmpOptimizer:
         self.inner.register_step_post_hook(self._post_step)
         self._patch_zero_grad()
         self._patch_add_param_group()
+
+    def keep_remainders(self, seeds):
+        """master_weights="remainder": the optimizer (core_ops' FusedAdam) keeps the fp32
+        masters of its bfloat16 params as remainders, starting from ``seeds`` (taken from
+        the float32 weights before the cast, preparation.remainder_seeds)."""
+        check_keeps_remainders(self.inner)
+        self.inner.master_weights = "remainder"
+        for group in self.inner.param_groups:
+            for p in group["params"]:
+                seed = seeds.get(id(p))
+                if seed is not None and seed[0] is p and "master_remainder" not in self.inner.state[p]:
+                    self.inner.state[p]["master_remainder"] = seed[1]
 
     @property
     def all_fp16_params(self):  # Apex's stash names (O2: the model's half params)

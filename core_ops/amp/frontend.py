@@ -10,10 +10,10 @@ import torch
 
 from ..optimizers.larc import LARC
 from . import _state, fsdp, opt_levels, torch_ddp
-from .amp_optimizer import AmpOptimizer
+from .amp_optimizer import AmpOptimizer, check_keeps_remainders
 from .loss_scaler import LossScaler
 from .masters import MasterWeights
-from .preparation import check_half_supported, check_models, make_masters, prepare_model, publish
+from .preparation import check_half_supported, check_models, make_masters, prepare_model, publish, remainder_seeds
 
 
 def _as_list(value, kind, name, allow_empty=False):
@@ -108,9 +108,13 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
 
     device_type = check_models(model_list)
     _check_optimizers(opt_list, model_list)
+    if props.remainders:  # before anything is cast
+        for i, opt in enumerate(opt_list):
+            check_keeps_remainders(opt, f"optimizers[{i}]: ")
     check_half_supported(device_type, props)
 
-    registry = make_masters(model_list, props) if props.master_weights else MasterWeights()
+    registry = make_masters(model_list, props) if props.fp32_masters else MasterWeights()
+    seeds = remainder_seeds(model_list, props) if props.remainders else {}
     if len(registry):
         torch_ddp.install()  # masters follow torch DDP's broadcast (Note [Masters follow DDP's broadcast])
     handle = _state.O1Handle() if props.patch_torch_functions else _state.NoOpHandle()
@@ -127,7 +131,9 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     state = _state.AmpState(props, scalers, [weakref.ref(m) for m in model_list],
                             [weakref.ref(o) for o in opt_list], handle)
     for opt in opt_list:
-        opt._core_ops_amp = AmpOptimizer(opt, registry if props.master_weights else None, state)
+        opt._core_ops_amp = AmpOptimizer(opt, registry if props.fp32_masters else None, state)
+        if props.remainders:
+            opt._core_ops_amp.keep_remainders(seeds)
     publish(state)
     if verbosity:
         _say(f"core_ops.amp: {props.opt_level} with {props.half_dtype}: "

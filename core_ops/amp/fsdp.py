@@ -129,7 +129,7 @@ def prepare(model, props, where="models[0]: "):
                              "in one dtype: keep_batchnorm_fp32 needs each BatchNorm sharded on its "
                              "own first (fully_shard(bn) for each, then the blocks and the root), or "
                              "pass keep_batchnorm_fp32=False")
-        if not props.master_weights:  # O3: the shards themselves are half
+        if not props.fp32_masters:  # O3, or remainders: the shards themselves are half
             for m in own:
                 if not (keep and isinstance(m, _BatchNorm)):
                     m._apply(lambda t: t.to(half) if t.is_floating_point() else t, recurse=False)

@@ -57,7 +57,7 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
         raise ValueError(f"loss_id={loss_id} but amp.initialize was called with "
                          f"num_losses={len(state.loss_scalers)}; pass num_losses > {loss_id}")
     scaler = state.loss_scalers[loss_id]
-    if not state.properties.master_weights and scaler.fixed_scale == 1.0:
+    if not state.properties.fp32_masters and scaler.fixed_scale == 1.0:
         # Nothing to unscale and, as in Apex, no overflow check (O0, O3).
         yield loss.float()
         return

@@ -31,7 +31,7 @@ import torch
 from ..multi_tensor_apply import clip_grad_norm_ as _clip_grads
 from . import _state, opt_levels, torch_ddp
 from .amp_optimizer import AmpOptimizer
-from .preparation import check_half_supported, check_models, make_masters, prepare_model, publish
+from .preparation import check_half_supported, check_models, make_masters, prepare_model, publish, remainder_seeds
 from .loss_scaler import LossScaler, load_saved_at_level
 from .masters import HALF, MasterWeights
 from .masters import of as masters_of
@@ -60,6 +60,7 @@ class AmpLoop:
         else:
             self.scaler = LossScaler(init_scale=props.loss_scale, dynamic=False)
         self.registry = MasterWeights()
+        self.seeds = {}  # master_weights="remainder": see preparation.remainder_seeds
         self.handle = _state.O1Handle() if props.patch_torch_functions else _state.NoOpHandle()
         self.state = _state.AmpState(props, [self.scaler], [], [], self.handle)
         self._found = None  # overflow flag of the unscales since the last update()
@@ -96,7 +97,9 @@ class AmpLoop:
         device_type = check_models([model])
         check_half_supported(device_type, self.properties)
         self._device_type = self._device_type or device_type
-        if self.properties.master_weights:
+        if self.properties.remainders:
+            self.seeds.update(remainder_seeds([model], self.properties))
+        if self.properties.fp32_masters:
             make_masters([model], self.properties, self.registry)
             if len(self.registry):
                 torch_ddp.install()
@@ -130,8 +133,10 @@ class AmpLoop:
                 raise RuntimeError("this optimizer already belongs to another amp.initialize or "
                                    "AmpLoop; give each optimizer to one")
             return optimizer
-        masters = self.registry if self.properties.master_weights else None
+        masters = self.registry if self.properties.fp32_masters else None
         amp = optimizer._core_ops_amp = AmpOptimizer(optimizer, masters, self.state)
+        if self.properties.remainders:
+            amp.keep_remainders(self.seeds)
         # Fabric attaches an optimizer at its first step, after the backward passes.
         amp.params_have_scaled_gradients = self._scaled_since_update and self.scaling
         self.state.optimizers.append(weakref.ref(optimizer))
@@ -158,7 +163,7 @@ class AmpLoop:
     def scaling(self):
         """Whether losses are scaled (dynamic or a static scale other than 1) or grads
         go through masters; O0 and O3 with loss scale 1 do neither, as in Apex."""
-        return self.properties.master_weights or self.scaler.dynamic or self.scaler.fixed_scale != 1.0
+        return self.properties.fp32_masters or self.scaler.dynamic or self.scaler.fixed_scale != 1.0
 
     def scale(self, loss):
         """``loss`` in float32 times the loss scale, to call ``backward`` on. The first

@@ -22,7 +22,7 @@ class Properties:
     cast_model_type: torch.dtype | None = None
     patch_torch_functions: bool = False
     keep_batchnorm_fp32: bool | None = None
-    master_weights: bool | None = False
+    master_weights: bool | str | None = False  # True, False, None or "remainder"
     loss_scale: float | str = 1.0
     cast_model_outputs: torch.dtype | None = None
     half_dtype: torch.dtype = torch.float16
@@ -30,6 +30,17 @@ class Properties:
     @property
     def dynamic(self):
         return self.loss_scale == "dynamic"
+
+    @property
+    def fp32_masters(self):
+        """Apex's O2 masters: float32 copies of the half params, stepped by the optimizer."""
+        return bool(self.master_weights) and self.master_weights != "remainder"
+
+    @property
+    def remainders(self):
+        """master_weights="remainder": the bfloat16 params are the masters' upper halves
+        and core_ops' FusedAdam keeps their lower halves (Note [Master remainders])."""
+        return self.master_weights == "remainder"
 
 
 def _levels(half):
@@ -100,6 +111,11 @@ def resolve(opt_level, half_dtype=torch.float16, enabled=True, **overrides):
                                                          overrides["keep_batchnorm_fp32"])
     if "loss_scale" in overrides:
         overrides["loss_scale"] = _loss_scale(overrides["loss_scale"])
+    if "master_weights" in overrides and overrides["master_weights"] != "remainder":
+        if overrides["master_weights"] not in (True, False, "True", "False"):
+            raise ValueError(f"master_weights must be True, False, None or \"remainder\" (bfloat16 params "
+                             f"with int16 remainders in FusedAdam), got {overrides['master_weights']!r}")
+        overrides["master_weights"] = _bool_or_none("master_weights", overrides["master_weights"])
     for key in ("cast_model_type", "cast_model_outputs"):
         if key in overrides and not (isinstance(overrides[key], torch.dtype)
                                      and overrides[key].is_floating_point):
@@ -127,8 +143,12 @@ def resolve(opt_level, half_dtype=torch.float16, enabled=True, **overrides):
         # for its fp16 params only), with allow_incoming_model_not_fp32.
         props.cast_model_type = None
     elif props.master_weights and props.cast_model_type in (None, torch.float32):
-        raise ValueError("master_weights=True needs a model cast to a half dtype (O2, or "
+        raise ValueError(f"master_weights={props.master_weights!r} needs a model cast to a half dtype (O2, or "
                          "cast_model_type=torch.float16 / torch.bfloat16)")
+    if props.remainders and props.cast_model_type not in (None, torch.bfloat16):
+        raise ValueError(f"master_weights=\"remainder\" keeps the lower 16 bits of float32 masters beside "
+                         f"bfloat16 params; a {props.cast_model_type} model has no such upper halves: pass "
+                         "half_dtype=torch.bfloat16, or master_weights=True for float16")
     if props.cast_model_type in (torch.float16, torch.bfloat16):
         props.half_dtype = props.cast_model_type
     return props

@@ -122,6 +122,24 @@ def make_masters(models, props, registry=None):
     return registry
 
 
+def remainder_seeds(models, props):
+    """{id(param): (param, int16 remainders)} for the params the cast will turn bfloat16,
+    from their float32 values before it (master_weights="remainder"): FusedAdam starts
+    from the exact float32 weights, as fp32 masters would (Note [Master remainders])."""
+    from ..optimizers.compact_state import initial_remainders
+    seeds = {}
+    if props.cast_model_type is not torch.bfloat16:
+        return seeds
+    for model in models:
+        for module in model.modules():
+            if props.keep_batchnorm_fp32 and isinstance(module, _BatchNorm):
+                continue
+            for p in module.parameters(recurse=False):
+                if p.dtype == torch.float32 and id(p) not in seeds:
+                    seeds[id(p)] = (p, initial_remainders(p))
+    return seeds
+
+
 def prepare_model(model, props, registry, handle, inputs_per_module=False, where=""):
     """Casts ``model`` for ``props``. Its inputs are cast at its forward, as Apex's
     input caster did, or, with ``inputs_per_module`` (AmpLoop), at the entry of each

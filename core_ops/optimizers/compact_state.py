@@ -183,6 +183,12 @@ def _shard_like(p, dtype, values):
     return out
 
 
+def initial_remainders(p):
+    """The int16 remainders of a float32 param about to be cast to bfloat16, laid out
+    (and sharded) as ``p``."""
+    return _shard_like(p, torch.int16, split_master(local(p).detach())[1])
+
+
 def full_precision_state_dict(state_dict):
     """A copy of a FusedAdam state dict with float32 moments and no compact keys, for
     torch.optim.Adam / AdamW or any optimizer that knows only float32 state (8-bit

@@ -123,7 +123,7 @@ class _ApexMethods:
             raise ValueError("this optimizer was prepared already: prepare each optimizer once (pass the one "
                              "accelerator.prepare returned to later calls, or none)")
         sharded = getattr(self, "is_fsdp2", False)  # attached after Accelerate shards (_prepare_sharded)
-        if not sharded and apex.loop.casts_model and apex.loop.properties.master_weights and not any(
+        if not sharded and apex.loop.casts_model and apex.loop.properties.fp32_masters and not any(
                 apex.loop.registry.get(p) is not None for g in inner.param_groups for p in g["params"]):
             raise ValueError(f"ApexPlugin({apex.opt_level}) needs the model prepared before or together "
                              "with its optimizer: accelerator.prepare(model, optimizer, ...); this optimizer "

@@ -29,6 +29,16 @@ def _flag(value, name):
     raise ValueError(f"{name}={value!r}: expected one of {', '.join(_TRUE + _FALSE)}")
 
 
+def _master_weights(value, name):
+    # "remainder": bfloat16 params plus int16 remainders in FusedAdam (core_ops.amp).
+    if str(value).lower() == "remainder":
+        return "remainder"
+    try:
+        return _flag(value, name)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(_TRUE + _FALSE)} or remainder") from None
+
+
 def _number(kind):
     def parse(value, name):
         try:
@@ -72,7 +82,7 @@ FIELDS = {
     "half_dtype": ("CORE_OPS_HALF_DTYPE", _half, torch.float16),
     "loss_scale": ("CORE_OPS_LOSS_SCALE", _loss_scale, None),
     "keep_batchnorm_fp32": ("CORE_OPS_KEEP_BATCHNORM_FP32", _flag, None),
-    "master_weights": ("CORE_OPS_MASTER_WEIGHTS", _flag, None),
+    "master_weights": ("CORE_OPS_MASTER_WEIGHTS", _master_weights, None),
     "min_loss_scale": ("CORE_OPS_MIN_LOSS_SCALE", _number(float), None),
     "max_loss_scale": ("CORE_OPS_MAX_LOSS_SCALE", _number(float), 2.0**24),
     "sync_bn": ("CORE_OPS_SYNC_BN", _flag, False),
@@ -105,7 +115,7 @@ class ApexPlugin(KwargsHandler):
     half_dtype: torch.dtype | str | None = None
     loss_scale: float | str | None = None
     keep_batchnorm_fp32: bool | None = None
-    master_weights: bool | None = None
+    master_weights: bool | str | None = None
     min_loss_scale: float | None = None
     max_loss_scale: float | None = None
     sync_bn: bool | None = None
