@@ -49,7 +49,8 @@ def run(accelerator, model, opt, loader, sched=None, clip=0.5, inf_at=None):
         if inf_at == i:
             loss = loss * float("inf")
         accelerator.backward(loss)
-        norms.append(accelerator.clip_grad_norm_(model.parameters(), clip))
+        if clip is not None:
+            norms.append(accelerator.clip_grad_norm_(model.parameters(), clip))
         opt.step()
         if sched is not None:
             sched.step()
@@ -152,9 +153,35 @@ def test_options_come_from_the_environment(monkeypatch):
     with pytest.raises(ValueError, match="CORE_OPS_OPT_LEVEL='O7': expected one of O0, O1, O2, O3"):
         ApexPlugin()
     monkeypatch.setenv("CORE_OPS_OPT_LEVEL", "O2")
+    monkeypatch.setenv("CORE_OPS_MASTER_WEIGHTS", "remainder")
+    assert ApexPlugin().master_weights == "remainder"
+    monkeypatch.setenv("CORE_OPS_MASTER_WEIGHTS", "half")
+    with pytest.raises(ValueError, match="CORE_OPS_MASTER_WEIGHTS='half': expected one of .* or remainder"):
+        ApexPlugin()
+    monkeypatch.setenv("CORE_OPS_MASTER_WEIGHTS", "1")
     monkeypatch.setenv("CORE_OPS_SYNC_BN", "maybe")
     with pytest.raises(ValueError, match="CORE_OPS_SYNC_BN='maybe': expected one of 1, true"):
         ApexPlugin()
+
+
+def test_remainders_from_the_environment_train_as_fp32_masters(monkeypatch):
+    """CORE_OPS_MASTER_WEIGHTS=remainder (what `accelerate launch` passes on): FusedAdam
+    keeps bfloat16 params plus remainders, bit for bit the fp32-master run. (Without
+    clipping: amp clips remainders' bfloat16 grads in place, one bfloat16 rounding a
+    clipped grad, where fp32 masters' grads are float32.)"""
+    monkeypatch.setenv("CORE_OPS_HALF_DTYPE", "bf16")
+    adam = lambda ps: FusedAdam(ps, lr=1e-3)  # noqa: E731
+    params = []
+    for master_weights in ("1", "remainder"):
+        monkeypatch.setenv("CORE_OPS_MASTER_WEIGHTS", master_weights)
+        accelerator, model, opt, loader, sched = accelerated(ApexPlugin(opt_level="O2"), optimizer=adam)
+        run(accelerator, model, opt, loader, sched, clip=None)
+        params.append(task.flat(model.parameters()))
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    assert torch.equal(params[0], params[1])
+    inner = opt.optimizer
+    assert inner.master_weights == "remainder" and any("master_remainder" in s for s in inner.state.values())
 
 
 def test_bad_input_is_refused_with_a_clear_error():

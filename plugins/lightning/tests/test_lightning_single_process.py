@@ -245,3 +245,18 @@ def test_the_loss_scale_is_logged_on_logging_steps_only():
     assert calls.count("loss_scale") == calls.count("skipped_steps") == 3  # steps 3, 6 and the last
     assert calls.count("train_loss") == steps
     assert float(trainer.callback_metrics["loss_scale"]) == 2.0**16
+
+
+def test_remainders_train_as_fp32_masters():
+    """ApexPrecision("O2", bf16, master_weights="remainder"): the Trainer steps FusedAdam on
+    bfloat16 params plus remainders, bit for bit the fp32-master run."""
+    runs = []
+    for master_weights in (True, "remainder"):
+        precision = ApexPrecision("O2", half_dtype=torch.bfloat16, master_weights=master_weights)
+        trainer, model = fit(plugins=[precision], model=Net(seed=0, optimizer="fused_adam"))
+        runs.append(model)
+    assert torch.equal(flat(runs[0].parameters()), flat(runs[1].parameters()))
+    opt = trainer.optimizers[0]
+    halves = [p for p in runs[1].parameters() if p.dtype == torch.bfloat16]
+    assert halves and all(opt.state[p]["master_remainder"].dtype == torch.int16 for p in halves)
+    assert not any("master_param" in s for s in opt.state.values())
