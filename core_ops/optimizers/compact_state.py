@@ -153,9 +153,9 @@ def convert_loaded(state, saved, p, state_dtype, master_weights, maps):
         return
     half = local(p).detach()
     if isinstance(remainder, torch.Tensor):
-        full = join_master(half, remainder.to(half.device))
+        full = join_master(half, local(remainder).to(half.device))
     elif isinstance(master, torch.Tensor):
-        full = master.to(half.device, torch.float32)
+        full = local(master).to(half.device, torch.float32)
         # An element whose param no longer rounds from the master was written since
         # (Note [Writes to half params]): the param's value wins.
         full = torch.where(full.to(half.dtype) == half, full, half.float())
