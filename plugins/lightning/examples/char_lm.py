@@ -1,16 +1,20 @@
 """core-ops' demo: a small decoder-only transformer (RMSNorm, causal attention) learns to
 write Python, one byte at a time, from the standard library's own source, under
-Lightning. The same model and the same batches train four ways, each a real
+Lightning. The same model and the same batches train five ways, each a real
 ``Trainer.fit`` on the same strategy class (DDP, 2 CPU processes or one per GPU):
 
     apex-O2 + apex-ddp   core-ops: bf16 on a CPU / fp16 on a GPU weights, fp32 masters,
                          FusedAdam, FusedRMSNorm, core_ops' bucketed allreduce
+    apex-O2-bf16 + 8-bit Adam + apex-ddp
+                         the same with bf16 weights, their fp32 masters kept as int16
+                         remainders and 8-bit Adam moments: 6 bytes a param, not 14
     32-true + ddp        plain Lightning in float32, AdamW(fused=True), nn.RMSNorm
     bf16-mixed + ddp     plain Lightning's autocast (16-mixed on a GPU), the same
     apex-O0 + apex-ddp   core-ops in float32 (the strategy alone)
 
 and ends with one table: tokens per second (the steps after the first few, so neither
-the kernel build nor warm-up counts), peak memory, and the final loss.
+the kernel build nor warm-up counts), the bytes the weights and the optimizer keep
+(params, masters, optimizer state), peak memory, and the final loss.
 
     python plugins/lightning/examples/char_lm.py [--steps 60] [--devices 2] [--plot out.png]
 """
@@ -71,8 +75,9 @@ class Block(nn.Module):
 
 
 class CharLM(pl.LightningModule):
-    def __init__(self, fused, width=256, layers=4, heads=4, seq=128, lr=1e-3):
+    def __init__(self, fused, width=256, layers=4, heads=4, seq=128, lr=1e-3, state_dtype=torch.float32):
         super().__init__()
+        self.state_dtype = state_dtype
         torch.manual_seed(0)
         if fused:
             from core_ops.normalization import FusedRMSNorm as norm
@@ -95,7 +100,8 @@ class CharLM(pl.LightningModule):
     def configure_optimizers(self):
         if self.fused:
             from core_ops.optimizers import FusedAdam
-            return FusedAdam(self.parameters(), lr=self.lr, weight_decay=0.01, adam_w_mode=True)
+            return FusedAdam(self.parameters(), lr=self.lr, weight_decay=0.01, adam_w_mode=True,
+                             state_dtype=self.state_dtype)
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.01, fused=True)
 
 
@@ -124,9 +130,24 @@ class Meter(pl.Callback):
         self.clock.append((self.clock[-1] if self.clock else 0.0) + took)  # seconds of training so far
 
     def on_train_end(self, trainer, module):
+        self.kept_mib = kept_bytes(module, trainer.optimizers[0]) / 2**20
         if trainer.global_rank == 0:
             print(f" {len(self.losses)} steps in {time.perf_counter() - self._start:5.1f} s, "
                   f"loss {self.losses[0]:.2f} -> {self.losses[-1]:.2f}", flush=True)
+
+
+def kept_bytes(module, optimizer):
+    """Bytes the weights and the optimizer keep between steps: the model's params, the
+    optimizer's (O2's fp32 masters) and its state, each tensor once."""
+    seen, total = set(), 0
+    tensors = [*module.parameters(), *(p for g in optimizer.param_groups for p in g["params"])]
+    tensors += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim()]
+    for t in tensors:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
 
 
 def peak_mib():
@@ -137,14 +158,22 @@ def peak_mib():
 
 
 def run(precision, strategy, args, data):
+    """One run; ``precision`` is a Lightning precision name, or ``apex-O2-bf16+8bit``:
+    ApexPrecision with master_weights="remainder" and FusedAdam's 8-bit moments."""
     gpu = torch.cuda.is_available()
-    label = f"{precision} + {strategy}"
+    eight_bit = precision == "apex-O2-bf16+8bit"
+    label = f"{'apex-O2-bf16 + 8-bit Adam' if eight_bit else precision} + {strategy}"
+    plugins = []
+    if eight_bit:
+        from core_ops_lightning import ApexPrecision
+        precision, plugins = None, [ApexPrecision("O2", half_dtype=torch.bfloat16, master_weights="remainder")]
     meter = Meter(label)
-    trainer = pl.Trainer(precision=precision, strategy=strategy, accelerator="gpu" if gpu else "cpu",
+    trainer = pl.Trainer(precision=precision, plugins=plugins, strategy=strategy, accelerator="gpu" if gpu else "cpu",
                          devices=min(args.devices, torch.cuda.device_count()) if gpu else args.devices,
                          max_steps=args.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[meter], log_every_n_steps=10)
-    model = CharLM(fused=precision.startswith("apex"), seq=args.seq)
+    model = CharLM(fused=eight_bit or precision.startswith("apex"), seq=args.seq,
+                   state_dtype="int8" if eight_bit else torch.float32)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     loader = torch.utils.data.DataLoader(Windows(data, args.seq, args.steps * args.batch_size * trainer.world_size),
@@ -152,18 +181,20 @@ def run(precision, strategy, args, data):
     trainer.fit(model, loader)
     step = sorted(meter.times)[len(meter.times) // 2]  # the median step
     tokens = args.batch_size * args.seq * trainer.world_size
-    return dict(run=label, tokens_per_s=tokens / step, peak_mib=peak_mib(), rank=trainer.global_rank,
+    return dict(run=label, tokens_per_s=tokens / step, peak_mib=peak_mib(), kept_mib=meter.kept_mib,
+                rank=trainer.global_rank,
                 loss=sum(meter.losses[-10:]) / len(meter.losses[-10:]), losses=meter.losses, clock=meter.clock,
                 world=trainer.world_size)
 
 
 def table(results):
     base = {r["run"].split(" + ")[0]: r for r in results}
-    rows = ["| run | tokens/s | vs 32-true | peak MiB (rank 0) | final loss (last 10 steps) |",
-            "|---|---:|---:|---:|---:|"]
+    rows = ["| run | tokens/s | vs 32-true | weights + optimizer MiB | peak MiB (rank 0) | final loss (last 10 steps) |",
+            "|---|---:|---:|---:|---:|---:|"]
     for r in results:
         ratio = r["tokens_per_s"] / base["32-true"]["tokens_per_s"] if "32-true" in base else float("nan")
-        rows.append(f"| {r['run']} | {r['tokens_per_s']:.0f} | {ratio:.2f}x | {r['peak_mib']:.0f} | {r['loss']:.3f} |")
+        rows.append(f"| {r['run']} | {r['tokens_per_s']:.0f} | {ratio:.2f}x | {r['kept_mib']:.1f} | {r['peak_mib']:.0f} "
+                    f"| {r['loss']:.3f} |")
     return "\n".join(rows)
 
 
@@ -193,11 +224,12 @@ def main():
     p.add_argument("--batch-size", type=int, default=16, help="sequences per process")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--plot", metavar="PNG", help="write throughput bars and loss curves to this file")
-    p.add_argument("--runs", help="precision:strategy pairs, comma-separated (default: the four above)")
+    p.add_argument("--runs", help="precision:strategy pairs, comma-separated (default: the five above)")
     args = p.parse_args()
     gpu = torch.cuda.is_available()
     half = "16-mixed" if gpu else "bf16-mixed"
-    runs = args.runs or f"apex-O2{'' if gpu else '-bf16'}:apex-ddp,32-true:ddp,{half}:ddp,apex-O0:apex-ddp"
+    runs = args.runs or (f"apex-O2{'' if gpu else '-bf16'}:apex-ddp,apex-O2-bf16+8bit:apex-ddp,32-true:ddp,"
+                         f"{half}:ddp,apex-O0:apex-ddp")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.devices))
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     import logging
