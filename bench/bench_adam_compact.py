@@ -3,6 +3,7 @@ remainders and bfloat16 / 8-bit moments, against core-ops' own fp32-master Fused
 (Apex's O2 layout: the baseline) and torchao's / bitsandbytes' AdamW8bit, in one run.
 
     python bench/bench_adam_compact.py [--device cpu|cuda] [--numel 50000000] [--tensors 200]
+    python bench/bench_adam_compact.py --convergence 400     # the demo's char LM instead
 
 Every case steps the same bfloat16 params (``--numel`` elements in ``--tensors``
 tensors) with their grads; each is timed interleaved with the baseline (ABAB...) and
@@ -75,9 +76,67 @@ def third_party(args):
     return out
 
 
+def convergence(steps, device):
+    """The demo's char LM (plugins/lightning/examples/char_lm.py) at O2-bf16 for ``steps``
+    steps, one process, the same batches: fp32 masters, then remainders with float32,
+    bfloat16 and 8-bit moments; the first step whose loss differs from the fp32-master
+    run's and the mean loss of the last quarter of the steps. A second fp32-master run
+    with one weight moved by one bfloat16 ulp shows how far a single rounding flip
+    carries: where such runs part is chaos, not the optimizer."""
+    import sys
+    from pathlib import Path
+    import torch.nn.functional as F
+    from core_ops import amp
+    sys.path.insert(0, str(Path(__file__).parents[1] / "plugins" / "lightning" / "examples"))
+    import char_lm
+    data = char_lm.corpus()
+    windows = char_lm.Windows(data, 128, steps * 16)
+    batches = [[torch.stack([windows[i][k] for i in range(s * 16, s * 16 + 16)]).to(device) for k in (0, 1)]
+               for s in range(steps)]
+
+    def train(master_weights, state_dtype, nudge=False):
+        model = char_lm.CharLM(fused=True).to(device)
+        opt = FusedAdam(model.parameters(), lr=1e-3, weight_decay=0.01, state_dtype=state_dtype)
+        model, opt = amp.initialize(model, opt, opt_level="O2", half_dtype=torch.bfloat16,
+                                    master_weights=master_weights, verbosity=0)
+        if nudge:
+            with torch.no_grad():
+                head = list(amp.master_params(opt))[-1].view(-1)
+                head[1000] += head[1000].abs() * 2 ** -7
+        losses = []
+        for x, y in batches:
+            loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+            with amp.scale_loss(loss, opt) as scaled:
+                scaled.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    base = train(True, torch.float32)
+    tail = max(1, steps // 4)
+    mean = lambda xs: sum(xs[-tail:]) / tail  # noqa: E731
+    print(f"char LM, O2-bf16, {steps} steps of 16 x 128 bytes on {device}; loss = mean of the last {tail} steps\n")
+    print("| masters, moments | first step that differs | loss | vs fp32 masters |")
+    print("|---|---:|---:|---:|")
+    print(f"| fp32 masters, fp32 moments | - | {mean(base):.4f} | - |")
+    for name, mw, sd, nudge in (("fp32 masters, one weight moved one bf16 ulp", True, torch.float32, True),
+                                ("remainders, fp32 moments", "remainder", torch.float32, False),
+                                ("remainders, bf16 moments", "remainder", torch.bfloat16, False),
+                                ("remainders, 8-bit moments", "remainder", "int8", False)):
+        losses = train(mw, sd, nudge)
+        first = next((i for i, (a, b) in enumerate(zip(base, losses)) if a != b), None)
+        print(f"| {name} | {'-' if first is None else first} | {mean(losses):.4f} "
+              f"| {100 * (mean(losses) - mean(base)) / mean(base):+.2f}% |", flush=True)
+
+
 def main():
-    args = harness.parser(__doc__.splitlines()[0], numel=50_000_000, tensors=200, repeats=10).parse_args()
+    p = harness.parser(__doc__.splitlines()[0], numel=50_000_000, tensors=200, repeats=10)
+    p.add_argument("--convergence", type=int, metavar="STEPS", help="train the demo's char LM instead")
+    args = p.parse_args()
     harness.setup(args)
+    if args.convergence:
+        return convergence(args.convergence, args.device)
     print(f"{sum(sizes_of(args)):,} bfloat16 params in {args.tensors} tensors on {args.device}, "
           f"{torch.get_num_threads()} threads, {args.repeats} interleaved repeats\n")
     base_params = params_with_grads(args)
