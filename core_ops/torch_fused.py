@@ -101,6 +101,54 @@ def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_pa
         grad_scale=_scale(grad_scale), found_inf=flag))
 
 
+def fused_adam_compact_(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes,
+                        master_params, steps, exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay,
+                        adam_w_mode, bias_correction, maximize, lr_tensor, grad_scale, found_inf):
+    """Compact state widened to float32 with torch ops (reference/compact_state.py), one
+    torch._fused_adam(w)_ call over all of it, narrowed back. Narrowing is not the
+    identity on codes (a block's negative maximum comes back as -0.993 of it), so on a
+    skipped step (found_inf, read on the device) the old state is kept element by
+    element, without a host sync."""
+    from .reference.adam_compact import load_moment, load_weights, store_moment, store_weights
+    from ._validate import check_compact_adam_lists
+    args = (params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes, master_params, steps,
+            exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adam_w_mode, bias_correction,
+            maximize, lr_tensor, grad_scale, found_inf)
+    if (_build.forced_reference() or not params or not bias_correction
+            or not all(map(torch.Tensor.is_contiguous, [*params, *grads]))):
+        return REFERENCE["fused_adam_compact_"](*args)
+    check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes,
+                             master_params, exp_avg_map, exp_avg_sq_map)
+    quantized = exp_avgs[0].dtype == torch.uint8
+    masters = master_params or [None] * len(params)
+    m_max = exp_avg_absmaxes if quantized else [None] * len(params)
+    v_max = exp_avg_sq_absmaxes if quantized else [None] * len(params)
+    xs = [load_weights(p, m).clone() for p, m in zip(params, masters)]
+    ms = [load_moment(m, a, exp_avg_map, p) for m, a, p in zip(exp_avgs, m_max, params)]
+    vs = [load_moment(v, a, exp_avg_sq_map, p) for v, a, p in zip(exp_avg_sqs, v_max, params)]
+    gs = [g.float() for g in grads]
+    flag = _flag(found_inf)
+    kernel = torch._fused_adamw_ if adam_w_mode else torch._fused_adam_
+    _stepped(steps, flag, lambda: kernel(
+        xs, gs, ms, vs, [], steps, lr=_lr(lr, lr_tensor, params[0]), beta1=beta1, beta2=beta2,
+        weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=maximize, grad_scale=_scale(grad_scale),
+        found_inf=flag))
+    if grad_scale is not None:  # torch's kernel wrote the unscaled grads into the float32 copies
+        torch._foreach_copy_(grads, [g if flag is None else torch.where(flag > 0, old.float(), g)
+                                     for g, old in zip(gs, grads)])
+    keep = [] if flag is None else [t.clone() for t in (*params, *exp_avgs, *exp_avg_sqs, *master_params,
+                                                          *(exp_avg_absmaxes if quantized else []),
+                                                          *(exp_avg_sq_absmaxes if quantized else []))]
+    for i, p in enumerate(params):
+        store_weights(p, masters[i], xs[i])
+        store_moment(exp_avgs[i], m_max[i], exp_avg_map, ms[i])
+        store_moment(exp_avg_sqs[i], v_max[i], exp_avg_sq_map, vs[i])
+    if keep:
+        now = [*params, *exp_avgs, *exp_avg_sqs, *master_params, *(exp_avg_absmaxes if quantized else []),
+               *(exp_avg_sq_absmaxes if quantized else [])]
+        torch._foreach_copy_(now, [torch.where(flag > 0, old, new) for old, new in zip(keep, now)])
+
+
 def fused_sgd_(params, grads, momentum_buffers, master_params, lr, momentum, dampening, weight_decay,
                nesterov, wd_after_momentum, first_step, maximize, lr_tensor, grad_scale, found_inf):
     args = (params, grads, momentum_buffers, master_params, lr, momentum, dampening, weight_decay, nesterov,
@@ -167,16 +215,19 @@ def multi_tensor_l2norm(tensors, per_tensor):
 # What tier 2 covers, for ``core_ops info``.
 COVERS = {
     "fused_adam_": "torch._fused_adam_ / _fused_adamw_",
+    "fused_adam_compact_": "torch._fused_adam_ / _fused_adamw_ on the state widened to float32",
     "fused_sgd_": "torch._fused_sgd_",
     "fused_adagrad_": "torch._fused_adagrad_",
     "multi_tensor_scale_": "torch._amp_foreach_non_finite_check_and_unscale_ (in place)",
     "multi_tensor_l2norm": "torch._foreach_norm",
 }
 _TORCH_OPS = {"fused_adam_": ("_fused_adam_", "_fused_adamw_"), "fused_sgd_": ("_fused_sgd_",),
+              "fused_adam_compact_": ("_fused_adam_", "_fused_adamw_"),
               "fused_adagrad_": ("_fused_adagrad_",),
               "multi_tensor_scale_": ("_amp_foreach_non_finite_check_and_unscale_",),
               "multi_tensor_l2norm": ("_foreach_norm",)}
-KERNELS = {name: fn for name, fn in (("fused_adam_", fused_adam_), ("fused_sgd_", fused_sgd_),
+KERNELS = {name: fn for name, fn in (("fused_adam_", fused_adam_), ("fused_adam_compact_", fused_adam_compact_),
+                                     ("fused_sgd_", fused_sgd_),
                                      ("fused_adagrad_", fused_adagrad_), ("multi_tensor_scale_", multi_tensor_scale_),
                                      ("multi_tensor_l2norm", multi_tensor_l2norm))
            if all(_available(t) for t in _TORCH_OPS[name])}
