@@ -339,6 +339,11 @@ class FusedOptimizer(Optimizer):
 
         def restore(optimizer):
             self._restore_exact(loaded[0])
+            # The loaded state goes with the params as they are now or as they will be
+            # loaded (torch.distributed.checkpoint loads a model after a step that made the
+            # optimizer's state): writes before the load are not the user's (Note [Writes
+            # to half params]).
+            self._write_marks().clear()
 
         # This call's own copies of the hook dicts, with ours added: a load started from
         # inside a user's hook must not change the dicts an outer load is iterating. (A

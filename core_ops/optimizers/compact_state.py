@@ -85,11 +85,44 @@ def new_moments(p, dtype):
         if dtype == torch.uint8:
             state[key] = torch.full_like(p, zero_code(signed), dtype=torch.uint8,
                                          memory_format=torch.preserve_format)
-            state[f"{key}_absmax"] = torch.zeros(blocks_of(local(p).numel()), dtype=torch.float32,
-                                                 device=local(p).device)
+            state[f"{key}_absmax"] = new_block_maxima(p)
         else:
             state[key] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
     return state
+
+
+# Note [Block maxima of shards]: under FSDP2 a rank's 8-bit moment covers its shard of
+# the param, in blocks over that shard; the shard's block maxima are per rank. They are
+# kept as a DTensor laid out over the param's mesh (Shard(0) where the param is
+# sharded, Replicate where it is replicated), each rank's part padded to the block count
+# of the largest shard, so that the parts are even: torch.distributed.checkpoint then
+# saves and loads every rank's own maxima. (A plain tensor would be taken as one value
+# replicated on every rank, and every rank would load rank 0's.) A checkpoint resumes
+# on the same mesh; on another, the maxima's global size differs and the load says so.
+
+def new_block_maxima(p):
+    """Zeroed block maxima for an 8-bit moment of ``p`` (Note [Block maxima of shards])."""
+    if not _sharded(p):
+        return torch.zeros(blocks_of(p.numel()), dtype=torch.float32, device=p.device)
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    shape, parts, placements = list(p.shape), 1, []
+    for i, placement in enumerate(p.placements):
+        if placement.is_shard():
+            shape[placement.dim] = -(-shape[placement.dim] // p.device_mesh.size(i))  # chunk's ceil
+            parts *= p.device_mesh.size(i)
+            placements.append(Shard(0))
+        else:
+            placements.append(Replicate())
+    most = blocks_of(int(torch.Size(shape).numel()))  # the largest shard's block count
+    part = torch.zeros(most, dtype=torch.float32, device=local(p).device)
+    return DTensor.from_local(part, p.device_mesh, placements, run_check=False, shape=(most * parts,),
+                              stride=(1,))
+
+
+def block_maxima(absmax, numel):
+    """The maxima of this rank's ``numel`` elements: a view of ``absmax`` (a DTensor's
+    local part has padding past them)."""
+    return local(absmax)[:blocks_of(numel)] if _sharded(absmax) else absmax
 
 
 def moment_values(saved, key, p, maps):
@@ -99,14 +132,15 @@ def moment_values(saved, key, p, maps):
     if value.dtype == torch.uint8:
         absmax = saved.get(f"{key}_absmax")
         n = out.numel()
-        if not isinstance(absmax, torch.Tensor) or absmax.numel() != blocks_of(n):
-            got = "none" if not isinstance(absmax, torch.Tensor) else f"{absmax.numel()} block maxima"
+        have = -1 if not isinstance(absmax, torch.Tensor) else local(absmax).numel()
+        if have != blocks_of(n) and not (_sharded(absmax) and have >= blocks_of(n)):
+            got = "none" if have < 0 else f"{have} block maxima"
             raise ValueError(f"state '{key}' holds 8-bit codes of {n} elements, which need {blocks_of(n)} "
                              f"maxima of blocks of {BLOCK} in '{key}_absmax', got {got}: a state dict saved "
                              "with another block size or layout; convert it where it was saved "
                              "(core_ops.optimizers.full_precision_state_dict) and load that")
         qmap = maps(out.device)[MOMENTS.index(key)]
-        flat(out).copy_(dequantize(flat(local(value)).to(out.device), absmax.to(out.device), qmap))
+        flat(out).copy_(dequantize(flat(local(value)).to(out.device), block_maxima(absmax, n).to(out.device), qmap))
     else:
         out.copy_(local(value))
     return out
@@ -119,7 +153,7 @@ def store_moment(state, key, values, dtype, p, maps):
     if dtype == torch.uint8:
         codes, absmax = quantize(flat(values), maps(values.device)[MOMENTS.index(key)])
         flat(target).copy_(codes)
-        fresh[f"{key}_absmax"].copy_(absmax)
+        block_maxima(fresh[f"{key}_absmax"], values.numel()).copy_(absmax)
         state[f"{key}_absmax"] = fresh[f"{key}_absmax"]
     else:
         target.copy_(values)
@@ -140,7 +174,10 @@ def convert_loaded(state, saved, p, state_dtype, master_weights, maps):
             local(fresh[key]).copy_(local(value))
             state[key] = fresh[key]
             if dtype == torch.uint8:
-                state[f"{key}_absmax"] = fresh[f"{key}_absmax"].copy_(saved[f"{key}_absmax"])
+                n = local(p).numel()
+                moment_values(saved, key, p, maps)  # checks the maxima's count
+                block_maxima(fresh[f"{key}_absmax"], n).copy_(block_maxima(saved[f"{key}_absmax"], n))
+                state[f"{key}_absmax"] = fresh[f"{key}_absmax"]
             else:
                 state.pop(f"{key}_absmax", None)
             continue

@@ -119,8 +119,9 @@ class FusedAdam(FusedOptimizer):
                 group["bias_correction"], group["maximize"], lr_tensor, grad_scale, found_inf)
 
     def _absmaxes(self, ps, key):
-        """The block maxima of 8-bit ``key`` of each param in ``ps`` (made with it)."""
-        return [self.state[p][f"{key}_absmax"] for p in ps]
+        """The block maxima of 8-bit ``key`` of each param in ``ps`` (made with it), this
+        rank's own under FSDP2 (Note [Block maxima of shards] in compact_state.py)."""
+        return [compact_state.block_maxima(self.state[p][f"{key}_absmax"], local(p).numel()) for p in ps]
 
     def _remainders(self, group, ps):
         """The int16 remainders of ``ps`` (bfloat16 params; float32 ones are their own

@@ -87,20 +87,52 @@ def ddp(rank, world):
     return out
 
 
-def fsdp(rank, world):
+def sharded(model):
     from torch.distributed.fsdp import fully_shard
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    return fully_shard(model)
 
-    def wrap(model):
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer)
-        return fully_shard(model)
 
+def fsdp(rank, world):
     out = {}
     for name, kw in CONFIGS:
-        seen, resumed, opt = train(wrap, rank, **kw)
+        seen, resumed, opt = train(sharded, rank, **kw)
         out[name] = dict(seen=seen, resumed=resumed, layout=state_layout(opt))
+    out["dcp"] = fsdp_dcp(rank)
     return out
+
+
+def fsdp_dcp(rank):
+    """The compact FSDP2 run saved at RESUME_AT with torch.distributed.checkpoint (model
+    and optimizer, torch's get_*_state_dict helpers) and resumed into a fresh model and
+    optimizer: the params after the last step, straight and resumed."""
+    import tempfile
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+    where = [tempfile.mkdtemp() if rank == 0 else None]
+    dist.broadcast_object_list(where, src=0)
+    kw = dict(lr=1e-2, weight_decay=0.01, master_weights="remainder", state_dtype="int8")
+    data = batches(rank)
+    model = sharded(mlp())
+    opt = FusedAdam(model.parameters(), **kw)
+    for i, x in enumerate(data):
+        if i == RESUME_AT:
+            dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
+                     checkpoint_id=where[0])
+        step(model, opt, x)
+    resumed = sharded(mlp(seed=7))
+    opt2 = FusedAdam(resumed.parameters(), **kw)
+    state = {"model": get_model_state_dict(resumed), "optim": get_optimizer_state_dict(resumed, opt2)}
+    dcp.load(state, checkpoint_id=where[0])
+    set_model_state_dict(resumed, state["model"])
+    set_optimizer_state_dict(resumed, opt2, state["optim"])
+    for x in data[RESUME_AT:]:
+        step(resumed, opt2, x)
+    return dict(straight=snapshot(model, True), resumed=snapshot(resumed, True))
 
 
 def both(rank, world):
