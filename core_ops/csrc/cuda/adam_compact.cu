@@ -234,13 +234,13 @@ void fused_adam_compact_(at::TensorList params, at::TensorList grads, at::Tensor
                          double beta2, double eps, double weight_decay, bool adam_w_mode,
                          bool bias_correction, bool maximize, const std::optional<at::Tensor>& lr_tensor,
                          const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return;
-  check_compact_params(params);
-  const MomentKind moments = check_compact_moments(params, exp_avgs, exp_avg_sqs);
-  const bool quantized = moments == MomentKind::kCodes;
-  check_absmaxes(params, exp_avg_absmaxes, "exp_avg_absmaxes", exp_avg_map, "exp_avg_map", quantized);
-  check_absmaxes(params, exp_avg_sq_absmaxes, "exp_avg_sq_absmaxes", exp_avg_sq_map, "exp_avg_sq_map", quantized);
-  const WeightKind weights = check_compact_masters(params, master_params);
+  const auto layout = check_compact_adam(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
+                                         exp_avg_sq_absmaxes, master_params, steps, exp_avg_map,
+                                         exp_avg_sq_map, lr_tensor, grad_scale, found_inf);
+  if (!layout.has_value()) return;
+  const MomentKind moments = layout->moments;
+  const WeightKind weights = layout->weights;
+  const bool quantized = layout->quantized();
   const auto device = params[0].device();
   check_cuda(device);
   const c10::cuda::CUDAGuard guard(device);

@@ -84,4 +84,26 @@ inline void check_compact_params(at::TensorList params) {
   }
 }
 
+struct CompactLayout {
+  MomentKind moments;
+  WeightKind weights;
+  bool quantized() const { return moments == MomentKind::kCodes; }
+};
+
+// Every check of fused_adam_compact_; nullopt for an empty group (nothing to do).
+inline std::optional<CompactLayout> check_compact_adam(
+    at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+    at::TensorList exp_avg_absmaxes, at::TensorList exp_avg_sq_absmaxes, at::TensorList master_params,
+    at::TensorList steps, const std::optional<at::Tensor>& exp_avg_map,
+    const std::optional<at::Tensor>& exp_avg_sq_map, const std::optional<at::Tensor>& lr_tensor,
+    const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return std::nullopt;
+  check_compact_params(params);
+  const CompactLayout layout{check_compact_moments(params, exp_avgs, exp_avg_sqs), WeightKind::kParam};
+  check_absmaxes(params, exp_avg_absmaxes, "exp_avg_absmaxes", exp_avg_map, "exp_avg_map", layout.quantized());
+  check_absmaxes(params, exp_avg_sq_absmaxes, "exp_avg_sq_absmaxes", exp_avg_sq_map, "exp_avg_sq_map",
+                 layout.quantized());
+  return CompactLayout{layout.moments, check_compact_masters(params, master_params)};
+}
+
 }  // namespace core_ops
