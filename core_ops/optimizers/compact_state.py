@@ -45,13 +45,13 @@ def check_master_weights(master_weights, supports_remainder, owner):
     raise ValueError(f"{owner}: master_weights must be True, False or \"remainder\", got {master_weights!r}")
 
 
-def moment_dtype(state_dtype, p):
-    """The dtype of ``p``'s moments: float64 params keep float64 state; small tensors
-    keep float32 under "int8" (MIN_QUANTIZED_NUMEL)."""
+def moment_dtype(state_dtype, p, min_8bit_size=MIN_QUANTIZED_NUMEL):
+    """The dtype of ``p``'s moments: float64 params keep float64 state; tensors under
+    ``min_8bit_size`` elements keep float32 under "int8"."""
     if p.dtype == torch.float64:
         return torch.float64
     want = STATE_DTYPES[state_dtype]
-    if want == torch.uint8 and local(p).numel() < MIN_QUANTIZED_NUMEL:
+    if want == torch.uint8 and local(p).numel() < min_8bit_size:
         return torch.float32
     return want
 
@@ -161,14 +161,14 @@ def store_moment(state, key, values, dtype, p, maps):
     state[key] = fresh[key]
 
 
-def convert_loaded(state, saved, p, state_dtype, master_weights, maps):
+def convert_loaded(state, saved, p, state_dtype, master_weights, maps, min_8bit_size=MIN_QUANTIZED_NUMEL):
     """Puts into ``state`` (torch's loader's result for param ``p``) the saved state in
     this optimizer's layout, exactly where the layouts agree."""
     for key in MOMENTS:
         value = saved.get(key)
         if not isinstance(value, torch.Tensor):
             continue
-        dtype = moment_dtype(state_dtype, p)
+        dtype = moment_dtype(state_dtype, p, min_8bit_size)
         if value.dtype == dtype:  # the same layout: exactly as saved (decoding and coding again would not be)
             fresh = new_moments(p, dtype)
             local(fresh[key]).copy_(local(value))

@@ -23,7 +23,7 @@ class FusedAdam(FusedOptimizer):
 
     Half the memory (docs/core.md, "Compact optimizer state"): ``state_dtype``
     keeps the moments in ``torch.bfloat16`` or ``"int8"`` (8-bit blockwise, Dettmers
-    et al.; tensors under 4096 elements keep float32); ``master_weights="remainder"``
+    et al.; tensors under ``min_8bit_size`` elements keep float32); ``master_weights="remainder"``
     keeps each bfloat16 param's fp32 master as the param plus an int16 remainder (2
     bytes, not 4; float32 params among them are their own masters). A state dict of
     any of these layouts, or torch's, loads into any other.
@@ -31,12 +31,18 @@ class FusedAdam(FusedOptimizer):
 
     _state_keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     _supports_remainder = True
-    _pickled_attrs = (*FusedOptimizer._pickled_attrs, "state_dtype")
+    _pickled_attrs = (*FusedOptimizer._pickled_attrs, "state_dtype", "min_8bit_size")
+    # What an optimizer pickled before these options existed unpickles with.
+    state_dtype, min_8bit_size = "float32", 4096
 
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
                  adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True,
-                 capturable=False, master_weights=False, maximize=False, state_dtype=torch.float32):
+                 capturable=False, master_weights=False, maximize=False, state_dtype=torch.float32,
+                 min_8bit_size=4096):
         self.state_dtype = compact_state.state_dtype_name(state_dtype)
+        if not (isinstance(min_8bit_size, int) and min_8bit_size >= 0):
+            raise ValueError(f"min_8bit_size must be an int >= 0 (elements), got {min_8bit_size!r}")
+        self.min_8bit_size = min_8bit_size
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, adam_w_mode=adam_w_mode, amsgrad=amsgrad,
                         maximize=maximize)
@@ -67,6 +73,17 @@ class FusedAdam(FusedOptimizer):
     def compact(self):
         """Whether the state takes the compact op (compact moments or remainders)."""
         return self.state_dtype != "float32" or self.master_weights == "remainder"
+
+    def _work(self):
+        work = super()._work()
+        if self.master_weights == "remainder":
+            dtypes = {dtype for _, buckets in work for (_, dtype) in buckets}
+            if dtypes and torch.bfloat16 not in dtypes and torch.float16 not in dtypes:
+                raise TypeError(f"master_weights=\"remainder\" keeps fp32 masters as bfloat16 params plus int16 "
+                                f"remainders, and every param with a grad here is {sorted(map(str, dtypes))}: cast "
+                                "the model to bfloat16 first (amp.initialize(..., opt_level=\"O2\", "
+                                "half_dtype=torch.bfloat16)), or use master_weights=False for float32 params")
+        return work
 
     def _check_group(self, group, where):
         super()._check_group(group, where)
@@ -101,7 +118,7 @@ class FusedAdam(FusedOptimizer):
         maps = self.__dict__.setdefault("_maps", compact_state.Maps())
         by_dtype = {}
         for i, p in enumerate(ps):
-            by_dtype.setdefault(compact_state.moment_dtype(self.state_dtype, p), []).append(i)
+            by_dtype.setdefault(compact_state.moment_dtype(self.state_dtype, p, self.min_8bit_size), []).append(i)
         beta1, beta2 = group["betas"]
         for dtype, indices in by_dtype.items():
             sub = [ps[i] for i in indices]
@@ -170,7 +187,8 @@ class FusedAdam(FusedOptimizer):
         maps = self.__dict__.setdefault("_maps", compact_state.Maps())
         for saved, p in self._saved_states(state_dict):
             state = self.state[p]
-            compact_state.convert_loaded(state, saved, p, self.state_dtype, self.master_weights, maps)
+            compact_state.convert_loaded(state, saved, p, self.state_dtype, self.master_weights, maps,
+                                         self.min_8bit_size)
             for key in ("max_exp_avg_sq",):
                 if isinstance(saved.get(key), torch.Tensor):
                     state[key] = self._state_zeros(p).copy_(saved[key])

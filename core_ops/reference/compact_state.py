@@ -28,8 +28,9 @@ normalized value being ``x * (1 / absmax)`` in float32 (0 for an all-zero block)
 import torch
 
 BLOCK = 256
-# Tensors with fewer elements keep float32 moments under state_dtype="int8": their
-# block maxima and the extra kernel work would cost more than the bytes saved.
+# Tensors with fewer elements keep float32 moments under state_dtype="int8" (the
+# default of FusedAdam's min_8bit_size, as bitsandbytes'): their block maxima and the
+# extra kernel work would cost more than the bytes saved.
 MIN_QUANTIZED_NUMEL = 4096
 _DECADES = 7  # 1e-6 ... 1e0
 

@@ -359,6 +359,15 @@ def test_remainder_on_fp16_params_names_master_weights_true():
     assert torch.equal(p.detach(), torch.zeros(8, dtype=torch.float16)) and not opt.state[p]
 
 
+def test_remainders_with_only_float32_params_are_refused():
+    p = torch.zeros(8, requires_grad=True)
+    opt = FusedAdam([p], master_weights="remainder")
+    p.grad = torch.ones_like(p)
+    with pytest.raises(TypeError, match="cast the model to bfloat16 first .* or use master_weights=False"):
+        opt.step()
+    assert torch.equal(p.detach(), torch.zeros(8)) and not opt.state[p]
+
+
 def test_remainders_for_other_optimizers_are_refused():
     from core_ops.optimizers import FusedSGD
     with pytest.raises(ValueError, match='master_weights="remainder" is for FusedAdam'):

@@ -117,6 +117,26 @@ def test_save_state_and_load_state_resume_exactly(tmp_path):
     assert torch.equal(task.flat(whole.parameters()), task.flat(resumed.parameters()))
 
 
+def test_save_state_and_load_state_resume_compact_state_exactly(tmp_path, monkeypatch):
+    """Remainders and 8-bit moments through save_state / load_state."""
+    monkeypatch.setenv("CORE_OPS_MASTER_WEIGHTS", "remainder")
+    monkeypatch.setenv("CORE_OPS_HALF_DTYPE", "bf16")
+    adam = lambda ps: FusedAdam(ps, lr=1e-3, state_dtype="int8", min_8bit_size=64)  # noqa: E731
+    batches = list(task.loader())
+    accelerator, whole, wopt, _, wsched = accelerated(ApexPlugin(opt_level="O2"), seed=3, optimizer=adam)
+    run(accelerator, whole, wopt, batches, wsched, clip=None)
+    accelerator, first, fopt, _, fsched = accelerated(ApexPlugin(opt_level="O2"), seed=3, optimizer=adam)
+    run(accelerator, first, fopt, batches[:5], fsched, clip=None)
+    accelerator.save_state(str(tmp_path / "state"))
+    accelerator, resumed, ropt, _, rsched = accelerated(ApexPlugin(opt_level="O2"), seed=9, optimizer=adam)
+    accelerator.load_state(str(tmp_path / "state"))
+    run(accelerator, resumed, ropt, batches[5:], rsched, clip=None)
+    assert torch.equal(task.flat(whole.parameters()), task.flat(resumed.parameters()))
+    states = ropt.optimizer.state.values()
+    assert any(s.get("master_remainder") is not None for s in states)
+    assert any(s["exp_avg"].dtype == torch.uint8 for s in states)  # the 3x3 convs' 576 weights
+
+
 def test_the_saved_model_is_fp32_and_a_plain_model_loads_it(tmp_path):
     accelerator, model, opt, loader = accelerated(ApexPlugin(opt_level="O2"), scheduler=False)
     run(accelerator, model, opt, loader)

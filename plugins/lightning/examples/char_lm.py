@@ -157,14 +157,19 @@ def peak_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's peak RSS (KiB on Linux)
 
 
+# apex-O2-bf16 with remainders for masters and FusedAdam's moments in this dtype.
+COMPACT = {"apex-O2-bf16+8bit": ("int8", "8-bit Adam"), "apex-O2-bf16+bf16": (torch.bfloat16, "bf16 Adam"),
+           "apex-O2-bf16+remainder": (torch.float32, "remainders")}
+
+
 def run(precision, strategy, args, data):
-    """One run; ``precision`` is a Lightning precision name, or ``apex-O2-bf16+8bit``:
-    ApexPrecision with master_weights="remainder" and FusedAdam's 8-bit moments."""
+    """One run; ``precision`` is a Lightning precision name, or one of COMPACT:
+    ApexPrecision with master_weights="remainder" and compact FusedAdam moments."""
     gpu = torch.cuda.is_available()
-    eight_bit = precision == "apex-O2-bf16+8bit"
-    label = f"{'apex-O2-bf16 + 8-bit Adam' if eight_bit else precision} + {strategy}"
+    compact = COMPACT.get(precision)
+    label = f"{f'apex-O2-bf16 + {compact[1]}' if compact else precision} + {strategy}"
     plugins = []
-    if eight_bit:
+    if compact:
         from core_ops_lightning import ApexPrecision
         precision, plugins = None, [ApexPrecision("O2", half_dtype=torch.bfloat16, master_weights="remainder")]
     meter = Meter(label)
@@ -172,8 +177,8 @@ def run(precision, strategy, args, data):
                          devices=min(args.devices, torch.cuda.device_count()) if gpu else args.devices,
                          max_steps=args.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[meter], log_every_n_steps=10)
-    model = CharLM(fused=eight_bit or precision.startswith("apex"), seq=args.seq,
-                   state_dtype="int8" if eight_bit else torch.float32)
+    model = CharLM(fused=compact is not None or precision.startswith("apex"), seq=args.seq,
+                   state_dtype=compact[0] if compact else torch.float32)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     loader = torch.utils.data.DataLoader(Windows(data, args.seq, args.steps * args.batch_size * trainer.world_size),

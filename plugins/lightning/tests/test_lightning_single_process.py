@@ -260,3 +260,25 @@ def test_remainders_train_as_fp32_masters():
     halves = [p for p in runs[1].parameters() if p.dtype == torch.bfloat16]
     assert halves and all(opt.state[p]["master_remainder"].dtype == torch.int16 for p in halves)
     assert not any("master_param" in s for s in opt.state.values())
+
+
+def test_a_checkpoint_of_compact_state_resumes_exactly(tmp_path):
+    """Remainders and 8-bit moments through Lightning's checkpoint: one epoch, saved,
+    resumed for a second in a fresh Trainer, is the two-epoch run bit for bit."""
+    from core_ops.optimizers import FusedAdam
+
+    class Compact(Net):
+        def configure_optimizers(self):
+            return FusedAdam(self.parameters(), lr=self.lr / 10, state_dtype="int8", min_8bit_size=64)
+
+    def precision():
+        return ApexPrecision("O2", half_dtype=torch.bfloat16, master_weights="remainder")
+
+    _, straight = fit(plugins=[precision()], epochs=2, model=Compact(seed=0))
+    trainer, first = fit(plugins=[precision()], epochs=1, model=Compact(seed=0))
+    trainer.save_checkpoint(tmp_path / "one.ckpt")
+    state = trainer.optimizers[0].state
+    assert any(s.get("exp_avg", torch.zeros(())).dtype == torch.uint8 for s in state.values())
+    resumed = Compact(seed=1)
+    pl.Trainer(plugins=[precision()], max_epochs=2, **QUIET).fit(resumed, loader(), ckpt_path=tmp_path / "one.ckpt")
+    assert torch.equal(flat(straight.parameters()), flat(resumed.parameters()))
