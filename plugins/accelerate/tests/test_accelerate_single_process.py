@@ -117,6 +117,17 @@ def test_save_state_and_load_state_resume_exactly(tmp_path):
     assert torch.equal(task.flat(whole.parameters()), task.flat(resumed.parameters()))
 
 
+def test_a_torch_adamw_steps_with_remainders_through_its_fused_twin(monkeypatch):
+    monkeypatch.setenv("CORE_OPS_MASTER_WEIGHTS", "remainder")
+    monkeypatch.setenv("CORE_OPS_HALF_DTYPE", "bf16")
+    plugin = ApexPlugin(opt_level="O2", fused_optimizer=True)
+    accelerator, model, opt, loader, sched = accelerated(plugin, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+    run(accelerator, model, opt, loader, sched, clip=None)
+    inner = opt.optimizer
+    assert isinstance(inner, FusedAdam) and inner.master_weights == "remainder"
+    assert any("master_remainder" in s for s in inner.state.values())
+
+
 def test_save_state_and_load_state_resume_compact_state_exactly(tmp_path, monkeypatch):
     """Remainders and 8-bit moments through save_state / load_state."""
     monkeypatch.setenv("CORE_OPS_MASTER_WEIGHTS", "remainder")
