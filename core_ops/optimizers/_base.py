@@ -16,7 +16,7 @@ from .. import _build, _validate
 from ..multi_tensor_apply.ops import global_l2norm, multi_tensor_l2norm
 from ._checks import (check_dense, check_given, check_group_keys, check_hyperparameters,
                       check_scale_args)
-from .._sharded import is_sharded
+from .._sharded import is_sharded, local
 from .compact_state import check_master_weights
 
 HALF = (torch.float16, torch.bfloat16)
@@ -196,9 +196,10 @@ class FusedOptimizer(Optimizer):
             elif marks is not None and marks.get(id(p)) != mark and master.shape == p.shape:
                 # Only the elements that differ: a renormalised embedding row takes its
                 # new value, every other element keeps the master's extra bits. (A
-                # param of another shape is the kernel's error to report.)
-                value = p.detach()
-                master.copy_(torch.where(value != master.to(value.dtype), value.to(master.dtype), master))
+                # param of another shape is the kernel's error to report.) On the local
+                # shards of DTensors: elementwise, and torch 2.9's DTensor has no rule for ne.
+                value, full = local(p.detach()), local(master)
+                full.copy_(torch.where(value != full.to(value.dtype), value.to(full.dtype), full))
             masters.append(master)
         return masters
 
