@@ -75,10 +75,22 @@ class FusedAdam(FusedOptimizer):
         return self.state_dtype != "float32" or self.master_weights == "remainder"
 
     def _work(self):
+        """The base's, after the compact state's own checks (before any update)."""
         work = super()._work()
+        for group, _ in work:
+            if group["amsgrad"] and self.compact:  # turned on after construction
+                self._check_group(group, "")
         if self.master_weights == "remainder":
             dtypes = {dtype for _, buckets in work for (_, dtype) in buckets}
-            if dtypes and torch.bfloat16 not in dtypes and torch.float16 not in dtypes:
+            for group, buckets in work:
+                for (_, dtype), ps in buckets.items():
+                    if dtype == torch.float16:
+                        where = self._param_name(group, next(i for i, q in enumerate(group["params"]) if q is ps[0]),
+                                                 ps[0])
+                        raise TypeError(f"{where}: master_weights=\"remainder\" keeps the lower 16 bits of a float32 "
+                                        "master beside a bfloat16 param; a float16 param is not the upper half of a "
+                                        "float32. Use master_weights=True for float16 params")
+            if dtypes and torch.bfloat16 not in dtypes:
                 raise TypeError(f"master_weights=\"remainder\" keeps fp32 masters as bfloat16 params plus int16 "
                                 f"remainders, and every param with a grad here is {sorted(map(str, dtypes))}: cast "
                                 "the model to bfloat16 first (amp.initialize(..., opt_level=\"O2\", "
@@ -112,8 +124,6 @@ class FusedAdam(FusedOptimizer):
     # ---- compact state (compact_state.py) ------------------------------------------
 
     def _step_compact(self, group, ps, device, lr, lr_tensor, grad_scale, found_inf):
-        if group["amsgrad"]:
-            self._check_group(group, "")
         remainders = self._remainders(group, ps)
         maps = self.__dict__.setdefault("_maps", compact_state.Maps())
         by_dtype = {}
@@ -141,21 +151,12 @@ class FusedAdam(FusedOptimizer):
         return [compact_state.block_maxima(self.state[p][f"{key}_absmax"], local(p).numel()) for p in ps]
 
     def _remainders(self, group, ps):
-        """The int16 remainders of ``ps`` (bfloat16 params; float32 ones are their own
-        masters and get an empty one, which the op is not given), or [] without
-        remainders. A param written since the last step (Note [Writes to half params])
+        """The int16 remainders of ``ps`` (bfloat16 params), or [] (no remainders, or
+        float32 params: their own masters). A param written since the last step (Note [Writes to half params])
         restarts from its written value: its remainders are zeroed, as the written
         bfloat16 values carry no lower bits."""
-        if self.master_weights != "remainder":
-            return []
-        dtype = ps[0].dtype
-        if dtype == torch.float16:
-            raise TypeError(f"{self._param_name(group, group['params'].index(ps[0]), ps[0])}: master_weights="
-                            "\"remainder\" keeps the lower 16 bits of a float32 master beside a bfloat16 param; "
-                            "a float16 param is not the upper half of a float32. Use master_weights=True for "
-                            "float16 params")
-        if dtype != torch.bfloat16:
-            return []
+        if self.master_weights != "remainder" or ps[0].dtype != torch.bfloat16:
+            return []  # (float16 params were refused by _work)
         marks = None if torch.compiler.is_compiling() else self._write_marks()
         now = _write_marks_of(ps) if marks is not None else [None] * len(ps)
         out = []

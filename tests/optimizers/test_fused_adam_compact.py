@@ -350,13 +350,15 @@ def test_unknown_state_dtype_is_refused():
         FusedAdam([torch.zeros(3, requires_grad=True)], master_weights="half")
 
 
-def test_remainder_on_fp16_params_names_master_weights_true():
+def test_remainder_on_fp16_params_names_master_weights_true_before_any_update():
+    first = torch.zeros(8, dtype=torch.bfloat16, requires_grad=True)
     p = torch.zeros(8, dtype=torch.float16, requires_grad=True)
-    opt = FusedAdam([p], master_weights="remainder")
-    p.grad = torch.ones_like(p)
-    with pytest.raises(TypeError, match="Use master_weights=True for float16 params"):
+    opt = FusedAdam([{"params": [first]}, {"params": [p]}], master_weights="remainder")
+    first.grad, p.grad = torch.ones_like(first), torch.ones_like(p)
+    with pytest.raises(TypeError, match=r"param_groups\[1\]\['params'\]\[0\].*Use master_weights=True for "
+                                        "float16 params"):
         opt.step()
-    assert torch.equal(p.detach(), torch.zeros(8, dtype=torch.float16)) and not opt.state[p]
+    assert not first.detach().any() and not p.detach().any() and not opt.state[first] and not opt.state[p]
 
 
 def test_remainders_with_only_float32_params_are_refused():
