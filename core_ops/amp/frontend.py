@@ -13,7 +13,8 @@ from . import _state, fsdp, opt_levels, torch_ddp
 from .amp_optimizer import AmpOptimizer, check_keeps_remainders
 from .loss_scaler import LossScaler
 from .masters import MasterWeights
-from .preparation import check_half_supported, check_models, make_masters, prepare_model, publish, remainder_seeds
+from .preparation import (check_half_supported, check_models, make_masters, prepare_model, publish, remainder_seeds,
+                          uncompiled)
 
 
 def _as_list(value, kind, name, allow_empty=False):
@@ -97,7 +98,8 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
                                keep_batchnorm_fp32=keep_batchnorm_fp32,
                                master_weights=master_weights, loss_scale=loss_scale,
                                cast_model_outputs=cast_model_outputs)
-    model_list, single_model = _as_list(models, torch.nn.Module, "models")
+    given, single_model = _as_list(models, torch.nn.Module, "models")
+    model_list = [uncompiled(m) for m in given]  # prepared in place; the caller keeps its wrappers
     if optimizers is None:
         opt_list, single_opt = [], True
     else:
@@ -140,7 +142,7 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
              f"cast_model_type={props.cast_model_type}, autocast={props.patch_torch_functions}, "
              f"keep_batchnorm_fp32={props.keep_batchnorm_fp32}, "
              f"master_weights={props.master_weights}, loss_scale={props.loss_scale}")
-    ms = model_list[0] if single_model else model_list
+    ms = given[0] if single_model else given
     if optimizers is None:
         return ms
     return ms, (opt_list[0] if single_opt else opt_list)

@@ -31,7 +31,8 @@ import torch
 from ..multi_tensor_apply import clip_grad_norm_ as _clip_grads
 from . import _state, opt_levels, torch_ddp
 from .amp_optimizer import AmpOptimizer
-from .preparation import check_half_supported, check_models, make_masters, prepare_model, publish, remainder_seeds
+from .preparation import (check_half_supported, check_models, make_masters, prepare_model, publish, remainder_seeds,
+                          uncompiled)
 from .loss_scaler import LossScaler, load_saved_at_level
 from .masters import HALF, MasterWeights
 from .masters import of as masters_of
@@ -89,7 +90,12 @@ class AmpLoop:
         holding half params casts its floating inputs (``cast_inputs_of_half_modules``),
         so a batch's targets stay as they are and submodules called directly take
         float32 tensors. Call it before any DDP wrapping: the masters then follow DDP's
-        broadcast (Note [Masters follow DDP's broadcast])."""
+        broadcast (Note [Masters follow DDP's broadcast]). A ``torch.compile``d model is
+        prepared through the module it wraps, and returned as given."""
+        given, model = model, uncompiled(model)
+        if model is not given:
+            self.prepare_model(model)
+            return given
         if any(ref() is model for ref in self.state.models):
             return model
         if getattr(model, "_core_ops_amp", None) is not None:

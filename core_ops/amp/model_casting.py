@@ -31,6 +31,8 @@ def cast_tree(value, dtype, batch_objects=False):
     if isinstance(value, (list, tuple)):
         items = [cast(v) for v in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if type(value) is dict:  # a forward's kwargs: a new dict (torch.compile traces it; copy.copy it does not)
+        return {k: cast(v) for k, v in value.items()}
     if isinstance(value, dict):
         # A shallow copy keeps the mapping's type and its extras (a defaultdict's
         # factory, which ``type(value)(pairs)`` would have taken the pairs for).

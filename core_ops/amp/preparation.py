@@ -122,6 +122,14 @@ def make_masters(models, props, registry=None):
     return registry
 
 
+def uncompiled(model):
+    """The module ``torch.compile(model)`` wraps (its ``_orig_mod``), else ``model``: amp
+    prepares that one in place, and the compiled wrapper, which calls it, traces the
+    prepared forward at its first call (a model may be compiled before initialize)."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) and type(model).__name__ == "OptimizedModule" else model
+
+
 def remainder_seeds(models, props):
     """{id(param): (param, int16 remainders)} for the params the cast will turn bfloat16,
     from their float32 values before it (master_weights="remainder"): FusedAdam starts

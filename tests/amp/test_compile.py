@@ -1,0 +1,129 @@
+"""torch.compile over core_ops (issue 35, first part): a model holding Linear, conv,
+BatchNorm, FusedLayerNorm, FusedRMSNorm, fused_add_rms_norm, Apex's MixedFusedLayerNorm
+(through the `apex` alias) and core_ops.mlp traces as one graph (no graph break,
+``torch._dynamo.explain``) at every opt level in fp16 and bf16, compiled after
+``amp.initialize`` or before it; ``fullgraph=True`` forward and backward equal eager;
+and every fused optimizer's step traces as one graph and steps as eager does.
+
+Compiled runs use the aot_eager backend: it runs dynamo and AOTAutograd over the ops'
+fake kernels and autograd formulas (what breaks graphs) without inductor's C++
+codegen, which fails on half weights on the CPU in torch 2.14 (torch's bug; issue 35).
+Tolerances: aot_eager runs the same kernels as eager in the same order, so results are
+equal bit for bit."""
+
+import pytest
+import torch
+from torch import nn
+
+from core_ops import amp
+from core_ops.mlp import MLP
+from core_ops.normalization import FusedLayerNorm, FusedRMSNorm, fused_add_rms_norm
+from core_ops.optimizers import FusedAdagrad, FusedAdam, FusedLAMB, FusedNovoGrad, FusedSGD
+
+LEVELS = [(level, half) for level in ("O0", "O1", "O2", "O3") for half in (torch.float16, torch.bfloat16)]
+
+
+def apex_mixed_layer_norm(width):
+    from core_ops.compat.apex import install
+    install()
+    from apex.normalization import MixedFusedLayerNorm
+    return MixedFusedLayerNorm(width)
+
+
+class Net(nn.Module):
+    def __init__(self, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 4 * 4, 32)
+        self.ln, self.rms, self.mixed = FusedLayerNorm(32), FusedRMSNorm(32), apex_mixed_layer_norm(32)
+        self.weight = nn.Parameter(torch.ones(32))
+        self.mlp = MLP([32, 16, 4])
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.conv(x))).flatten(1)
+        h = self.rms(self.ln(self.fc(h)))
+        h, residual = fused_add_rms_norm(self.mixed(h), h, self.weight.to(h.dtype))
+        return self.mlp(h + residual)
+
+
+def prepared(level, half, seed=0, compile_first=False):
+    model = Net(seed)
+    opt = FusedAdam(model.parameters(), lr=1e-3)
+    if compile_first:
+        model = torch.compile(model, backend="aot_eager", fullgraph=True)
+    model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=half, verbosity=0)
+    return model, opt
+
+
+def breaks(fn, *args):
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(fn)(*args)
+    return explained.graph_count, [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+
+
+@pytest.mark.parametrize("level,half", LEVELS, ids=[f"{lv}-{str(h)[6:]}" for lv, h in LEVELS])
+def test_every_opt_level_traces_as_one_graph(level, half):
+    model, _ = prepared(level, half)
+    assert breaks(model, torch.randn(2, 3, 4, 4)) == (1, [])
+
+
+@pytest.mark.parametrize("level,half", [("O2", torch.bfloat16), ("O2", torch.float16), ("O3", torch.bfloat16)],
+                         ids=["O2-bf16", "O2-fp16", "O3-bf16"])
+@pytest.mark.parametrize("compile_first", [False, True], ids=["compiled-after", "compiled-before"])
+def test_fullgraph_forward_and_backward_equal_eager(level, half, compile_first):
+    torch._dynamo.reset()
+    eager, _ = prepared(level, half)
+    compiled, _ = prepared(level, half, compile_first=compile_first)
+    if not compile_first:
+        compiled = torch.compile(compiled, backend="aot_eager", fullgraph=True)
+    x = torch.randn(4, 3, 4, 4)
+    outs = []
+    for model in (eager, compiled):
+        out = model(x)
+        out.float().square().mean().backward()
+        outs.append((out, [p.grad for p in model.parameters()]))
+    assert outs[0][0].dtype == outs[1][0].dtype and torch.equal(outs[0][0], outs[1][0])
+    for a, b in zip(outs[0][1], outs[1][1]):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
+OPTIMIZERS = {
+    "adam": (lambda ps: FusedAdam(ps, lr=1e-3, weight_decay=0.01), torch.float32),
+    "adam-fp32-masters": (lambda ps: FusedAdam(ps, lr=1e-3, master_weights=True), torch.bfloat16),
+    "adam-remainders-8bit": (lambda ps: FusedAdam(ps, lr=1e-3, master_weights="remainder", state_dtype="int8",
+                                                  min_8bit_size=1), torch.bfloat16),
+    "sgd": (lambda ps: FusedSGD(ps, lr=0.1, momentum=0.9), torch.float32),
+    "lamb": (lambda ps: FusedLAMB(ps, lr=1e-3), torch.float32),
+    "novograd": (lambda ps: FusedNovoGrad(ps, lr=1e-3), torch.float32),
+    "adagrad": (lambda ps: FusedAdagrad(ps, lr=0.1), torch.float32),
+}
+
+
+def params_with_grads(dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    ps = [torch.randn(n, generator=g).to(dtype).requires_grad_() for n in (300, 40)]
+    for p in ps:
+        p.grad = torch.randn(p.shape, generator=g).to(dtype)
+    return ps
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_every_fused_optimizer_step_traces_as_one_graph_and_steps_as_eager(name):
+    make, dtype = OPTIMIZERS[name]
+    eager_ps, compiled_ps = params_with_grads(dtype, 0), params_with_grads(dtype, 0)
+    eager, compiled = make(eager_ps), make(compiled_ps)
+    eager.step(), compiled.step()  # state made outside the graph, as after a first step
+    assert breaks(compiled.step) == (1, [])  # explain runs the step: so does the eager one
+    eager.step()
+    torch._dynamo.reset()
+    step = torch.compile(compiled.step, backend="aot_eager", fullgraph=True)
+    scale, found_inf = torch.tensor([4.0]), torch.zeros(1)
+    for seed in (1, 2):
+        for ps in (eager_ps, compiled_ps):
+            for p, q in zip(ps, params_with_grads(dtype, seed)):
+                p.grad = q.grad * 4
+        eager.step(grad_scale=scale, found_inf=found_inf)
+        step(grad_scale=scale, found_inf=found_inf)
+    for p, q in zip(eager_ps, compiled_ps):
+        assert torch.equal(p, q)
