@@ -155,6 +155,9 @@ def prepare_model(model, props, registry, handle, inputs_per_module=False, where
     FSDP2 computes in half through FSDP2's mixed-precision policy (O2) or its half
     shards (O3), each unit casting its inputs (Note [Opt levels on FSDP2])."""
     half = props.cast_model_type in HALF
+    if half:  # a half model compiled on a CPU meets Note [Inductor's twin reductions]
+        from ..compat import inductor_cpu
+        inductor_cpu.patch_when_imported()
     if fsdp.is_fully_sharded(model):
         fsdp.prepare(model, props, where)
         inputs_per_module = True  # FSDP2's units cast their own inputs

@@ -127,3 +127,40 @@ def test_every_fused_optimizer_step_traces_as_one_graph_and_steps_as_eager(name)
         step(grad_scale=scale, found_inf=found_inf)
     for p, q in zip(eager_ps, compiled_ps):
         assert torch.equal(p, q)
+
+
+def test_a_half_model_with_twin_bias_grads_compiles_with_inductor_on_the_cpu(tmp_path, monkeypatch):
+    """Note [Inductor's twin reductions] (tools/upstream/inductor_cpu_twin_reduction.py):
+    two biases fed one gradient fail inductor's CPU codegen at bf16; amp at O2 patches
+    it, and the compiled grads are eager's within a bf16 rounding. Each compile gets a
+    fresh inductor cache: a kernel compiled with the patch would be reused without it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).parents[2] / "tools" / "upstream" / "inductor_cpu_twin_reduction.py"
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "unpatched"))
+    unpatched = subprocess.run([sys.executable, str(script), "bf16"], capture_output=True, text=True, timeout=600,
+                               env=env)
+    assert unpatched.returncode == 1 and "conflicting declaration" in unpatched.stdout, unpatched.stdout[-500:]
+
+    class TwoBiases(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.a(x) + self.b(x * 2)
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "patched"))
+    eager, compiled = TwoBiases(), TwoBiases()
+    eager = amp.initialize(eager, opt_level="O2", half_dtype=torch.bfloat16, verbosity=0)
+    compiled = amp.initialize(compiled, opt_level="O2", half_dtype=torch.bfloat16, verbosity=0)
+    torch._dynamo.reset()
+    run = torch.compile(compiled)
+    x = torch.randn(16, 64)
+    for model in (eager, run):
+        model(x).square().mean().backward()
+    for p, q in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1.6e-2, atol=1e-3)  # inductor fuses: one bf16 rounding

@@ -1,0 +1,94 @@
+"""A workaround for a torch inductor bug on CPUs that stops bfloat16 / float16 models
+from compiling (tools/upstream/inductor_cpu_twin_reduction.py reproduces it):
+
+Note [Inductor's twin reductions]: when two outputs of a kernel are one and the same
+vertical reduction (two Linear biases fed the same gradient, as in GPT-NeoX's parallel
+residual, give two identical bias-gradient sums), inductor computes the sum once and
+stores it twice; for a reduced-precision output its vector codegen
+(``CppVecKernel.store_reduction``) declares ``auto at_BFloat16_<acc> = convert(...)``
+before each store, in one scope, and the C++ compile fails with "conflicting
+declaration". ``patch()`` wraps each such store's lines in their own braces, so the
+declaration is local to its store; the generated arithmetic is unchanged. core_ops
+asks for it (``patch_when_imported``) where it makes half models (amp at O2 / O3, and the
+plugins through it): inductor's codegen takes 1.3 s to import, so it is patched when
+something imports it, not before. Idempotent; a torch whose codegen lacks that method is
+left untouched; ``unpatch()`` undoes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import sys
+
+_MARK = "_core_ops_scoped_reduction_stores"
+
+
+def _kernel_class():
+    try:
+        from torch._inductor.codegen.cpp import CppVecKernel
+    except Exception:  # noqa: BLE001 (no inductor, or another layout: nothing to patch)
+        return None
+    return CppVecKernel if callable(getattr(CppVecKernel, "store_reduction", None)) else None
+
+
+def patch():
+    """Applies the workaround; returns whether inductor is patched now."""
+    cls = _kernel_class()
+    if cls is None:
+        return False
+    if getattr(cls.store_reduction, _MARK, False):
+        return True
+    original = cls.store_reduction
+
+    @functools.wraps(original)
+    def store_reduction(self, name, index, value):
+        lines = self.reduction_suffix._lines
+        start = len(lines)
+        original(self, name, index, value)
+        added = lines[start:]
+        if any("auto " in str(getattr(line, "line", line)) for line in added):
+            from torch._inductor.codegen.common import DeferredLine
+            lines[start:] = [DeferredLine(name, "{"), *added, DeferredLine(name, "}")]
+
+    setattr(store_reduction, _MARK, True)
+    cls.store_reduction = store_reduction
+    return True
+
+
+_MODULE = "torch._inductor.codegen.cpp"
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds inductor's CPU codegen module as Python would and patches it once loaded."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _MODULE:
+            return None
+        sys.meta_path.remove(self)  # one use: the module loads once
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            patch()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def patch_when_imported():
+    """``patch()`` now if inductor's CPU codegen is loaded, else when it is imported."""
+    if _MODULE in sys.modules:
+        patch()
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+
+
+def unpatch():
+    cls = _kernel_class()
+    if cls is not None and getattr(cls.store_reduction, _MARK, False):
+        cls.store_reduction = cls.store_reduction.__wrapped__
