@@ -128,6 +128,24 @@ def test_a_torch_adamw_steps_with_remainders_through_its_fused_twin(monkeypatch)
     assert any("master_remainder" in s for s in inner.state.values())
 
 
+def test_dynamo_backend_trains_as_eager():
+    """Accelerator(dynamo_backend=...) compiles the prepared model (aot_eager: dynamo and
+    AOTAutograd over core_ops' ops, no inductor codegen); with ApexPlugin at O2 it trains
+    bit for bit as eager."""
+    params = []
+    for backend in ("no", "aot_eager"):
+        torch._dynamo.reset()
+        accelerator = Accelerator(dynamo_backend=backend, kwargs_handlers=[ApexPlugin(opt_level="O2", half_dtype="bf16")])
+        model = task.conv_net(0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        model, opt, loader = accelerator.prepare(model, opt, task.loader())
+        run(accelerator, model, opt, loader, clip=None)
+        params.append(task.flat(model.parameters()))
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    assert torch.equal(params[0], params[1])
+
+
 def test_save_state_and_load_state_resume_compact_state_exactly(tmp_path, monkeypatch):
     """Remainders and 8-bit moments through save_state / load_state."""
     monkeypatch.setenv("CORE_OPS_MASTER_WEIGHTS", "remainder")

@@ -282,3 +282,16 @@ def test_a_checkpoint_of_compact_state_resumes_exactly(tmp_path):
     resumed = Compact(seed=1)
     pl.Trainer(plugins=[precision()], max_epochs=2, **QUIET).fit(resumed, loader(), ckpt_path=tmp_path / "one.ckpt")
     assert torch.equal(flat(straight.parameters()), flat(resumed.parameters()))
+
+
+def test_a_compiled_module_trains_as_the_eager_one():
+    """torch.compile(module) under apex-O2-bf16 (aot_eager: dynamo and AOTAutograd over
+    core_ops' ops without inductor's codegen) trains bit for bit as eager."""
+    runs = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        model = Net(seed=0)
+        trainer = pl.Trainer(precision="apex-O2-bf16", max_epochs=1, **QUIET)
+        trainer.fit(torch.compile(model, backend="aot_eager") if compiled else model, loader())
+        runs.append(flat(model.parameters()))
+    assert torch.equal(*runs)
