@@ -1,0 +1,112 @@
+"""torch.compile'd training steps: the demo's transformer (plugins/lightning/examples/
+char_lm.py) at O2-bf16 with FusedAdam and FusedRMSNorm, compiled, against the compiled
+torch idiom (float32 weights, torch.autocast(bf16), nn.RMSNorm, AdamW(fused=True)) and
+against itself in eager mode, in one run.
+
+    python bench/bench_compile.py [--device cpu|cuda] [--steps 30] [--width 256] [--layers 4]
+
+Each run trains from the same weights on the same batches; the first step's time
+(compiling included) and the median of the steps after --warmup are reported. Targets
+(issue 35): compiled O2-bf16 step <= 1.0x the compiled autocast step (CPU), <= 0.9x
+(GPU); first compile <= 1.3x the autocast model's.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "lightning" / "examples"))
+import char_lm  # noqa: E402
+import harness  # noqa: E402
+from core_ops import amp  # noqa: E402
+from core_ops.optimizers import FusedAdam  # noqa: E402
+
+
+def batches(args):
+    data = char_lm.corpus()
+    windows = char_lm.Windows(data, args.seq, args.steps * args.batch)
+    return [[torch.stack([windows[i][k] for i in range(s * args.batch, (s + 1) * args.batch)]).to(args.device)
+             for k in (0, 1)] for s in range(args.steps)]
+
+
+def o2_run(args, compiled):
+    model = char_lm.CharLM(fused=True, width=args.width, layers=args.layers, seq=args.seq).to(args.device)
+    opt = FusedAdam(model.parameters(), lr=1e-3, weight_decay=0.01)
+    model, opt = amp.initialize(model, opt, opt_level="O2", half_dtype=torch.bfloat16, verbosity=0)
+    forward = torch.compile(model) if compiled else model
+    step = torch.compile(opt.step) if compiled else opt.step
+
+    def train_step(x, y):
+        loss = F.cross_entropy(forward(x).float().flatten(0, 1), y.flatten())
+        with amp.scale_loss(loss, opt) as scaled:
+            scaled.backward()
+        step()
+        opt.zero_grad()
+        return loss
+    return train_step
+
+
+def autocast_run(args):
+    model = char_lm.CharLM(fused=False, width=args.width, layers=args.layers, seq=args.seq).to(args.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True)
+    forward = torch.compile(model)
+
+    def train_step(x, y):
+        with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16):
+            loss = F.cross_entropy(forward(x).float().flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return train_step
+
+
+def timed(train_step, data, device, warmup):
+    times, losses = [], []
+    for x, y in data:
+        harness.sync(device)
+        t0 = time.perf_counter()
+        losses.append(float(train_step(x, y)))
+        harness.sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times[0], statistics.median(times[warmup:]), losses
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    args = p.parse_args()
+    data = batches(args)
+    rows = []
+    for name, make in (("compiled autocast(bf16) + AdamW(fused=True)", lambda: autocast_run(args)),
+                       ("compiled O2-bf16 + FusedAdam", lambda: o2_run(args, True)),
+                       ("eager O2-bf16 + FusedAdam", lambda: o2_run(args, False))):
+        torch._dynamo.reset()
+        first, median, losses = timed(make(), data, args.device, args.warmup)
+        rows.append((name, first, median, losses[-1]))
+        print(f"  {name}: first step {first / 1e3:.1f} s, then {median:.1f} ms", flush=True)
+    base_first, base = rows[0][1], rows[0][2]
+    print(f"\n{harness.machine()['cpu'] if args.device == 'cpu' else harness.machine()['gpu']}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.layers} layers of width "
+          f"{args.width}, {args.batch} x {args.seq} tokens a step, median of steps {args.warmup + 1}-{args.steps}\n")
+    print("| run | first step s (compile) | step ms | vs compiled autocast | loss at the last step |")
+    print("|---|---:|---:|---:|---:|")
+    for name, first, median, loss in rows:
+        print(f"| {name} | {first / 1e3:.1f} | {median:.1f} | {median / base:.2f}x | {loss:.3f} |")
+    print(f"\nfirst compile, O2 over autocast: {rows[1][1] / base_first:.2f}x (target <= 1.3x); "
+          f"compiled O2 over eager O2: {rows[1][2] / rows[2][2]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
