@@ -201,7 +201,9 @@ class AmpOptimizer:
         (or, the first time, since ``initialize``) go into their masters (Note [Writes
         to O2 half params]); found by the params' version counters and storages, two
         attribute reads a param."""
-        if self.masters is None or not self.pairs:
+        # Under torch.compile the marks (version counters, data pointers) cannot be
+        # read in the graph: writes are not looked for there, as in the optimizers.
+        if self.masters is None or not self.pairs or torch.compiler.is_compiling():
             return
         halves = [p for p, _ in self.pairs]
         now = dict(zip(map(id, halves), _write_marks_of(halves)))
@@ -308,6 +310,7 @@ class AmpOptimizer:
 
     # ---- around step -----------------------------------------------------------------
 
+    @torch.compiler.disable
     def _pre_step(self, optimizer, args, kwargs):
         if self.found_inf is None:
             return None
@@ -321,6 +324,7 @@ class AmpOptimizer:
                 p.grad = None
         return None
 
+    @torch.compiler.disable
     def _post_step(self, optimizer, args, kwargs):
         if self._flag_handed:
             del self.inner.grad_scale, self.inner.found_inf
