@@ -78,17 +78,17 @@ def zero_code(signed):
     return _ZERO_CODES[signed]
 
 
+def new_moment(p, key, dtype):
+    """{key: zeros} (and the zeroed block maxima of 8-bit codes) for moment ``key`` of ``p``."""
+    if dtype != torch.uint8:
+        return {key: torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)}
+    codes = torch.full_like(p, zero_code(key == "exp_avg"), dtype=torch.uint8, memory_format=torch.preserve_format)
+    return {key: codes, f"{key}_absmax": new_block_maxima(p)}
+
+
 def new_moments(p, dtype):
-    """{key: zeros} for a fresh param with moments of ``dtype``."""
-    state = {}
-    for key, signed in zip(MOMENTS, (True, False)):
-        if dtype == torch.uint8:
-            state[key] = torch.full_like(p, zero_code(signed), dtype=torch.uint8,
-                                         memory_format=torch.preserve_format)
-            state[f"{key}_absmax"] = new_block_maxima(p)
-        else:
-            state[key] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
-    return state
+    """Both moments of a fresh param, in ``dtype``."""
+    return {k: v for key in MOMENTS for k, v in new_moment(p, key, dtype).items()}
 
 
 # Note [Block maxima of shards]: under FSDP2 a rank's 8-bit moment covers its shard of
@@ -125,20 +125,26 @@ def block_maxima(absmax, numel):
     return local(absmax)[:blocks_of(numel)] if _sharded(absmax) else absmax
 
 
+def check_saved_maxima(saved, key, n):
+    """Raises unless saved 8-bit ``key`` of ``n`` elements has its blocks' maxima."""
+    absmax = saved.get(f"{key}_absmax")
+    have = -1 if not isinstance(absmax, torch.Tensor) else local(absmax).numel()
+    if have != blocks_of(n) and not (_sharded(absmax) and have >= blocks_of(n)):
+        got = "none" if have < 0 else f"{have} block maxima"
+        raise ValueError(f"state '{key}' holds 8-bit codes of {n} elements, which need {blocks_of(n)} "
+                         f"maxima of blocks of {BLOCK} in '{key}_absmax', got {got}: a state dict saved "
+                         "with another block size or layout; convert it where it was saved "
+                         "(core_ops.optimizers.full_precision_state_dict) and load that")
+
+
 def moment_values(saved, key, p, maps):
     """A saved moment as float32 laid out as ``p`` (the local tensor), whatever its layout."""
     value = saved[key]
     out = torch.empty_like(local(p), dtype=torch.float32)
     if value.dtype == torch.uint8:
-        absmax = saved.get(f"{key}_absmax")
         n = out.numel()
-        have = -1 if not isinstance(absmax, torch.Tensor) else local(absmax).numel()
-        if have != blocks_of(n) and not (_sharded(absmax) and have >= blocks_of(n)):
-            got = "none" if have < 0 else f"{have} block maxima"
-            raise ValueError(f"state '{key}' holds 8-bit codes of {n} elements, which need {blocks_of(n)} "
-                             f"maxima of blocks of {BLOCK} in '{key}_absmax', got {got}: a state dict saved "
-                             "with another block size or layout; convert it where it was saved "
-                             "(core_ops.optimizers.full_precision_state_dict) and load that")
+        check_saved_maxima(saved, key, n)
+        absmax = saved[f"{key}_absmax"]
         qmap = maps(out.device)[MOMENTS.index(key)]
         flat(out).copy_(dequantize(flat(local(value)).to(out.device), block_maxima(absmax, n).to(out.device), qmap))
     else:
@@ -148,7 +154,7 @@ def moment_values(saved, key, p, maps):
 
 def store_moment(state, key, values, dtype, p, maps):
     """``state[key]`` (and its maxima) holding float32 ``values`` in ``dtype``."""
-    fresh = new_moments(p, dtype)
+    fresh = new_moment(p, key, dtype)
     target = local(fresh[key])
     if dtype == torch.uint8:
         codes, absmax = quantize(flat(values), maps(values.device)[MOMENTS.index(key)])
@@ -170,12 +176,12 @@ def convert_loaded(state, saved, p, state_dtype, master_weights, maps, min_8bit_
             continue
         dtype = moment_dtype(state_dtype, p, min_8bit_size)
         if value.dtype == dtype:  # the same layout: exactly as saved (decoding and coding again would not be)
-            fresh = new_moments(p, dtype)
+            fresh = new_moment(p, key, dtype)
             local(fresh[key]).copy_(local(value))
             state[key] = fresh[key]
             if dtype == torch.uint8:
                 n = local(p).numel()
-                moment_values(saved, key, p, maps)  # checks the maxima's count
+                check_saved_maxima(saved, key, n)
                 block_maxima(fresh[f"{key}_absmax"], n).copy_(block_maxima(saved[f"{key}_absmax"], n))
                 state[f"{key}_absmax"] = fresh[f"{key}_absmax"]
             else:
@@ -199,23 +205,18 @@ def convert_loaded(state, saved, p, state_dtype, master_weights, maps, min_8bit_
     else:
         return  # made from the param at the first step
     if master_weights == "remainder":
-        state["master_remainder"] = _like(p, torch.int16).copy_(split_master(full)[1]) \
-            if not _sharded(p) else _shard_like(p, torch.int16, split_master(full)[1])
+        state["master_remainder"] = laid_out_as(p, torch.int16, split_master(full)[1])
     else:
-        state["master_param"] = _like(p, torch.float32).copy_(full) \
-            if not _sharded(p) else _shard_like(p, torch.float32, full)
+        state["master_param"] = laid_out_as(p, torch.float32, full)
 
 
 def _sharded(p):
     return local(p) is not p
 
 
-def _like(p, dtype):
-    return torch.empty_like(p, dtype=dtype, memory_format=torch.preserve_format)
-
-
-def _shard_like(p, dtype, values):
-    out = _like(p, dtype)
+def laid_out_as(p, dtype, values):
+    """A ``dtype`` tensor laid out (and sharded) as ``p``, holding ``values`` (``p``'s local part's)."""
+    out = torch.empty_like(p, dtype=dtype, memory_format=torch.preserve_format)
     local(out).copy_(values)
     return out
 
@@ -223,7 +224,7 @@ def _shard_like(p, dtype, values):
 def initial_remainders(p):
     """The int16 remainders of a float32 param about to be cast to bfloat16, laid out
     (and sharded) as ``p``."""
-    return _shard_like(p, torch.int16, split_master(local(p).detach())[1])
+    return laid_out_as(p, torch.int16, split_master(local(p).detach())[1])
 
 
 def full_precision_state_dict(state_dict):

@@ -179,8 +179,9 @@ class FusedAdam(FusedOptimizer):
                 raise ValueError(f"state 'master_remainder' ({value.dtype} {tuple(value.shape)}) belongs to a "
                                  f"bfloat16 param of its shape, not a {p.dtype} param of shape {tuple(p.shape)}")
             for key in compact_state.MOMENTS:
-                if isinstance(saved.get(key), torch.Tensor):
-                    compact_state.moment_values(saved, key, p, compact_state.Maps())
+                value = saved.get(key)
+                if isinstance(value, torch.Tensor) and value.dtype == torch.uint8:
+                    compact_state.check_saved_maxima(saved, key, local(p).numel())
 
     def _restore_exact(self, state_dict):
         if not self.compact and not _holds_compact(state_dict):

@@ -13,13 +13,13 @@ from .compact_state import dequantize, flat, join_master, quantize, split_master
 
 
 def load_weights(param, master):
-    """The float32 weights the update starts from: the param, its fp32 master, or the
-    param joined with its int16 remainder."""
+    """The float32 weights the update starts from: the param (itself when float32), its
+    fp32 master itself, or the param joined with its int16 remainder (a new tensor)."""
     if master is None:
         return param.float()
     if master.dtype == torch.int16:
         return join_master(param, master)
-    return master.clone()
+    return master
 
 
 def store_weights(param, master, x):
