@@ -17,6 +17,15 @@ Skipping (Note [Host syncs of loss scaling]): an optimizer that takes ``found_in
 in its kernel (``_step_supports_amp_scaling``) gets the flag and skips by itself;
 any other is told on the host, once per step, and runs with no grads (so it changes
 nothing), after which the grads are put back.
+
+Note [amp's flag in the step]: core_ops' fused optimizers read the flag themselves
+(``FusedOptimizer._scaling`` asks ``step_flag()``), so nothing runs before their step
+and what runs after it (the masters copied into the half params) is plain tensor
+work: ``torch.compile`` traces scale_loss, backward and step as one graph, and the
+skip is decided on the device. Other optimizers get the flag from a step pre-hook
+that sets torch's GradScaler attributes (torch's fused Adam) or syncs the host; those
+hooks run eagerly (``torch.compiler.disable``): traced, dynamo dropped the attributes
+the hook set before the step read them, and an overflowed step went through.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import torch
 
 from .._sharded import locals_of, max_over_meshes, meshes_of
 from ..multi_tensor_apply import multi_tensor_scale
-from ..optimizers._base import _write_marks_of, increment_version
+from ..optimizers._base import FusedOptimizer, _write_marks_of, increment_version
 from ..optimizers.larc import LARC
 
 
@@ -99,7 +108,11 @@ class AmpOptimizer:
         self._stash = {}
         self._held_grads = None
         self._flag_handed = False
-        self.inner.register_step_pre_hook(self._pre_step)
+        # Note [amp's flag in the step]: a core_ops optimizer stepped directly reads
+        # the flag itself; LARC's inner optimizer is stepped by LARC, which amp wraps.
+        self._step_reads_flag = isinstance(self.inner, FusedOptimizer) and self.inner is self.optimizer
+        if not self._step_reads_flag:
+            self.inner.register_step_pre_hook(self._pre_step)
         self.inner.register_step_post_hook(self._post_step)
         self._patch_zero_grad()
         self._patch_add_param_group()
@@ -310,13 +323,18 @@ class AmpOptimizer:
 
     # ---- around step -----------------------------------------------------------------
 
+    def step_flag(self):
+        """The overflow flag the coming step skips on (0-d, as torch's fused optimizers
+        take it), or None when no backward checked since the last step."""
+        return None if self.found_inf is None else self.found_inf.reshape(())
+
     @torch.compiler.disable
     def _pre_step(self, optimizer, args, kwargs):
         if self.found_inf is None:
             return None
         if getattr(self.inner, "_step_supports_amp_scaling", False) and self.inner is self.optimizer:
             self.inner.grad_scale = None
-            self.inner.found_inf = self.found_inf.reshape(())  # 0-d, as torch's fused optimizers expect
+            self.inner.found_inf = self.step_flag()
             self._flag_handed = True
         elif self.found_inf.item():  # the one host sync of a step (see the module note)
             self._held_grads = [(p, p.grad) for g in self.inner.param_groups for p in g["params"]]
@@ -325,7 +343,7 @@ class AmpOptimizer:
         return None
 
     @torch.compiler.disable
-    def _post_step(self, optimizer, args, kwargs):
+    def _undo_pre_step(self):
         if self._flag_handed:
             del self.inner.grad_scale, self.inner.found_inf
             self._flag_handed = False
@@ -333,6 +351,10 @@ class AmpOptimizer:
             for p, g in self._held_grads:
                 p.grad = g
             self._held_grads = None
+
+    def _post_step(self, optimizer, args, kwargs):
+        if not self._step_reads_flag:
+            self._undo_pre_step()
         self.last_found_inf = self.found_inf  # what the step just taken was told (None: clear)
         self.found_inf = None
         self._stepped = True
@@ -342,5 +364,9 @@ class AmpOptimizer:
                 # A copy behind autograd's back: the version counters move on as for
                 # torch's copy_, so a backward through the old half weights fails.
                 increment_version([p for _, p in group])
+        # Under torch.compile the marks cannot be read: they stay as they were, and
+        # the next eager backward compares every half param with its master once
+        # (Note [Writes to O2 half params]: an unwritten element keeps its master).
+        if not torch.compiler.is_compiling():
             halves = [p for p, _ in self.pairs]
             self._marks = dict(zip(map(id, halves), _write_marks_of(halves)))  # what the step wrote

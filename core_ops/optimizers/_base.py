@@ -75,6 +75,7 @@ class FusedOptimizer(Optimizer):
             self._complete_group(group)
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
+            self._hold_lr_on_device(group)
 
     def _complete_group(self, group):
         """Sets options of a loaded group that it records under other names."""
@@ -98,6 +99,21 @@ class FusedOptimizer(Optimizer):
         self._check_group({**self.defaults, **param_group, "params": tensors},
                           f"param group {len(self.param_groups)}: ")
         super().add_param_group(param_group)
+        self._hold_lr_on_device(self.param_groups[-1])
+
+    def _hold_lr_on_device(self, group):
+        """capturable=True (Apex's flag, for CUDA graphs): the group's lr becomes a
+        tensor on its params' device, read by the kernel on the device, so a graph
+        captured once follows a schedule; torch's LR schedulers fill a tensor lr in
+        place. float64 params keep a float64 lr (as a float lr is read for them)."""
+        if not getattr(self, "capturable", False) or not group["params"] or isinstance(group["lr"], torch.Tensor) and (
+                group["lr"].device == group["params"][0].device):
+            return
+        p = group["params"][0]
+        dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+        lr = group["lr"]
+        group["lr"] = (lr.detach().to(p.device, dtype) if isinstance(lr, torch.Tensor)
+                       else torch.tensor(float(lr), dtype=dtype, device=p.device))
 
     def _check_group(self, group, where):
         """Rejects a group (its options merged over the defaults) before it is added;
@@ -216,6 +232,9 @@ class FusedOptimizer(Optimizer):
         with clipping by global norm folded into grad_scale (no host sync)."""
         grad_scale = grad_scale if grad_scale is not None else getattr(self, "grad_scale", None)
         found_inf = found_inf if found_inf is not None else getattr(self, "found_inf", None)
+        if found_inf is None:  # amp's overflow flag, read here (Note [amp's flag in the step])
+            amp = getattr(self, "_core_ops_amp", None)
+            found_inf = None if amp is None else amp.step_flag()
         if max_grad_norm is None:
             return grad_scale, found_inf
         if max_grad_norm <= 0:

@@ -39,12 +39,18 @@ class FusedSGD(FusedOptimizer):
         # torch.optim.SGD); params in that state go in their own call.
         fresh = [p for p in ps if momentum and self.state[p].get("momentum_buffer") is None]
         seen = [p for p in ps if not (momentum and self.state[p].get("momentum_buffer") is None)]
-        if fresh and found_inf is not None and found_inf.item():
-            # A skipped step leaves them without a buffer, so that their first real step
-            # still sets it to the grad: a zero buffer would later read as a step taken
-            # (buf = momentum*0 + (1-dampening)*g). The buffer's presence is host-side
-            # state, hence this one host read, made only while some param has no buffer.
-            fresh = []
+        if fresh and found_inf is not None:
+            # A step that may be skipped must leave a buffer that their first real step
+            # still reads as a first. Without dampening a zero buffer does: momentum*0
+            # + g is g exactly, so they go with the others, with no host read (a
+            # compiled step traces as one graph). With dampening it would read as a
+            # step taken ((1-dampening)*g), so a skip leaves them without a buffer:
+            # its presence is host-side state, hence one host read, made only while
+            # some param has no buffer.
+            if group["dampening"] == 0:
+                fresh, seen = [], ps
+            elif found_inf.item():
+                fresh = []
         for first, part in ((True, fresh), (False, seen)):
             if not part:
                 continue

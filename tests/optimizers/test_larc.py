@@ -126,7 +126,12 @@ def test_found_inf_skips_the_wrapped_step():
     before = params[0].detach().clone()
     set_grads(params, 1)
     opt.step(grad_scale=torch.tensor([8.0]), found_inf=torch.ones(1))
-    assert torch.equal(params[0].detach(), before) and "momentum_buffer" not in opt.state[params[0]]
+    assert torch.equal(params[0].detach(), before)
+    fresh_params = clone_params(params)
+    fresh = larc_sgd(fresh_params)  # the next step is a first step, as if none was skipped
+    set_grads(params, 2), set_grads(fresh_params, 2)
+    opt.step(), fresh.step()
+    assert torch.equal(params[0].detach(), fresh_params[0].detach())
 
 
 def test_larc_is_an_optimizer_for_lr_schedulers():

@@ -50,6 +50,9 @@ def trainer_suite(pl, out):
     # O2 + apex-ddp + SyncBN, with an inf on rank 1 only at step 2 and clipping.
     fit(pl, "o2", results, model=Net(seed=10 + rank, inf_at=(2, 1)), precision="apex-O2",
         strategy="apex-ddp", sync_batchnorm=True, max_epochs=1, gradient_clip_val=0.5)
+    # The same, the module compiled (aot_eager: dynamo and AOTAutograd, no codegen).
+    fit(pl, "o2_compiled", results, model=torch.compile(Net(seed=10 + rank, inf_at=(2, 1)), backend="aot_eager"),
+        precision="apex-O2", strategy="apex-ddp", sync_batchnorm=True, max_epochs=1, gradient_clip_val=0.5)
     # O0 + apex-ddp + SyncBN on half batches: the test compares with one process. The
     # samples are dealt in order (rank r takes r, r + 2, ...: its half of each batch of
     # 32); Lightning's own sampler would shuffle them.
@@ -136,6 +139,12 @@ def fabric_suite(out):
     resumed_model, resumed_opt = setup(77)
     fabric.load(path, {"model": resumed_model, "optimizer": resumed_opt, "amp": amp})
     train(resumed_model, resumed_opt, local[4:])
+    amp.load_state_dict(fresh)  # the whole run again, the model compiled before fabric.setup
+    compiled_model = torch.compile(cases.conv_net(20 + rank), backend="aot_eager")
+    compiled_model, compiled_opt = fabric.setup(compiled_model, torch.optim.SGD(compiled_model.parameters(), lr=0.05,
+                                                                                momentum=0.9))
+    train(compiled_model, compiled_opt, local)
+    results["compiled"] = cases.flat(compiled_model.parameters())
     results["whole"] = cases.flat(whole_model.parameters())
     results["resumed"] = cases.flat(resumed_model.parameters())
     results["rank"] = rank

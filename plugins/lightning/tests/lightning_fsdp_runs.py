@@ -184,6 +184,8 @@ def main():
         gradient_clip_val=0.5)
     fit("ddp", results, model=Net(inf_at=(2, 1)), precision="apex-O2", strategy="apex-ddp", max_epochs=1,
         gradient_clip_val=0.5)
+    fit("fsdp_compiled", results, model=torch.compile(Net(inf_at=(2, 1)), backend="aot_eager"), precision="apex-O2",
+        strategy=ApexFSDPStrategy(auto_wrap_policy={Block}), max_epochs=1, gradient_clip_val=0.5)
     # Resume from a sharded checkpoint (a torch.distributed.checkpoint folder) and from a
     # full one: exactly the uninterrupted run.
     fit("whole", results, precision="apex-O2", strategy="apex-fsdp", max_epochs=2)

@@ -68,6 +68,16 @@ def test_two_ranks_with_syncbn_equal_one_process_on_the_whole_batch(trainer_runs
                                rtol=1e-5, atol=1e-6)
 
 
+def test_a_compiled_module_trains_on_apex_ddp_as_the_eager_one(trainer_runs):
+    """torch.compile(module) (aot_eager) under apex-O2 + apex-ddp + SyncBN, an inf on
+    rank 1 at step 2: every step as the eager run, bit for bit (the same kernels)."""
+    for r in trainer_runs:
+        eager, compiled = r["o2"]["history"], r["o2_compiled"]["history"]
+        assert len(eager) == len(compiled) == 4
+        for a, b in zip(eager, compiled):
+            assert torch.equal(a["params"], b["params"]) and a["loss_scale"] == b["loss_scale"], a["step"]
+
+
 def test_accumulating_micro_batches_send_no_collective(trainer_runs):
     counts = trainer_runs[0]["accumulate"]["collectives"]
     assert len(counts) == 4 and counts[0::2] == [0] * 2 and all(c > 0 for c in counts[1::2])
@@ -108,6 +118,7 @@ def test_fabric_ranks_stay_identical_and_skip_together(fabric_runs):
 def test_fabric_save_and_load_resume_bit_for_bit(fabric_runs):
     for r in fabric_runs:
         assert torch.equal(r["whole"], r["resumed"])
+        assert torch.equal(r["whole"], r["compiled"])  # fabric.setup(torch.compile(model)): as eager
         assert r["saved_dtypes"] == ["torch.float32"]
 
 

@@ -37,6 +37,17 @@ def test_apex_o2_on_fsdp2_holds_float32_shards_of_half_the_model(runs):
     assert runs[0]["fsdp"]["local"] + runs[1]["fsdp"]["local"] == runs[0]["fsdp"]["whole"]
 
 
+def test_a_compiled_module_trains_on_apex_fsdp_as_the_eager_one(runs):
+    """torch.compile(module) (aot_eager) under apex-O2 + apex-fsdp, an inf on rank 1 at
+    step 2, clipped: every step's loss, scale and params as the eager run's, bit for bit."""
+    for r in runs:
+        eager, compiled = r["fsdp"]["history"], r["fsdp_compiled"]["history"]
+        assert len(eager) == len(compiled) == 4
+        for a, b in zip(eager, compiled):
+            assert torch.equal(a["params"], b["params"]) and a["scale"] == b["scale"], a["step"]
+            assert torch.equal(a["loss"], b["loss"]) or not torch.isfinite(a["loss"])
+
+
 def test_apex_fsdp_trains_as_apex_ddp_and_skips_an_overflow_on_both_ranks(runs):
     for r in runs:
         fsdp, ddp = r["fsdp"]["history"], r["ddp"]["history"]
