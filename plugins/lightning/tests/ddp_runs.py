@@ -32,7 +32,8 @@ def trainer_kwargs(**kw):
 
 
 def fit(pl, out_key, results, model=None, ckpt_path=None, data=None, **kw):
-    model = model or cases.make_module(pl)(seed=10 + int(os.environ.get("LOCAL_RANK", 0)))
+    if model is None:  # not "model or": a compiled module has no truth value
+        model = cases.make_module(pl)(seed=10 + int(os.environ.get("LOCAL_RANK", 0)))
     trainer = pl.Trainer(**trainer_kwargs(**kw))
     trainer.fit(model, data or cases.loader(), ckpt_path=ckpt_path)
     results["rank"] = trainer.global_rank
@@ -51,8 +52,11 @@ def trainer_suite(pl, out):
     fit(pl, "o2", results, model=Net(seed=10 + rank, inf_at=(2, 1)), precision="apex-O2",
         strategy="apex-ddp", sync_batchnorm=True, max_epochs=1, gradient_clip_val=0.5)
     # The same, the module compiled (aot_eager: dynamo and AOTAutograd, no codegen).
+    from torch._dynamo.utils import counters
+    graphs = counters["stats"]["unique_graphs"]
     fit(pl, "o2_compiled", results, model=torch.compile(Net(seed=10 + rank, inf_at=(2, 1)), backend="aot_eager"),
         precision="apex-O2", strategy="apex-ddp", sync_batchnorm=True, max_epochs=1, gradient_clip_val=0.5)
+    results["o2_compiled"]["graphs"] = counters["stats"]["unique_graphs"] - graphs
     # O0 + apex-ddp + SyncBN on half batches: the test compares with one process. The
     # samples are dealt in order (rank r takes r, r + 2, ...: its half of each batch of
     # 32); Lightning's own sampler would shuffle them.

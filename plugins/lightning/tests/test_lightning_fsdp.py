@@ -38,9 +38,10 @@ def test_apex_o2_on_fsdp2_holds_float32_shards_of_half_the_model(runs):
 
 
 def test_a_compiled_module_trains_on_apex_fsdp_as_the_eager_one(runs):
-    """torch.compile(module) (aot_eager) under apex-O2 + apex-fsdp, an inf on rank 1 at
-    step 2, clipped: every step's loss, scale and params as the eager run's, bit for bit."""
+    """module.compile() (in place, aot_eager) under apex-O2 + apex-fsdp, an inf on rank 1
+    at step 2, clipped: every step's loss, scale and params as the eager run's, bit for bit."""
     for r in runs:
+        assert r["fsdp_compiled"]["graphs"] > 0  # it did run compiled
         eager, compiled = r["fsdp"]["history"], r["fsdp_compiled"]["history"]
         assert len(eager) == len(compiled) == 4
         for a, b in zip(eager, compiled):
