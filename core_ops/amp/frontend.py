@@ -73,7 +73,7 @@ def _say(line):
 def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model_type=None,
                patch_torch_functions=None, keep_batchnorm_fp32=None, master_weights=None,
                loss_scale=None, cast_model_outputs=None, num_losses=1, verbosity=1,
-               min_loss_scale=None, max_loss_scale=2.0**24, half_dtype=torch.float16):
+               min_loss_scale=None, max_loss_scale=2.0**24, half_dtype=torch.float16, skip_nonfinite=None):
     """Prepares ``models`` and ``optimizers`` for mixed precision at ``opt_level``
     (Apex's table, see ``opt_levels``), returning them in the shape given (a model or
     a list, and the optimizers likewise; only the models when ``optimizers`` is None).
@@ -83,7 +83,9 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     O1 runs each model's forward under ``torch.autocast(half_dtype)`` (no patching of
     torch functions) and returns float32 outputs unless ``cast_model_outputs`` says
     otherwise, so the loss is computed in float32 as under Apex's patched functions.
-    ``enabled=False`` returns the arguments untouched and checks nothing (as Apex, so
+    ``skip_nonfinite=True`` (new): a step whose grads hold an inf or nan is skipped at
+    every level, O0 and O3 included (Note [Skipping non-finite steps]); O1 and O2 skip
+    through dynamic loss scaling anyway. ``enabled=False`` returns the arguments untouched and checks nothing (as Apex, so
     ``enabled=args.amp`` works with any other arguments).
 
     Several calls may coexist (a student at O2, a teacher at O3): each optimizer keeps
@@ -97,7 +99,7 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
                                patch_torch_functions=patch_torch_functions,
                                keep_batchnorm_fp32=keep_batchnorm_fp32,
                                master_weights=master_weights, loss_scale=loss_scale,
-                               cast_model_outputs=cast_model_outputs)
+                               cast_model_outputs=cast_model_outputs, skip_nonfinite=skip_nonfinite)
     given, single_model = _as_list(models, torch.nn.Module, "models")
     model_list = [uncompiled(m) for m in given]  # prepared in place; the caller keeps its wrappers
     if optimizers is None:

@@ -57,10 +57,15 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
         raise ValueError(f"loss_id={loss_id} but amp.initialize was called with "
                          f"num_losses={len(state.loss_scalers)}; pass num_losses > {loss_id}")
     scaler = state.loss_scalers[loss_id]
-    if not state.properties.fp32_masters and scaler.fixed_scale == 1.0:
+    if not state.properties.fp32_masters and scaler.fixed_scale == 1.0 and not state.properties.skip_nonfinite:
         # Nothing to unscale and, as in Apex, no overflow check (O0, O3).
         yield loss.float()
         return
+    # Note [Skipping non-finite steps]: with skip_nonfinite a static scale of 1 takes
+    # the path below like a dynamic one: the grads are "unscaled" by 1 in one
+    # multi-tensor pass that flags an inf / nan, the flag skips the coming step on the
+    # device (a fused optimizer reads it, Note [amp's flag in the step]) and the
+    # static scaler counts the skip. The pass is the guard's whole cost.
     scale = scaler.scale_tensor(loss.device)
     for amp in amps:
         amp.adopt_written_weights()

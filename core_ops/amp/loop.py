@@ -39,7 +39,7 @@ from .masters import of as masters_of
 from .model_casting import module_device_type
 
 OPTIONS = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights",
-           "loss_scale", "cast_model_outputs", "min_loss_scale", "max_loss_scale")
+           "loss_scale", "cast_model_outputs", "min_loss_scale", "max_loss_scale", "skip_nonfinite")
 
 
 class AmpLoop:
@@ -168,8 +168,10 @@ class AmpLoop:
     @property
     def scaling(self):
         """Whether losses are scaled (dynamic or a static scale other than 1) or grads
-        go through masters; O0 and O3 with loss scale 1 do neither, as in Apex."""
-        return self.properties.fp32_masters or self.scaler.dynamic or self.scaler.fixed_scale != 1.0
+        go through masters or are checked (skip_nonfinite); O0 and O3 with loss scale 1
+        do none of these by default, as in Apex."""
+        return (self.properties.fp32_masters or self.scaler.dynamic or self.scaler.fixed_scale != 1.0
+                or self.properties.skip_nonfinite)
 
     def scale(self, loss):
         """``loss`` in float32 times the loss scale, to call ``backward`` on. The first

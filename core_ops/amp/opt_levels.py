@@ -26,6 +26,9 @@ class Properties:
     loss_scale: float | str = 1.0
     cast_model_outputs: torch.dtype | None = None
     half_dtype: torch.dtype = torch.float16
+    # Skip a step whose grads hold an inf / nan at any level, O0 and O3 (a static scale
+    # of 1, where Apex checks nothing) included (Note [Skipping non-finite steps]).
+    skip_nonfinite: bool = False
 
     @property
     def dynamic(self):
@@ -111,6 +114,8 @@ def resolve(opt_level, half_dtype=torch.float16, enabled=True, **overrides):
                                                          overrides["keep_batchnorm_fp32"])
     if "loss_scale" in overrides:
         overrides["loss_scale"] = _loss_scale(overrides["loss_scale"])
+    if "skip_nonfinite" in overrides and not isinstance(overrides["skip_nonfinite"], bool):
+        raise ValueError(f"skip_nonfinite must be True or False, got {overrides['skip_nonfinite']!r}")
     if "master_weights" in overrides and overrides["master_weights"] != "remainder":
         if overrides["master_weights"] not in (True, False, "True", "False"):
             raise ValueError(f"master_weights must be True, False, None or \"remainder\" (bfloat16 params "
