@@ -13,9 +13,18 @@ CORE = {
     "CORE_OPS_VERBOSE_BUILD": "1: show the compiler's output",
     "CORE_OPS_AUTOLOAD": "0: the plugins do not load themselves (core_ops_autoload.py)",
 }
+# Read by both plugins (Lightning's ApexPrecision, Accelerate's ApexPlugin): the guards
+# against non-finite grads, on by default there (Note [Skipping non-finite steps]).
+PLUGINS = {
+    "CORE_OPS_SKIP_NONFINITE": "0 / 1 (default): skip steps whose grads hold an inf or nan, at every opt level",
+    "CORE_OPS_MAX_CONSECUTIVE_SKIPS": "N: stop after N skipped steps in a row (default 50; 0: never stop)",
+}
+# The plugins' default of max_consecutive_skips: far beyond the skips of a healthy fp16
+# run's start (the scale falls from 2**16 by halves: 50 skips take it to 2**-34).
+MAX_CONSECUTIVE_SKIPS = 50
 # Read by core_ops_accelerate: ApexPlugin's options (its plugin.FIELDS; a test holds the
 # two equal).
-ACCELERATE = frozenset({
+ACCELERATE = frozenset(PLUGINS) | frozenset({
     "CORE_OPS_OPT_LEVEL", "CORE_OPS_HALF_DTYPE", "CORE_OPS_LOSS_SCALE", "CORE_OPS_KEEP_BATCHNORM_FP32",
     "CORE_OPS_MASTER_WEIGHTS", "CORE_OPS_MIN_LOSS_SCALE", "CORE_OPS_MAX_LOSS_SCALE", "CORE_OPS_SYNC_BN",
     "CORE_OPS_FUSED_OPTIMIZER", "CORE_OPS_MESSAGE_SIZE", "CORE_OPS_DELAY_ALLREDUCE",
@@ -42,5 +51,50 @@ def check(environ=os.environ):
                                           cutoff=0.7)
         hints.append(f"{name}" + (f" (did you mean CORE_OPS_{close[0]}?)" if close else ""))
     raise ValueError(f"unknown environment variable{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
-                     f"core-ops reads {', '.join(sorted(CORE))} and, in Accelerate, "
-                     f"{', '.join(sorted(ACCELERATE))}")
+                     f"core-ops reads {', '.join(sorted(CORE))}; in Lightning and Accelerate, "
+                     f"{', '.join(sorted(PLUGINS))}; in Accelerate also "
+                     f"{', '.join(sorted(ACCELERATE - frozenset(PLUGINS)))}")
+
+
+def skip_flag(value, name):
+    """A CORE_OPS_SKIP_NONFINITE-like value: a bool, or 0 / 1 / true / false."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no"):
+        return False
+    raise ValueError(f"{name}={value!r}: expected 0 or 1")
+
+
+def skip_limit(value, name):
+    """A max_consecutive_skips value for the plugins: an int >= 0, 0 meaning never stop
+    (None, amp's spelling)."""
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError
+        limit = int(value)
+        if limit < 0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected an int >= 1, or 0 to never stop") from None
+    return limit or None
+
+
+def plugin_guards(options, environ=os.environ):
+    """``options`` (amp options) with the plugins' defaults of skip_nonfinite and
+    max_consecutive_skips filled in from CORE_OPS_SKIP_NONFINITE /
+    CORE_OPS_MAX_CONSECUTIVE_SKIPS or, unset, on (50 skips in a row stop the run)."""
+    out = dict(options)
+    if out.get("skip_nonfinite") is None:
+        out["skip_nonfinite"] = skip_flag(environ.get("CORE_OPS_SKIP_NONFINITE", "1"), "CORE_OPS_SKIP_NONFINITE")
+    else:
+        out["skip_nonfinite"] = skip_flag(out["skip_nonfinite"], "skip_nonfinite")
+    if "max_consecutive_skips" not in out:
+        env = environ.get("CORE_OPS_MAX_CONSECUTIVE_SKIPS")
+        out["max_consecutive_skips"] = (MAX_CONSECUTIVE_SKIPS if env is None else
+                                        skip_limit(env, "CORE_OPS_MAX_CONSECUTIVE_SKIPS"))
+    elif out["max_consecutive_skips"] is not None:
+        out["max_consecutive_skips"] = skip_limit(out["max_consecutive_skips"], "max_consecutive_skips")
+    return out

@@ -53,6 +53,7 @@ class AmpState:
     models: list  # weak references (see frontend.initialize)
     optimizers: list  # weak references
     handle: O1Handle = dataclasses.field(default_factory=NoOpHandle)
+    watches: list = dataclasses.field(default_factory=list)  # a SkipWatch per loss scaler
 
 
 _current: AmpState | None = None

@@ -15,6 +15,7 @@ from .loss_scaler import LossScaler
 from .masters import MasterWeights
 from .preparation import (check_half_supported, check_models, make_masters, prepare_model, publish, remainder_seeds,
                           uncompiled)
+from .skip_watch import SkipWatch
 
 
 def _as_list(value, kind, name, allow_empty=False):
@@ -73,7 +74,8 @@ def _say(line):
 def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model_type=None,
                patch_torch_functions=None, keep_batchnorm_fp32=None, master_weights=None,
                loss_scale=None, cast_model_outputs=None, num_losses=1, verbosity=1,
-               min_loss_scale=None, max_loss_scale=2.0**24, half_dtype=torch.float16, skip_nonfinite=None):
+               min_loss_scale=None, max_loss_scale=2.0**24, half_dtype=torch.float16, skip_nonfinite=None,
+               max_consecutive_skips=None):
     """Prepares ``models`` and ``optimizers`` for mixed precision at ``opt_level``
     (Apex's table, see ``opt_levels``), returning them in the shape given (a model or
     a list, and the optimizers likewise; only the models when ``optimizers`` is None).
@@ -85,7 +87,10 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     otherwise, so the loss is computed in float32 as under Apex's patched functions.
     ``skip_nonfinite=True`` (new): a step whose grads hold an inf or nan is skipped at
     every level, O0 and O3 included (Note [Skipping non-finite steps]); O1 and O2 skip
-    through dynamic loss scaling anyway. ``enabled=False`` returns the arguments untouched and checks nothing (as Apex, so
+    through dynamic loss scaling anyway. ``max_consecutive_skips=N`` (new): N steps in a
+    row skipped for inf / nan grads stop the run with ``NonFiniteTraining``, naming the
+    params whose grads are non-finite (``amp.grad_report()`` lists them on demand).
+    ``enabled=False`` returns the arguments untouched and checks nothing (as Apex, so
     ``enabled=args.amp`` works with any other arguments).
 
     Several calls may coexist (a student at O2, a teacher at O3): each optimizer keeps
@@ -99,7 +104,8 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
                                patch_torch_functions=patch_torch_functions,
                                keep_batchnorm_fp32=keep_batchnorm_fp32,
                                master_weights=master_weights, loss_scale=loss_scale,
-                               cast_model_outputs=cast_model_outputs, skip_nonfinite=skip_nonfinite)
+                               cast_model_outputs=cast_model_outputs, skip_nonfinite=skip_nonfinite,
+                               max_consecutive_skips=max_consecutive_skips)
     given, single_model = _as_list(models, torch.nn.Module, "models")
     model_list = [uncompiled(m) for m in given]  # prepared in place; the caller keeps its wrappers
     if optimizers is None:
@@ -133,7 +139,8 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     # Weak references: the state must not keep a finished run's models and optimizers
     # alive (a sweep initializes fresh ones again and again).
     state = _state.AmpState(props, scalers, [weakref.ref(m) for m in model_list],
-                            [weakref.ref(o) for o in opt_list], handle)
+                            [weakref.ref(o) for o in opt_list], handle,
+                            [SkipWatch(props.max_consecutive_skips) for _ in scalers])
     for opt in opt_list:
         opt._core_ops_amp = AmpOptimizer(opt, registry if props.fp32_masters else None, state)
         if props.remainders:

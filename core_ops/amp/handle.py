@@ -12,6 +12,7 @@ import torch
 from ..optimizers.larc import LARC
 from . import _state
 from .loss_scaler import load_saved_at_level
+from .skip_watch import describe, grad_report as grad_report_of, named_amp_grads
 from ._state import master_params  # noqa: F401  (Apex kept it in _amp_state)
 
 
@@ -92,6 +93,22 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
     for amp in amps:  # one overflow skips every optimizer of this loss, as in Apex
         amp.found_inf = torch.maximum(amp.found_inf, found.to(amp.found_inf.device))
     scaler.update_from(found)
+    if state.properties.max_consecutive_skips is not None:
+        state.watches[loss_id].observe(found, lambda: describe(grad_report_of(_named_grads(state, amps))), scaler)
+
+
+def _named_grads(state, amps):
+    return named_amp_grads([m for ref in state.models if (m := ref()) is not None], amps)
+
+
+def grad_report():
+    """Each param's grad now, by name (``named_parameters`` of the models given to
+    ``initialize``): ``{name, shape, numel, nonfinite, max_abs_finite}`` dicts, the
+    fp32 master's unscaled grad for a half param with one. For finding the tensor that
+    overflows: call it after ``scale_loss``, before ``zero_grad`` (host syncs)."""
+    state = _state.current()
+    amps = [opt._core_ops_amp for ref in state.optimizers if (opt := ref()) is not None]
+    return grad_report_of(_named_grads(state, amps))
 
 
 def _scaler(loss_id):

@@ -36,10 +36,12 @@ from .preparation import (check_half_supported, check_models, make_masters, prep
 from .loss_scaler import LossScaler, load_saved_at_level
 from .masters import HALF, MasterWeights
 from .masters import of as masters_of
+from .skip_watch import SkipWatch, describe, grad_report, named_amp_grads
 from .model_casting import module_device_type
 
 OPTIONS = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights",
-           "loss_scale", "cast_model_outputs", "min_loss_scale", "max_loss_scale", "skip_nonfinite")
+           "loss_scale", "cast_model_outputs", "min_loss_scale", "max_loss_scale", "skip_nonfinite",
+           "max_consecutive_skips")
 
 
 class AmpLoop:
@@ -63,7 +65,8 @@ class AmpLoop:
         self.registry = MasterWeights()
         self.seeds = {}  # master_weights="remainder": see preparation.remainder_seeds
         self.handle = _state.O1Handle() if props.patch_torch_functions else _state.NoOpHandle()
-        self.state = _state.AmpState(props, [self.scaler], [], [], self.handle)
+        self.watch = SkipWatch(props.max_consecutive_skips)
+        self.state = _state.AmpState(props, [self.scaler], [], [], self.handle, [self.watch])
         self._found = None  # overflow flag of the unscales since the last update()
         self._scaled_since_update = False  # grads of an optimizer attached late are scaled too
         self._device_type = None
@@ -255,10 +258,20 @@ class AmpLoop:
     def update(self):
         """Backs the loss scale off after an overflowed iteration, grows it after
         ``growth_interval`` clean ones (on the device, no sync)."""
-        if self._found is not None and self.scaling:
-            self.scaler.update_from(self._found)
-        self._found = None
+        found, self._found = self._found, None
         self._scaled_since_update = False
+        if found is not None and self.scaling:
+            self.scaler.update_from(found)
+            if self.watch.limit is not None:
+                self.watch.observe(found, lambda: describe(grad_report(self._named_grads())), self.scaler)
+
+    def _named_grads(self):
+        return named_amp_grads([m for ref in self.state.models if (m := ref()) is not None], self._amps())
+
+    def grad_report(self):
+        """Each param's grad now, by name: ``{name, shape, numel, nonfinite,
+        max_abs_finite}`` dicts (``amp.grad_report``'s; host syncs)."""
+        return grad_report(self._named_grads())
 
     # ---- reading and saving ---------------------------------------------------------
 

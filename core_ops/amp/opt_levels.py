@@ -29,6 +29,9 @@ class Properties:
     # Skip a step whose grads hold an inf / nan at any level, O0 and O3 (a static scale
     # of 1, where Apex checks nothing) included (Note [Skipping non-finite steps]).
     skip_nonfinite: bool = False
+    # Stop (NonFiniteTraining) after this many skipped steps in a row; None: never
+    # (Note [Watching skips without a host sync]).
+    max_consecutive_skips: int | None = None
 
     @property
     def dynamic(self):
@@ -116,6 +119,9 @@ def resolve(opt_level, half_dtype=torch.float16, enabled=True, **overrides):
         overrides["loss_scale"] = _loss_scale(overrides["loss_scale"])
     if "skip_nonfinite" in overrides and not isinstance(overrides["skip_nonfinite"], bool):
         raise ValueError(f"skip_nonfinite must be True or False, got {overrides['skip_nonfinite']!r}")
+    limit = overrides.get("max_consecutive_skips")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"max_consecutive_skips must be an int >= 1 or None, got {limit!r}")
     if "master_weights" in overrides and overrides["master_weights"] != "remainder":
         if overrides["master_weights"] not in (True, False, "True", "False"):
             raise ValueError(f"master_weights must be True, False, None or \"remainder\" (bfloat16 params "

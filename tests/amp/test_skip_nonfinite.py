@@ -95,3 +95,91 @@ def test_skip_nonfinite_takes_only_a_bool():
     model, opt = make("fused_adam")
     with pytest.raises(ValueError, match="skip_nonfinite must be True or False, got 'yes'"):
         amp.initialize(model, opt, opt_level="O0", skip_nonfinite="yes", verbosity=0)
+
+
+# ---- max_consecutive_skips and the grad report -----------------------------------------
+
+class Named(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = nn.Linear(8, 16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.encoder(x)))
+
+
+def poisoned_loss(model, k):
+    """A loss whose grads are inf in the head's bias only (its grad is the loss's)."""
+    x, y = batch(k)
+    out = model(x.to(model.head.weight.dtype)).float()
+    return F.mse_loss(out, y) + (model.head.bias.float() * torch.tensor([float("inf"), 0, 0, 0])).sum()
+
+
+@pytest.mark.parametrize("route", ["initialize", "loop"])
+@pytest.mark.parametrize("level", ["O2", "O3"])
+def test_persistent_skips_stop_the_run_naming_the_tensor(route, level):
+    model = Named()
+    opt = FusedAdam(model.parameters(), lr=1e-2)
+    options = dict(opt_level=level, half_dtype=torch.bfloat16, skip_nonfinite=True, max_consecutive_skips=3)
+    if route == "initialize":
+        model, opt = amp.initialize(model, opt, verbosity=0, **options)
+    else:
+        loop = AmpLoop(options.pop("opt_level"), **options)
+        model = loop.prepare_model(model)
+        loop.attach(opt)
+    steps = 0
+    with pytest.raises(amp.NonFiniteTraining) as stopped:
+        for k in range(10):
+            loss = poisoned_loss(model, k)
+            if route == "initialize":
+                with amp.scale_loss(loss, opt) as scaled:
+                    scaled.backward()
+                opt.step()
+            else:
+                loop.scale(loss).backward()
+                loop.step(opt)
+                loop.update()
+            steps += 1
+            opt.zero_grad()
+    assert steps == 2  # the third skip in a row raises
+    message = str(stopped.value)
+    assert "3 steps in a row were skipped" in message and "max_consecutive_skips=3" in message
+    assert "1 of 4 grads hold an inf or nan: head.bias (4,): 1 of 4 non-finite" in message, message
+
+
+def test_a_healthy_run_with_a_few_skips_goes_on():
+    model = Named()
+    opt = FusedAdam(model.parameters(), lr=1e-2)
+    model, opt = amp.initialize(model, opt, opt_level="O3", half_dtype=torch.bfloat16, verbosity=0,
+                                skip_nonfinite=True, max_consecutive_skips=2)
+    for k in range(8):  # skipped at 1 and at 4: never two in a row
+        x, y = batch(k)
+        loss = F.mse_loss(model(x.to(torch.bfloat16)).float(), y) * (float("inf") if k in (1, 4) else 1.0)
+        with amp.scale_loss(loss, opt) as scaled:
+            scaled.backward()
+        opt.step()
+        opt.zero_grad()
+    assert amp.skipped_steps() == 2
+
+
+def test_grad_report_names_each_grad_on_demand():
+    model = Named()
+    opt = FusedAdam(model.parameters(), lr=1e-2)
+    model, opt = amp.initialize(model, opt, opt_level="O2", half_dtype=torch.bfloat16, verbosity=0)
+    with amp.scale_loss(poisoned_loss(model, 0), opt) as scaled:
+        scaled.backward()
+    rows = {r["name"]: r for r in amp.grad_report()}
+    assert set(rows) == {"encoder.weight", "encoder.bias", "head.weight", "head.bias"}
+    assert rows["head.bias"]["nonfinite"] == 1 and rows["encoder.weight"]["nonfinite"] == 0
+    # The finite part of head.bias's grad: the master's unscaled grad, as the step reads it.
+    master_grad = opt.param_groups[0]["params"][3].grad
+    assert rows["head.bias"]["max_abs_finite"] == float(master_grad[1:].abs().max())
+    assert rows["encoder.weight"]["max_abs_finite"] > 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_max_consecutive_skips_takes_a_positive_int(bad):
+    with pytest.raises(ValueError, match=f"max_consecutive_skips must be an int >= 1 or None, got {bad!r}"):
+        AmpLoop("O2", max_consecutive_skips=bad)

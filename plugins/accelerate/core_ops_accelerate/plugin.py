@@ -11,6 +11,7 @@ import os
 import torch
 from accelerate.utils import KwargsHandler
 
+from core_ops._environment import MAX_CONSECUTIVE_SKIPS, skip_flag, skip_limit
 from core_ops.amp import AmpLoop
 from core_ops.amp.opt_levels import OPT_LEVELS, half_dtype_of
 from core_ops.parallel import DDPOptions
@@ -85,6 +86,8 @@ FIELDS = {
     "master_weights": ("CORE_OPS_MASTER_WEIGHTS", _master_weights, None),
     "min_loss_scale": ("CORE_OPS_MIN_LOSS_SCALE", _number(float), None),
     "max_loss_scale": ("CORE_OPS_MAX_LOSS_SCALE", _number(float), 2.0**24),
+    "skip_nonfinite": ("CORE_OPS_SKIP_NONFINITE", skip_flag, True),
+    "max_consecutive_skips": ("CORE_OPS_MAX_CONSECUTIVE_SKIPS", skip_limit, MAX_CONSECUTIVE_SKIPS),
     "sync_bn": ("CORE_OPS_SYNC_BN", _flag, False),
     "fused_optimizer": ("CORE_OPS_FUSED_OPTIMIZER", _flag, False),
     # core_ops DistributedDataParallel's, with its defaults (DDPOptions)
@@ -95,7 +98,8 @@ FIELDS = {
     "gradient_predivide_factor": ("CORE_OPS_GRADIENT_PREDIVIDE_FACTOR", _number(float),
                                   DDPOptions.gradient_predivide_factor),
 }
-AMP_OPTIONS = ("loss_scale", "keep_batchnorm_fp32", "master_weights", "min_loss_scale", "max_loss_scale")
+AMP_OPTIONS = ("loss_scale", "keep_batchnorm_fp32", "master_weights", "min_loss_scale", "max_loss_scale",
+               "skip_nonfinite", "max_consecutive_skips")
 DDP_OPTIONS = ("message_size", "delay_allreduce", "allreduce_always_fp32", "allreduce_dtype",
                "gradient_predivide_factor")
 
@@ -108,7 +112,10 @@ class ApexPlugin(KwargsHandler):
     options of ``core_ops.amp.initialize``; ``sync_bn`` converts BatchNorm to core_ops'
     SyncBatchNorm (on CPU too); ``fused_optimizer`` steps a torch.optim AdamW / Adam /
     SGD / Adagrad with its core_ops twin (same hyperparameters and state; LR schedulers
-    follow it); and core_ops DistributedDataParallel's options for multi-process runs.
+    follow it); ``skip_nonfinite`` (default True) skips a step whose grads hold an inf
+    or nan at every level, and ``max_consecutive_skips`` (default 50, 0: never) such
+    skips in a row stop the run naming the non-finite grads; and core_ops
+    DistributedDataParallel's options for multi-process runs.
     Every field left None comes from its ``CORE_OPS_*`` variable (``FIELDS``)."""
 
     opt_level: str | None = None
@@ -118,6 +125,8 @@ class ApexPlugin(KwargsHandler):
     master_weights: bool | str | None = None
     min_loss_scale: float | None = None
     max_loss_scale: float | None = None
+    skip_nonfinite: bool | None = None
+    max_consecutive_skips: int | None = None
     sync_bn: bool | None = None
     fused_optimizer: bool | None = None
     message_size: int | None = None

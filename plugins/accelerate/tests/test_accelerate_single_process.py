@@ -317,3 +317,45 @@ def test_an_unknown_accelerate_is_left_unpatched(monkeypatch):
     finally:
         monkeypatch.undo()
         assert _compat.install() == []
+
+
+@pytest.mark.parametrize("level", ["O0", "O3"])
+def test_a_nan_step_is_skipped_by_default_at_the_static_levels(level):
+    """skip_nonfinite is on in ApexPlugin: at O0 / O3 (Apex's static scale of 1, which
+    checks nothing) a NaN step is skipped too, the schedule held, and training goes on."""
+    accelerator, model, opt, loader, sched = accelerated(ApexPlugin(opt_level=level, half_dtype="bf16"))
+    params = []
+    for i, (x, y) in enumerate(loader):
+        with accelerator.autocast():
+            loss = F.cross_entropy(model(x), y) * (float("nan") if i == 2 else 1.0)
+        accelerator.backward(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        params.append(task.flat(model.parameters()))
+        assert accelerator.optimizer_step_was_skipped == (i == 2)
+    assert torch.equal(params[1], params[2]) and torch.isfinite(params[-1]).all()
+    assert accelerator.core_ops_apex.skipped_steps == 1
+
+
+def test_persistent_nan_stops_the_run_naming_the_grads_and_the_environment_turns_it_off(monkeypatch):
+    from core_ops.amp import NonFiniteTraining
+    accelerator, model, opt, loader, _ = accelerated(ApexPlugin(opt_level="O3", half_dtype="bf16",
+                                                                max_consecutive_skips=3))
+    with pytest.raises(NonFiniteTraining, match=r"3 steps in a row were skipped .* 0\.weight \(8, 1, 3, 3\): 72 of 72"):
+        for x, y in loader:
+            accelerator.backward(F.cross_entropy(model(x), y) * float("nan"))
+            opt.step()
+            opt.zero_grad()
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    monkeypatch.setenv("CORE_OPS_SKIP_NONFINITE", "0")
+    accelerator, model, opt, loader, _ = accelerated(ApexPlugin(opt_level="O3", half_dtype="bf16"))
+    for x, y in loader:  # off: Apex's behaviour, the NaN reaches the weights
+        accelerator.backward(F.cross_entropy(model(x), y) * float("nan"))
+        opt.step()
+        opt.zero_grad()
+    assert not torch.isfinite(task.flat(model.parameters())).all()
+    monkeypatch.setenv("CORE_OPS_MAX_CONSECUTIVE_SKIPS", "many")
+    with pytest.raises(ValueError, match="CORE_OPS_MAX_CONSECUTIVE_SKIPS='many': expected an int >= 1, or 0"):
+        ApexPlugin()

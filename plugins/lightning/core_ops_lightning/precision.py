@@ -21,6 +21,7 @@ import contextlib
 
 import torch
 
+from core_ops._environment import plugin_guards
 from core_ops.amp import AmpLoop
 
 from .names import is_ours, name_of, parse
@@ -33,8 +34,13 @@ class _Apex:
         """``opt_level``: O0-O3, or a name such as ``"apex-O2-bf16"``; ``half_dtype``:
         torch.float16 (Apex's, the default) or torch.bfloat16; ``options``: those of
         ``core_ops.amp.initialize`` (``loss_scale``, ``keep_batchnorm_fp32``,
-        ``master_weights``, ``min_loss_scale``, ...)."""
+        ``master_weights``, ``min_loss_scale``, ...); ``skip_nonfinite`` (default True,
+        or CORE_OPS_SKIP_NONFINITE) and ``max_consecutive_skips`` (default 50, or
+        CORE_OPS_MAX_CONSECUTIVE_SKIPS; 0 never stops)."""
         level, default = parse(opt_level) if is_ours(opt_level) else (opt_level, torch.float16)
+        # On by default here (unlike amp.initialize, which keeps Apex's behaviour): a
+        # step with inf / nan grads is skipped at every level, and 50 in a row stop.
+        options = plugin_guards(options)
         self.loop = AmpLoop(level, half_dtype=default if half_dtype is None else half_dtype, **options)
         self.options = dict(opt_level=level, half_dtype=self.loop.half_dtype, **options)
         self.precision = name_of(level, self.loop.half_dtype)

@@ -295,3 +295,35 @@ def test_a_compiled_module_trains_as_the_eager_one():
         trainer.fit(torch.compile(model, backend="aot_eager") if compiled else model, loader())
         runs.append(flat(model.parameters()))
     assert torch.equal(*runs)
+
+
+@pytest.mark.parametrize("name", ["apex-O0", "apex-O3-bf16"])
+def test_a_nan_step_is_skipped_by_default_at_the_static_levels(name):
+    """skip_nonfinite is on in ApexPrecision: at O0 / O3 (a static scale of 1, where
+    Apex checks nothing) the inf step is skipped, counted and logged, and training goes on."""
+    trainer, model = fit(name, model=Net(seed=0, inf_at=(1, 0)), log_every_n_steps=1)
+    h = model.history
+    assert torch.equal(h[0]["params"], h[1]["params"]) and not torch.equal(h[1]["params"], h[2]["params"])
+    assert torch.isfinite(h[-1]["params"]).all()
+    assert trainer.precision_plugin.skipped_steps == 1 and h[1]["skipped"] == 1.0
+
+
+class AlwaysNaN(Net):
+    def _loss(self, batch):
+        return super()._loss(batch) * float("nan")
+
+
+def test_persistent_nan_stops_the_trainer_naming_the_grads():
+    from core_ops.amp import NonFiniteTraining
+    plugin = ApexPrecision("O3", half_dtype=torch.bfloat16, max_consecutive_skips=3)
+    with pytest.raises(NonFiniteTraining, match=r"3 steps in a row .* net\.0\.weight \(8, 1, 3, 3\): 72 of 72"):
+        fit(plugins=[plugin], model=AlwaysNaN(seed=0))
+
+
+def test_skip_nonfinite_false_lets_the_nan_in_as_apex(monkeypatch):
+    _, model = fit(plugins=[ApexPrecision("O3", half_dtype=torch.bfloat16, skip_nonfinite=False)],
+                   model=Net(seed=0, inf_at=(1, 0)))
+    assert not torch.isfinite(model.history[-1]["params"]).all()
+    monkeypatch.setenv("CORE_OPS_SKIP_NONFINITE", "maybe")
+    with pytest.raises(ValueError, match="CORE_OPS_SKIP_NONFINITE='maybe': expected 0 or 1"):
+        ApexPrecision("O2")
