@@ -13,10 +13,10 @@ import torch
 from torch.optim import Optimizer
 
 from .. import _build, _validate
-from ..multi_tensor_apply.ops import global_l2norm, multi_tensor_l2norm
+from ..multi_tensor_apply.ops import global_l2norm, multi_tensor_check_finite, multi_tensor_l2norm
 from ._checks import (check_dense, check_given, check_group_keys, check_hyperparameters,
                       check_scale_args)
-from .._sharded import is_sharded, local
+from .._sharded import is_sharded, local, locals_of, max_over_meshes, meshes_of
 from .compact_state import check_master_weights
 
 HALF = (torch.float16, torch.bfloat16)
@@ -40,13 +40,20 @@ class FusedOptimizer(Optimizer):
     _state_keys: tuple[str, ...] = ()
     # Settings kept as attributes rather than in defaults; torch.optim.Optimizer pickles
     # only defaults, state and param_groups, so these are added (deepcopy, torch.save).
-    _pickled_attrs: tuple[str, ...] = ("set_grad_none", "master_weights", "capturable", "_grad_norm")
+    _pickled_attrs: tuple[str, ...] = ("set_grad_none", "master_weights", "capturable", "_grad_norm",
+                                       "skip_nonfinite", "_skips")
+    skip_nonfinite = False  # what an optimizer pickled before the guard existed unpickles with
 
     # Whether master_weights="remainder" (int16 remainders of bfloat16 params) is taken.
     _supports_remainder = False
 
-    def __init__(self, params, defaults, *, set_grad_none, master_weights=False, capturable=False):
+    def __init__(self, params, defaults, *, set_grad_none, master_weights=False, capturable=False,
+                 skip_nonfinite=False):
         self.set_grad_none = set_grad_none
+        if not isinstance(skip_nonfinite, bool):
+            raise ValueError(f"skip_nonfinite must be True or False, got {skip_nonfinite!r}")
+        self.skip_nonfinite = skip_nonfinite
+        self._skips = [None]  # steps the guard skipped, a device tensor (a list: see _grad_norm)
         self.master_weights = check_master_weights(master_weights, self._supports_remainder, type(self).__name__)
         self.capturable = capturable
         # A one-item list written in place: torch 2.6's torch.compile cannot set an
@@ -55,6 +62,11 @@ class FusedOptimizer(Optimizer):
         self._grad_norm = [None]
         check_hyperparameters(defaults)
         super().__init__(params, defaults)
+
+    @property
+    def skipped_steps(self):
+        """Steps that ``skip_nonfinite`` skipped for inf / nan grads (a host sync)."""
+        return 0 if self._skips[0] is None else int(self._skips[0])
 
     @property
     def last_grad_norm(self):
@@ -71,6 +83,8 @@ class FusedOptimizer(Optimizer):
         # FusedNovoGrad's moment mode), torch.optim has none of Apex's. Before that,
         # _complete_group reads what the group says under another name.
         super().__setstate__(state)
+        if not isinstance(self.__dict__.get("_skips"), list):  # pickled before the guard existed
+            self._skips = [None]
         for group in self.param_groups:
             self._complete_group(group)
             for key, value in self.defaults.items():
@@ -287,12 +301,32 @@ class FusedOptimizer(Optimizer):
                 loss = closure()
         work = self._work()
         grad_scale, found_inf = self._scaling(work, grad_scale, found_inf, *self._clipping(max_grad_norm))
+        if self.skip_nonfinite:
+            found_inf = self._guard(work, found_inf)
         for group, buckets in work:
             for (device, _), ps in buckets.items():
                 self._step_group(group, ps, device, self._on(grad_scale, device),
                                  self._on(found_inf, device))
                 self._wrote(ps)
         return loss
+
+    def _guard(self, work, found_inf):
+        """skip_nonfinite (Note [Skipping non-finite steps]): found_inf |= any grad holds
+        an inf or nan, by one read-only pass over the grads on the device (FSDP2: over
+        every rank's shards), so the kernels skip the whole step; the skip is counted."""
+        flag = None
+        grads = [p.grad for _, buckets in work for ps in buckets.values() for p in ps]
+        for _, buckets in work:
+            for ps in buckets.values():
+                bad = multi_tensor_check_finite(locals_of([p.grad for p in ps])).reshape(())
+                flag = bad if flag is None else torch.maximum(flag, bad.to(flag.device))
+        if flag is None:
+            return found_inf
+        flag = max_over_meshes(flag, meshes_of(grads))
+        found_inf = flag_overflow(found_inf, flag.reshape(1))
+        skipped = (found_inf.reshape(()) > 0).to(torch.int64)
+        self._skips[0] = skipped if self._skips[0] is None else self._skips[0] + skipped.to(self._skips[0].device)
+        return found_inf
 
     def _wrote(self, ps):
         """After the kernels wrote ``ps``: their version counters move on, as torch's

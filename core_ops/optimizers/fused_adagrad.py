@@ -16,11 +16,12 @@ class FusedAdagrad(FusedOptimizer):
 
     def __init__(self, params, lr=1e-2, eps=1e-10, weight_decay=0.0, set_grad_none=True,
                  adagrad_w_mode=False, lr_decay=0.0, initial_accumulator_value=0.0,
-                 master_weights=False, maximize=False):
+                 master_weights=False, maximize=False, skip_nonfinite=False):
         defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, adagrad_w_mode=adagrad_w_mode,
                         lr_decay=lr_decay, initial_accumulator_value=initial_accumulator_value,
                         maximize=maximize)
-        super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
+        super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights,
+                         skip_nonfinite=skip_nonfinite)
 
     def _step_group(self, group, ps, device, grad_scale, found_inf):
         lr, lr_tensor = self._lr(group, device)

@@ -38,7 +38,7 @@ class FusedAdam(FusedOptimizer):
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
                  adam_w_mode=True, weight_decay=0.0, amsgrad=False, set_grad_none=True,
                  capturable=False, master_weights=False, maximize=False, state_dtype=torch.float32,
-                 min_8bit_size=4096):
+                 min_8bit_size=4096, skip_nonfinite=False):
         self.state_dtype = compact_state.state_dtype_name(state_dtype)
         if not (isinstance(min_8bit_size, int) and min_8bit_size >= 0):
             raise ValueError(f"min_8bit_size must be an int >= 0 (elements), got {min_8bit_size!r}")
@@ -47,7 +47,8 @@ class FusedAdam(FusedOptimizer):
                         weight_decay=weight_decay, adam_w_mode=adam_w_mode, amsgrad=amsgrad,
                         maximize=maximize)
         super().__init__(params, defaults, set_grad_none=set_grad_none,
-                         master_weights=master_weights, capturable=capturable)
+                         master_weights=master_weights, capturable=capturable,
+                         skip_nonfinite=skip_nonfinite)
 
     def _complete_group(self, group):
         # A torch.optim.Adam / AdamW state dict says which it was (one saved by torch 2.6

@@ -21,12 +21,13 @@ class FusedLAMB(FusedOptimizer):
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-6,
                  weight_decay=0.01, amsgrad=False, adam_w_mode=True, grad_averaging=True,
                  set_grad_none=True, max_grad_norm=1.0, use_nvlamb=False, master_weights=False,
-                 maximize=False):
+                 maximize=False, skip_nonfinite=False):
         defaults = _lamb_defaults(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
                                   weight_decay=weight_decay, amsgrad=amsgrad, adam_w_mode=adam_w_mode,
                                   grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
                                   use_nvlamb=use_nvlamb, maximize=maximize)
-        super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
+        super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights,
+                         skip_nonfinite=skip_nonfinite)
 
     def _clipping(self, max_grad_norm):
         # Apex: the constructor's max_grad_norm, self.defaults['max_grad_norm'] (one

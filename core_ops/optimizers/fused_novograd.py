@@ -36,14 +36,15 @@ class FusedNovoGrad(FusedOptimizer):
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, amsgrad=False, reg_inside_moment=False, grad_averaging=True,
                  norm_type=2, init_zero=False, set_grad_none=True, master_weights=False,
-                 maximize=False):
+                 maximize=False, skip_nonfinite=False):
         if amsgrad:
             raise ValueError("FusedNovoGrad: amsgrad is not supported (nor was it in Apex)")
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay, reg_inside_moment=reg_inside_moment,
                         grad_averaging=grad_averaging, norm_type=norm_type, init_zero=init_zero,
                         maximize=maximize)
-        super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
+        super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights,
+                         skip_nonfinite=skip_nonfinite)
 
     def _check_group(self, group, where):
         super()._check_group(group, where)

@@ -21,10 +21,11 @@ class FusedSGD(FusedOptimizer):
 
     def __init__(self, params, lr=required, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
                  wd_after_momentum=False, materialize_master_grads=True, set_grad_none=False,
-                 master_weights=False, maximize=False):
+                 master_weights=False, maximize=False, skip_nonfinite=False):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, wd_after_momentum=wd_after_momentum, maximize=maximize)
-        super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights)
+        super().__init__(params, defaults, set_grad_none=set_grad_none, master_weights=master_weights,
+                         skip_nonfinite=skip_nonfinite)
 
     def _check_group(self, group, where):
         super()._check_group(group, where)

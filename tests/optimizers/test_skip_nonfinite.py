@@ -1,0 +1,98 @@
+"""FusedOptimizer(skip_nonfinite=True): the guard for the fused optimizers used without
+amp (Lightning's ``bf16-true``, a plain loop). A step whose grads hold an inf or nan
+changes nothing (params, state, step counts) and is counted in ``skipped_steps``; the
+next step is the step the skipped one would have been. The flag is decided on the
+device (one read-only pass), so a compiled step still traces as one graph."""
+
+import pytest
+import torch
+
+from core_ops.optimizers import FusedAdagrad, FusedAdam, FusedLAMB, FusedNovoGrad, FusedSGD
+
+MAKERS = {
+    "adam": lambda ps, **kw: FusedAdam(ps, lr=1e-2, weight_decay=0.01, **kw),
+    "adam-masters": lambda ps, **kw: FusedAdam(ps, lr=1e-2, master_weights=True, **kw),
+    "sgd": lambda ps, **kw: FusedSGD(ps, lr=0.1, momentum=0.9, **kw),
+    "lamb": lambda ps, **kw: FusedLAMB(ps, lr=1e-2, **kw),
+    "novograd": lambda ps, **kw: FusedNovoGrad(ps, lr=1e-2, **kw),
+    "adagrad": lambda ps, **kw: FusedAdagrad(ps, lr=0.1, **kw),
+}
+DTYPES = {"adam-masters": torch.bfloat16}
+
+
+def params(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, generator=g).to(dtype).requires_grad_() for n in (300, 40)]
+
+
+def set_grads(ps, k, poison=False):
+    g = torch.Generator().manual_seed(100 + k)
+    for i, p in enumerate(ps):
+        p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+        if poison and i == 1:
+            p.grad[7] = float("nan")
+
+
+def state_of(opt):
+    return [v.clone() for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_a_non_finite_step_changes_nothing_and_the_run_goes_on_as_if_it_never_came(name):
+    dtype = DTYPES.get(name, torch.float32)
+    guarded_ps, clean_ps = params(dtype), params(dtype)
+    guarded, clean = MAKERS[name](guarded_ps, skip_nonfinite=True), MAKERS[name](clean_ps)
+    for k in range(2):
+        set_grads(guarded_ps, k), set_grads(clean_ps, k)
+        guarded.step(), clean.step()
+    before = [p.detach().clone() for p in guarded_ps], state_of(guarded)
+    set_grads(guarded_ps, 99, poison=True)
+    guarded.step()
+    assert all(torch.equal(a, b) for a, b in zip(before[0], guarded_ps))
+    assert all(torch.equal(a, b) for a, b in zip(before[1], state_of(guarded)))
+    assert guarded.skipped_steps == 1
+    for k in range(2, 4):
+        set_grads(guarded_ps, k), set_grads(clean_ps, k)
+        guarded.step(), clean.step()
+    for p, q in zip(guarded_ps, clean_ps):
+        assert torch.equal(p, q)
+    assert guarded.skipped_steps == 1
+
+
+def test_off_by_default_the_nan_reaches_the_weights():
+    ps = params(torch.float32)
+    opt = FusedAdam(ps, lr=1e-2)
+    set_grads(ps, 0, poison=True)
+    opt.step()
+    assert not torch.isfinite(ps[1]).all() and opt.skipped_steps == 0
+
+
+def test_a_first_step_skipped_makes_no_state_that_reads_as_a_step_taken():
+    ps, fresh_ps = params(torch.float32), params(torch.float32)
+    opt, fresh = FusedAdam(ps, lr=1e-2, skip_nonfinite=True), FusedAdam(fresh_ps, lr=1e-2)
+    set_grads(ps, 0, poison=True)
+    opt.step()
+    set_grads(ps, 1), set_grads(fresh_ps, 1)
+    opt.step(), fresh.step()
+    for p, q in zip(ps, fresh_ps):
+        assert torch.equal(p, q)
+
+
+def test_the_guarded_step_compiles_as_one_graph_and_skips_as_eager():
+    torch._dynamo.reset()
+    ps, eager_ps = params(torch.float32), params(torch.float32)
+    opt, eager = FusedAdam(ps, lr=1e-2, skip_nonfinite=True), FusedAdam(eager_ps, lr=1e-2, skip_nonfinite=True)
+    set_grads(ps, 0), set_grads(eager_ps, 0)
+    opt.step(), eager.step()  # state made outside the graph
+    step = torch.compile(opt.step, backend="aot_eager", fullgraph=True)
+    for k, poison in ((1, False), (2, True), (3, False)):
+        set_grads(ps, k, poison), set_grads(eager_ps, k, poison)
+        step(), eager.step()
+    for p, q in zip(ps, eager_ps):
+        assert torch.equal(p, q)
+    assert opt.skipped_steps == eager.skipped_steps == 1
+
+
+def test_skip_nonfinite_takes_a_bool():
+    with pytest.raises(ValueError, match="skip_nonfinite must be True or False, got 1"):
+        FusedSGD(params(torch.float32), lr=0.1, skip_nonfinite=1)
