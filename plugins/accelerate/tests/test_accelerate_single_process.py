@@ -111,6 +111,10 @@ def test_save_state_and_load_state_resume_exactly(tmp_path):
     accelerator, first, fopt, _, fsched = accelerated(ApexPlugin(opt_level="O2"), seed=3)
     run(accelerator, first, fopt, batches[:5], fsched)
     accelerator.save_state(str(tmp_path / "state"))
+    ours = sorted(p.name for p in (tmp_path / "state").iterdir() if p.name.startswith(("custom_checkpoint", "optimizer")))
+    assert ours == ["custom_checkpoint_0.pkl", "optimizer.bin"]  # the loss scaler, the optimizer
+    for name in ours:  # no pickled classes in what core-ops saves
+        torch.load(tmp_path / "state" / name, weights_only=True)
     accelerator, resumed, ropt, _, rsched = accelerated(ApexPlugin(opt_level="O2"), seed=9)
     accelerator.load_state(str(tmp_path / "state"))
     run(accelerator, resumed, ropt, batches[5:], rsched)
