@@ -35,17 +35,27 @@ def enabled():
 def when_imported(hosts, plugin, only_if_set=None):
     """Imports ``plugin`` ("module" or "module:function", the function then called)
     once any module of ``hosts`` has been imported; with ``only_if_set``, only when
-    that environment variable is set. Nothing when autoload is off."""
-    if not enabled() or (only_if_set and not os.environ.get(only_if_set)):
+    that environment variable is set. Nothing when autoload is off.
+
+    Note [Settings that stop the run]: a ``CORE_OPS_*`` variable that is set takes
+    effect or stops the run with its name. So with any of them set the host's import
+    also checks their names (``core_ops._environment.check``: a misspelt
+    ``CORE_OPS_OPT_LEVLE`` would otherwise leave an fp32 run that looks fine), and a
+    plugin asked for through ``only_if_set`` that fails to load fails the host's
+    import with the variable's name instead of warning."""
+    if not enabled():
+        return
+    requested = bool(only_if_set and os.environ.get(only_if_set))
+    if only_if_set and not requested and not any(k.startswith("CORE_OPS_") for k in os.environ):
         return
     if any(isinstance(f, _HostFinder) and f.plugin == plugin for f in sys.meta_path):
         return
-    sys.meta_path.insert(0, _HostFinder(hosts, plugin))
+    sys.meta_path.insert(0, _HostFinder(hosts, plugin, only_if_set))
 
 
 class _HostFinder:  # a meta path finder: find_spec is all the import system asks
-    def __init__(self, hosts, plugin):
-        self.hosts, self.plugin = frozenset(hosts), plugin
+    def __init__(self, hosts, plugin, only_if_set=None):
+        self.hosts, self.plugin, self.only_if_set = frozenset(hosts), plugin, only_if_set
         self.depth, self.done = 0, False
 
     def find_spec(self, name, path, target=None):
@@ -70,11 +80,21 @@ class _HostFinder:  # a meta path finder: find_spec is all the import system ask
         import importlib
         import warnings
         module, _, function = self.plugin.partition(":")
+        requested = self.only_if_set is None or os.environ.get(self.only_if_set)
         try:
+            if not requested:  # only other CORE_OPS_* variables: their names are checked
+                importlib.import_module("core_ops._environment").check()
+                return
             loaded = importlib.import_module(module)
             if function:
                 getattr(loaded, function)()
-        except Exception as e:  # the user's import of the host must not fail for us
+        except Exception as e:
+            # Note [Settings that stop the run]: a setting that cannot take effect stops
+            # the run; otherwise the user's import of the host must not fail for us.
+            if self.only_if_set is not None or type(e).__name__ == "BadEnvironment":
+                asked = (f"{self.only_if_set}={os.environ[self.only_if_set]!r} asks for {module}"
+                         if requested and self.only_if_set else "the CORE_OPS_* settings")
+                raise RuntimeError(f"core-ops: {asked}, which failed: {type(e).__name__}: {e}") from e
             warnings.warn(f"core-ops could not load {module} ({type(e).__name__}: {e}); set {OFF}=0 to stop "
                           "trying, or import it yourself to see the whole error", stacklevel=3)
 

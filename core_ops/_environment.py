@@ -35,12 +35,17 @@ KNOWN = frozenset(CORE) | ACCELERATE
 VALUES = {"CORE_OPS_AUTOLOAD": ("0", "1"), "CORE_OPS_VERBOSE_BUILD": ("0", "1")}
 
 
+class BadEnvironment(ValueError):
+    """A ``CORE_OPS_*`` variable that is misspelt or holds a value outside its set
+    (core_ops_autoload.py stops the host's import on it, by this name)."""
+
+
 def check(environ=os.environ):
     """Raises ValueError naming each unknown ``CORE_OPS_*`` variable, the closest valid
     name and the whole list, or a value outside ``VALUES``."""
     for name, allowed in VALUES.items():
         if name in environ and environ[name].strip() not in allowed:
-            raise ValueError(f"{name}={environ[name]!r}: expected one of {', '.join(allowed)} ({CORE[name]})")
+            raise BadEnvironment(f"{name}={environ[name]!r}: expected one of {', '.join(allowed)} ({CORE[name]})")
     unknown = sorted(k for k in environ if k.startswith("CORE_OPS_") and k not in KNOWN)
     if not unknown:
         return
@@ -50,7 +55,7 @@ def check(environ=os.environ):
         close = difflib.get_close_matches(name[len("CORE_OPS_"):], [k[len("CORE_OPS_"):] for k in KNOWN], n=1,
                                           cutoff=0.7)
         hints.append(f"{name}" + (f" (did you mean CORE_OPS_{close[0]}?)" if close else ""))
-    raise ValueError(f"unknown environment variable{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+    raise BadEnvironment(f"unknown environment variable{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
                      f"core-ops reads {', '.join(sorted(CORE))}; in Lightning and Accelerate, "
                      f"{', '.join(sorted(PLUGINS))}; in Accelerate also "
                      f"{', '.join(sorted(ACCELERATE - frozenset(PLUGINS)))}")

@@ -84,3 +84,33 @@ def test_the_wheel_carries_the_autoload_file(plugin, tmp_path):
     pth = f"core-ops-{plugin}-autoload.pth"
     assert pth in names  # at the top: site-packages, where Python's site runs it
     assert zipfile.ZipFile(wheel).read(pth).decode() == (ROOT / "plugins" / plugin / pth).read_text()
+
+
+# Note [Settings that stop the run]: a CORE_OPS_* variable that is set takes effect or
+# stops the run with its name.
+
+@pytest.mark.parametrize("env, error", [
+    (dict(CORE_OPS_OPT_LEVLE="O2"), "unknown environment variable CORE_OPS_OPT_LEVLE (did you mean CORE_OPS_OPT_LEVEL?)"),
+    (dict(CORE_OPS_OPT_LEVEL="O2", CORE_OPS_HALF_DTYPES="bf16"),
+     "CORE_OPS_OPT_LEVEL='O2' asks for core_ops_accelerate, which failed: BadEnvironment: unknown environment "
+     "variable CORE_OPS_HALF_DTYPES (did you mean CORE_OPS_HALF_DTYPE?)"),
+    (dict(CORE_OPS_OPT_LEVEL="O7"), "CORE_OPS_OPT_LEVEL='O7': expected one of O0, O1, O2, O3"),  # at Accelerator()
+], ids=["typo_alone", "typo_beside_the_level", "bad_value"])
+def test_a_setting_that_cannot_take_effect_stops_an_accelerate_script(env, error):
+    proc = python(ACCELERATE, **env)
+    assert proc.returncode != 0 and error in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_typo_stops_a_lightning_script_too():
+    proc = python(LIGHTNING, CORE_OPS_SKIP_NONFINTE="0")
+    assert proc.returncode != 0, proc.stdout
+    assert "unknown environment variable CORE_OPS_SKIP_NONFINTE (did you mean CORE_OPS_SKIP_NONFINITE?)" in proc.stderr
+
+
+def test_core_ops_says_once_that_the_environment_switched_it_on():
+    proc = python(ACCELERATE + "\nAccelerator(cpu=True)\n", CORE_OPS_OPT_LEVEL="O2", CORE_OPS_HALF_DTYPE="bf16")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if line.startswith("core-ops: ")]
+    assert said == ["core-ops: every Accelerator runs with ApexPlugin(opt_level='O2', half_dtype=torch.bfloat16, "
+                    "skip_nonfinite=True, max_consecutive_skips=50), from CORE_OPS_OPT_LEVEL=O2, "
+                    "CORE_OPS_HALF_DTYPE=bf16"], proc.stderr[-2000:]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import sys
 
 import accelerate
 from accelerate import Accelerator
@@ -97,6 +98,7 @@ def _wrap(init):
             raise ValueError("You can only pass one ApexPlugin in `kwargs_handlers`.")
         if not ours and AUTO["on"] and os.environ.get("CORE_OPS_OPT_LEVEL") and not isinstance(self, _ApexMethods):
             ours = [ApexPlugin()]
+            _announce(ours[0])
         if ours:
             bound.arguments["kwargs_handlers"] = [h for h in handlers if not isinstance(h, ApexPlugin)] or None
         init(*bound.args, **bound.kwargs)
@@ -105,6 +107,19 @@ def _wrap(init):
 
     setattr(__init__, _MARK, True)
     return __init__
+
+
+def _announce(plugin):
+    """Says once, on rank 0, that core-ops switched itself on from the environment and
+    with what: nothing else in a script's output would show it."""
+    if AUTO.get("announced") or os.environ.get("RANK", "0") != "0":
+        return
+    AUTO["announced"] = True
+    from .plugin import FIELDS
+    given = ", ".join(f"{env}={os.environ[env]}" for env, _, _ in FIELDS.values() if os.environ.get(env))
+    print(f"core-ops: every Accelerator runs with ApexPlugin(opt_level={plugin.opt_level!r}, "
+          f"half_dtype={plugin.half_dtype}, skip_nonfinite={plugin.skip_nonfinite}, "
+          f"max_consecutive_skips={plugin.max_consecutive_skips}), from {given}", file=sys.stderr, flush=True)
 
 
 def install():
