@@ -80,6 +80,9 @@ class _HostFinder:  # a meta path finder: find_spec is all the import system ask
         import importlib
         import warnings
         module, _, function = self.plugin.partition(":")
+        importing = sys.modules.get(module)
+        if importing is not None and getattr(getattr(importing, "__spec__", None), "_initializing", False):
+            return  # the plugin imports the host itself (python -m core_ops_accelerate): it is loading
         requested = self.only_if_set is None or os.environ.get(self.only_if_set)
         try:
             if not requested:  # only other CORE_OPS_* variables: their names are checked

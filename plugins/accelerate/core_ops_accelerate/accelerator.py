@@ -25,6 +25,7 @@ methods below in front, each a few lines that call into the plugin's
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 
 import torch
@@ -149,6 +150,7 @@ class _ApexMethods:
         twin = self._core_ops_twins.get(id(getattr(scheduler, "optimizer", None)))
         if twin is not None:
             scheduler.optimizer = twin  # the schedule now drives the twin's param groups
+            _mark_steps_for_schedulers(twin)
         return super().prepare_scheduler(scheduler)
 
     def backward(self, loss, **kwargs):
@@ -202,3 +204,21 @@ def with_apex(cls):
         _WITH_APEX[cls] = type(cls.__name__, (_ApexMethods, cls), {
             "__module__": cls.__module__, "__qualname__": cls.__qualname__})
     return _WITH_APEX[cls]
+
+
+def _mark_steps_for_schedulers(optimizer):
+    """torch's LR schedulers check that ``optimizer.step()`` ran before their ``step()``
+    through a mark that their constructor's wrapper of ``optimizer.step`` sets; the twin
+    a scheduler drives from now on was never wrapped, so it would warn ("Seems like
+    `optimizer.step()` has been overridden") every run. Its step gets the same mark."""
+    if hasattr(optimizer.step, "_wrapped_by_lr_sched"):
+        return
+    step = optimizer.step
+
+    @functools.wraps(step)
+    def marked_step(*args, **kwargs):
+        optimizer._opt_called = True
+        return step(*args, **kwargs)
+
+    marked_step._wrapped_by_lr_sched = True
+    optimizer.step = marked_step

@@ -188,7 +188,11 @@ def test_fused_optimizer_swaps_in_the_twin_and_the_scheduler_follows():
     accelerator, model, opt, loader, sched = accelerated(
         ApexPlugin(opt_level="O2", fused_optimizer=True), optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-2))
     assert type(opt.optimizer) is FusedAdam and sched.scheduler.optimizer is opt.optimizer
-    run(accelerator, model, opt, loader, sched)
+    import warnings
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        run(accelerator, model, opt, loader, sched)
+    assert not [w for w in said if "overridden" in str(w.message)]  # the twin's step is marked for the scheduler
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.95 ** 8)
     with pytest.warns(UserWarning, match="RMSprop has no core_ops twin"):
         accelerated(ApexPlugin(opt_level="O2", fused_optimizer=True), optimizer=lambda ps: torch.optim.RMSprop(ps))

@@ -120,6 +120,9 @@ def _wrap_connector(init, precision_cls, base_precision, plugin_attr, what):
         bound = signature.bind(self, *args, **kwargs)
         precision, plugins = bound.arguments.get("precision"), _plugins_list(bound.arguments.get("plugins"))
         ours = [p for p in plugins if isinstance(p, _apex_types())]
+        if not names.is_ours(precision) and names.near_miss(precision):
+            raise ValueError(f"{what}(precision={precision!r}): did you mean {names.near_miss(precision)!r}? "
+                             f"core_ops_lightning's precisions are {', '.join(names.NAMES)}")
         if names.is_ours(precision):
             names.parse(precision)  # an unknown name: an error naming the valid ones
             others = [p for p in plugins if isinstance(p, base_precision) and not isinstance(p, _apex_types())]

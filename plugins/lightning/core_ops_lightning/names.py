@@ -28,6 +28,16 @@ def parse(name):
     return NAMES[name]
 
 
+def near_miss(precision):
+    """The name of ours that ``precision`` misspells (``"apex_O2_bf16"``, ``"O2-bf16"``,
+    ``"APEX-o2"``), or None: Lightning's own error would list only its names."""
+    if not isinstance(precision, str):
+        return None
+    key = precision.strip().lower().replace("_", "-").replace(" ", "-")
+    key = key if key.startswith(PREFIX) else PREFIX + key
+    return next((name for name in NAMES if name.lower() == key), None)
+
+
 def name_of(opt_level, half_dtype):
     """The name that Lightning's ``trainer.precision`` reports for a level and dtype."""
     if opt_level == "O0":

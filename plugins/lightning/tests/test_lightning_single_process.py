@@ -149,6 +149,12 @@ def test_bad_input_fails_at_construction():
         pl.Trainer(precision="apex-O7", **QUIET)
     with pytest.raises(ValueError, match="unknown precision 'apex-O7'"):
         L.Fabric(precision="apex-O7")
+    # Near misses of ours get our names, not only Lightning's list.
+    for given, meant in (("apex_O2_bf16", "apex-O2-bf16"), ("O2-bf16", "apex-O2-bf16"), ("APEX-o1", "apex-O1")):
+        with pytest.raises(ValueError, match=f"precision='{given}'\\): did you mean '{meant}'\\? core_ops_lightning's"):
+            pl.Trainer(precision=given, **QUIET)
+    with pytest.raises(ValueError, match="did you mean 'apex-O3'"):
+        L.Fabric(precision="apex_O3")
     with pytest.raises(ValueError, match="both set the precision; give one of them"):
         pl.Trainer(precision="apex-O2", plugins=[pl.plugins.MixedPrecision("bf16-mixed", "cpu")], **QUIET)
     with pytest.raises(ValueError, match="both set the precision"):
