@@ -9,6 +9,7 @@ has a pure-PyTorch reference to fall back on.
 from . import _environment
 
 _environment.check()  # a mistyped CORE_OPS_* variable is an error, not a setting ignored
+_environment.warn_plugins_without_autoload()  # an editable plugin install says what it lacks
 
 from . import _library, _fallback  # noqa: F401,E402  (op schemas, then the non-native kernels)
 from ._info import backend_report  # noqa: E402

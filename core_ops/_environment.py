@@ -103,3 +103,28 @@ def plugin_guards(options, environ=os.environ):
     elif out["max_consecutive_skips"] is not None:
         out["max_consecutive_skips"] = skip_limit(out["max_consecutive_skips"], "max_consecutive_skips")
     return out
+
+
+def plugins_without_autoload(modules=None, find_spec=None, environ=os.environ):
+    """The core-ops plugins importable here whose autoload ``.pth`` never ran (an
+    editable install, ``pip install -e``, cannot carry it): their apex-* names and
+    CORE_OPS_OPT_LEVEL do nothing until they are imported."""
+    import importlib.util
+    import sys
+    modules = sys.modules if modules is None else modules
+    find_spec = importlib.util.find_spec if find_spec is None else find_spec
+    if "core_ops_autoload" in modules or environ.get("CORE_OPS_AUTOLOAD", "1").strip() == "0":
+        return []
+    return [name for name in ("core_ops_lightning", "core_ops_accelerate")
+            if name not in modules and find_spec(name) is not None]
+
+
+def warn_plugins_without_autoload():
+    missing = plugins_without_autoload()
+    if missing:
+        import warnings
+        files = ", ".join(f"core-ops-{m.split('_')[-1]}-autoload.pth" for m in missing)
+        warnings.warn(f"{', '.join(missing)} installed without its autoload file ({files} is not in "
+                      "site-packages: an editable install cannot carry it), so precision='apex-*' and "
+                      "CORE_OPS_OPT_LEVEL do nothing until it is imported; install it without -e, run "
+                      "tools/setup.sh, or import it in the script", stacklevel=3)

@@ -13,7 +13,7 @@ def test_a_mistyped_variable_is_an_error_naming_the_right_one():
     proc = subprocess.run([sys.executable, "-c", "import core_ops"], capture_output=True, text=True, env=env)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("ValueError: unknown environment variable CORE_OPS_OPT_LEVLE (did you mean "
+    assert last.startswith("core_ops._environment.BadEnvironment: unknown environment variable CORE_OPS_OPT_LEVLE (did you mean "
                            "CORE_OPS_OPT_LEVEL?); core-ops reads CORE_OPS_AUTOLOAD, CORE_OPS_BACKEND"), last
 
 
@@ -41,3 +41,11 @@ def test_a_value_outside_the_fixed_set_is_refused():
             assert str(e).startswith(f"{name}='yes please': expected one of 0, 1 ("), str(e)
         else:
             raise AssertionError(f"{name}='yes please' passed")
+
+
+def test_a_plugin_installed_without_its_autoload_file_is_named():
+    found = {"core_ops_lightning": object(), "core_ops_accelerate": None}.get
+    assert _environment.plugins_without_autoload({}, found, {}) == ["core_ops_lightning"]
+    assert _environment.plugins_without_autoload({"core_ops_autoload": 1}, found, {}) == []  # its .pth ran
+    assert _environment.plugins_without_autoload({}, found, {"CORE_OPS_AUTOLOAD": "0"}) == []  # turned off
+    assert _environment.plugins_without_autoload({"core_ops_lightning": 1}, found, {}) == []  # imported already
