@@ -20,6 +20,7 @@ import functools
 import importlib
 import logging
 import inspect
+import weakref
 
 from packaging.version import Version
 
@@ -195,6 +196,21 @@ def _new_attaching(cls):
     return cls.__new__(_attaching(cls))
 
 
+def _introducing_fabric(init):
+    """Fabric's ``__init__``, after which its ApexPrecision knows the Fabric (weakly), to
+    log the loss scale and skipped steps through its loggers: the Trainer logs them
+    itself, Fabric shows its precision plugin neither loggers nor steps."""
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        precision = getattr(self, "_precision", None)
+        if isinstance(precision, _apex_types()):
+            precision.fabric = weakref.ref(self)
+
+    setattr(__init__, _MARK, True)
+    return __init__
+
+
 _APEX_TYPES = []
 
 
@@ -218,6 +234,8 @@ def install(classes_by_tree):
                  "precision", "Fabric")):
             if not getattr(cls.__init__, _MARK, False):
                 cls.__init__ = _wrap_connector(cls.__init__, precision_cls, base, attr, what)
+        if not getattr(tree.fabric.Fabric.__init__, _MARK, False):
+            tree.fabric.Fabric.__init__ = _introducing_fabric(tree.fabric.Fabric.__init__)
         ns.ApexDDPStrategy.register_strategies(tree.trainer.strategies.StrategyRegistry)
         ns.ApexFSDPStrategy.register_strategies(tree.trainer.strategies.StrategyRegistry)
         ns.ApexFabricDDPStrategy.register_strategies(tree.fabric.strategies.STRATEGY_REGISTRY)
@@ -228,7 +246,7 @@ def install(classes_by_tree):
 def uninstall(classes_by_tree):
     """Undoes ``install`` (for tests): the connectors' own ``__init__`` and registries back."""
     for tree in classes_by_tree:
-        for cls in (tree.trainer_connector, tree.fabric_connector):
+        for cls in (tree.trainer_connector, tree.fabric_connector, tree.fabric.Fabric):
             if getattr(cls.__init__, _MARK, False):
                 cls.__init__ = cls.__init__.__wrapped__
         for registry in (tree.trainer.strategies.StrategyRegistry, tree.fabric.strategies.STRATEGY_REGISTRY):

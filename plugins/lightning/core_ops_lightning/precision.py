@@ -174,7 +174,25 @@ class _FabricApex(_Apex):
                                "would run backward after the grads were unscaled")
         out = self.loop.step(optimizer, **kwargs)
         self.loop.update()
+        self._log_to_fabric()
         return out
+
+    fabric = None  # a weak reference to the Fabric, set by its __init__ (_compat._introducing_fabric)
+    log_every_n_steps = 50  # as the Trainer's default
+
+    def _log_to_fabric(self):
+        """The loss scale and skipped steps through the Fabric's loggers, if it has any,
+        every ``log_every_n_steps`` steps (as the Trainer logs them): device tensors,
+        read by the loggers, no host sync here."""
+        self.steps = getattr(self, "steps", 0) + 1
+        fabric = self.fabric() if self.fabric is not None else None
+        if fabric is None or not fabric.loggers or not self.loop.scaling or self.steps % self.log_every_n_steps:
+            return
+        scale, skipped = self.loop.counters()
+        fabric.log_dict({"loss_scale": scale, "skipped_steps": skipped}, step=self.steps)
+
+    def __getstate__(self):  # ddp_spawn pickles the plugin: the Fabric stays behind
+        return {k: v for k, v in self.__dict__.items() if k != "fabric"}
 
 
 def precision_classes(trainer_pkg, fabric_pkg, module_name):

@@ -333,3 +333,24 @@ def test_skip_nonfinite_false_lets_the_nan_in_as_apex(monkeypatch):
     monkeypatch.setenv("CORE_OPS_SKIP_NONFINITE", "maybe")
     with pytest.raises(ValueError, match="CORE_OPS_SKIP_NONFINITE='maybe': expected 0 or 1"):
         ApexPrecision("O2")
+
+
+def test_fabric_logs_the_loss_scale_and_skipped_steps_through_its_loggers(tmp_path):
+    import csv
+    from lightning.fabric.loggers import CSVLogger
+    fabric = L.Fabric(precision="apex-O2", accelerator="cpu", devices=1,
+                      loggers=CSVLogger(tmp_path, name="run", version=0))
+    fabric.strategy.precision.log_every_n_steps = 2
+    model = Net(seed=0)
+    model, opt = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    for i, (x, y) in enumerate(loader()):  # 8 steps, the second overflows
+        loss = F.cross_entropy(model(x), y) * (float("inf") if i == 1 else 1.0)
+        fabric.backward(loss)
+        opt.step()
+        opt.zero_grad()
+    fabric.loggers[0].finalize("success")
+    with open(tmp_path / "run" / "version_0" / "metrics.csv") as f:
+        rows = [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+    assert [int(r["step"]) for r in rows] == [2, 4, 6, 8]
+    assert [float(r["skipped_steps"]) for r in rows] == [1.0] * 4
+    assert float(rows[0]["loss_scale"]) == 2.0**15
