@@ -16,6 +16,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ..amp import masters as amp_masters
 from .._flat_collectives import flat_broadcast, flat_call
 from . import buckets as _buckets
+from . import lost_ranks
 from ._groups import all_gather_flat, comm_device, global_src, require_initialized
 from .ddp_checks import OWNED, check_unowned, ready_twice_error, sparse_grad_error, trainable
 from .options import DDPOptions
@@ -177,11 +178,24 @@ class DistributedDataParallel(nn.Module):
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self._agree("joined construction")
+        lost_ranks.register()
         if process_group is None or process_group is dist.group.WORLD:
             # Every rank is here: creating the group cannot stall. The default group
             # given by name is the group SyncBatchNorm and user code share too, so it
             # gets a private twin as well (see the class docstring).
             self.process_group = dist.new_group(timeout=_group_timeout(None))
+
+    def _wait(self, work):
+        """``work.wait()``; a collective that fails for a lost process says which rank is
+        gone (Note [Naming a lost rank]) and how to go on."""
+        try:
+            work.wait()
+        except (RuntimeError, TimeoutError) as e:
+            raise RuntimeError(
+                f"DistributedDataParallel: the gradient allreduce failed on rank {dist.get_rank()} of "
+                f"{self.world_size}: {lost_ranks.diagnosis()}. Restart the run from its last checkpoint "
+                "(torchrun --max-restarts, core_ops.checkpoints.latest_everywhere). The backend said: "
+                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
     def _agree(self, doing, params=None):
         """Checks that every rank's module and ``params`` (default: those reduced now)
@@ -435,7 +449,7 @@ class DistributedDataParallel(nn.Module):
             for bucket in self._buckets[self._next:]:
                 self._launch(bucket)
             for bucket, work, used in zip(self._buckets, self._works, self._used):
-                work.wait()
+                self._wait(work)
                 if bucket.post_scale != 1.0:
                     bucket.buffer.mul_(bucket.post_scale)
                 bucket.write_back(used)
