@@ -13,6 +13,7 @@ import contextlib
 
 import torch
 
+from core_ops import checkpoints
 from core_ops.parallel import (DDPOptions, DistributedDataParallel, FSDPOptions, convert_syncbn_model,
                                revert_syncbn_model)
 # Lightning's own DDPStrategy arguments, passed through.
@@ -40,6 +41,19 @@ def _register_ddp(cls, registry, description):
         if name not in registry:
             registry.register(name, cls, description=f"{description} (start_method {start_method!r})",
                               start_method=start_method)
+
+
+def _naming_lost_ranks(collective, name, *args, **kwargs):
+    try:
+        return collective(*args, **kwargs)
+    except (RuntimeError, TimeoutError) as e:
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            raise
+        from core_ops.parallel import lost_ranks
+        raise RuntimeError(f"apex-ddp: the {name} failed on rank {dist.get_rank()}: {lost_ranks.diagnosis()}. "
+                           "Resume from the last checkpoint (trainer.fit(..., ckpt_path=\"last\")). The backend "
+                           f"said: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
 
 class _SyncBatchNorm:
@@ -93,6 +107,32 @@ class _ApexDDP:
         if isinstance(self.model, DistributedDataParallel):
             self.model = self.lightning_module  # unwrap, as Lightning does torch's
         super().teardown()
+
+    # Lightning's own collectives (a checkpoint's broadcast, barriers) fail for a lost
+    # process as core_ops DDP's allreduce does: the error names the rank that is gone.
+    def barrier(self, *args, **kwargs):
+        return _naming_lost_ranks(super().barrier, "barrier", *args, **kwargs)
+
+    def broadcast(self, *args, **kwargs):
+        return _naming_lost_ranks(super().broadcast, "broadcast", *args, **kwargs)
+
+    def reduce(self, *args, **kwargs):
+        return _naming_lost_ranks(super().reduce, "reduce", *args, **kwargs)
+
+    def all_gather(self, *args, **kwargs):
+        return _naming_lost_ranks(super().all_gather, "all_gather", *args, **kwargs)
+
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None):
+        """Lightning's, written atomically to a local path (Note [Atomic checkpoints]): a
+        rank killed while writing leaves the previous checkpoint, never a torn one that
+        ``ckpt_path="last"`` would take. Another CheckpointIO, or a remote path, is
+        Lightning's as given."""
+        if (type(self.checkpoint_io).__name__ != "TorchCheckpointIO" or storage_options is not None
+                or "://" in str(filepath)):
+            return super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+        if self.is_global_zero:
+            checkpoints.save(checkpoint, filepath)
+        return None
 
     @classmethod
     def register_strategies(cls, strategy_registry):
