@@ -2,7 +2,8 @@
 1 at a random step of a 2-process gloo run, then launch again and compare with an
 uninterrupted run; and N runs that kill rank 0 while it writes a checkpoint (torn,
 as torch.save straight to the file would leave it). Reports, per route, how many
-survivors stopped naming the lost rank, the slowest survivor's exit (the group timeout
+runs stopped naming the lost rank (the survivor's error, or torchrun's root cause when
+its agent stopped the survivor first), the slowest survivor's exit (the group timeout
 is 20 s: the target is <= timeout + 10 s), and how many restarts ended bit-identical.
 
     python bench/soak_faults.py [--runs 10] [--routes ddp,lightning,accelerate,torn] [--seed 0]
@@ -30,7 +31,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-NAMED = re.compile(r"failed on rank 0( of 2)?: rank 1 \(pid \d+\) is gone")
+# The lost rank named by the survivor (core_ops DDP, the apex-ddp strategy) or by
+# torchrun's agent, which may terminate the survivor before its next collective.
+NAMED = re.compile(r"failed on rank 0( of 2)?: rank 1 \(pid \d+\) is gone|"
+                   r"Root Cause[^\n]*\n(.*\n){0,4}\s*rank\s*: 1 \(local_rank: 1\)")
 
 
 def port():
