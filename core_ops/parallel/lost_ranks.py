@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 
 import torch.distributed as dist
 
@@ -53,26 +54,29 @@ def _alive(pid):
         return True
 
 
-def diagnosis():
-    """One sentence naming the ranks that are gone, as far as this host can tell."""
+def diagnosis(settle_s=2.0):
+    """One sentence naming the ranks that are gone, as far as this host can tell. A
+    peer's sockets close while it is still exiting: its process is looked for again for
+    up to ``settle_s`` seconds before it is called alive."""
     store = _store()
     if store is None or not dist.is_initialized():
         return "a rank of the process group is gone or stuck"
     here, me = socket.gethostname(), dist.get_rank()
-    gone, elsewhere = [], []
     try:
         store.set_timeout(datetime.timedelta(seconds=5))
-        for rank in range(dist.get_world_size()):
-            if rank == me:
-                continue
-            host, pid = store.get(_KEY.format(rank)).decode().split()
-            if host != here:
-                elsewhere.append(rank)
-            elif not _alive(int(pid)):
-                gone.append(f"rank {rank} (pid {pid})")
+        peers = {rank: store.get(_KEY.format(rank)).decode().split()
+                 for rank in range(dist.get_world_size()) if rank != me}
     except Exception:
         return ("the process group's store is unreachable: the process that served it (rank 0, unless a "
                 "launcher's agent serves it) is gone")
+    elsewhere = [rank for rank, (host, _) in peers.items() if host != here]
+    deadline = time.monotonic() + settle_s
+    while True:
+        gone = [f"rank {rank} (pid {pid})" for rank, (host, pid) in peers.items()
+                if host == here and not _alive(int(pid))]
+        if gone or time.monotonic() > deadline or len(elsewhere) == len(peers):
+            break
+        time.sleep(0.05)
     if gone:
         return f"{', '.join(gone)} {'is' if len(gone) == 1 else 'are'} gone"
     if elsewhere:

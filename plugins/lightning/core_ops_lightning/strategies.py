@@ -43,17 +43,26 @@ def _register_ddp(cls, registry, description):
                               start_method=start_method)
 
 
-def _naming_lost_ranks(collective, name, *args, **kwargs):
+def _naming_lost_ranks(call, name, *args, **kwargs):
+    """``call(*args, **kwargs)``; an error it raises while a rank of the group is gone
+    (Note [Naming a lost rank]) names that rank; any other error is raised as it is."""
     try:
-        return collective(*args, **kwargs)
+        return call(*args, **kwargs)
     except (RuntimeError, TimeoutError) as e:
         import torch.distributed as dist
-        if not dist.is_initialized():
+        if not dist.is_initialized() or isinstance(e, LostRank):
             raise
         from core_ops.parallel import lost_ranks
-        raise RuntimeError(f"apex-ddp: the {name} failed on rank {dist.get_rank()}: {lost_ranks.diagnosis()}. "
-                           "Resume from the last checkpoint (trainer.fit(..., ckpt_path=\"last\")). The backend "
-                           f"said: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+        said = lost_ranks.diagnosis()
+        if not said.endswith("gone") and "unreachable" not in said:
+            raise
+        raise LostRank(f"{name} failed on rank {dist.get_rank()}: {said}. Resume from the last checkpoint "
+                       "(trainer.fit(..., ckpt_path=\"last\")). The backend said: "
+                       f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+
+
+class LostRank(RuntimeError):
+    """A collective of the strategy failed because a process of the group is gone."""
 
 
 class _SyncBatchNorm:
@@ -111,16 +120,16 @@ class _ApexDDP:
     # Lightning's own collectives (a checkpoint's broadcast, barriers) fail for a lost
     # process as core_ops DDP's allreduce does: the error names the rank that is gone.
     def barrier(self, *args, **kwargs):
-        return _naming_lost_ranks(super().barrier, "barrier", *args, **kwargs)
+        return _naming_lost_ranks(super().barrier, "apex-ddp: the barrier", *args, **kwargs)
 
     def broadcast(self, *args, **kwargs):
-        return _naming_lost_ranks(super().broadcast, "broadcast", *args, **kwargs)
+        return _naming_lost_ranks(super().broadcast, "apex-ddp: the broadcast", *args, **kwargs)
 
     def reduce(self, *args, **kwargs):
-        return _naming_lost_ranks(super().reduce, "reduce", *args, **kwargs)
+        return _naming_lost_ranks(super().reduce, "apex-ddp: the reduce", *args, **kwargs)
 
     def all_gather(self, *args, **kwargs):
-        return _naming_lost_ranks(super().all_gather, "all_gather", *args, **kwargs)
+        return _naming_lost_ranks(super().all_gather, "apex-ddp: the all_gather", *args, **kwargs)
 
     def save_checkpoint(self, checkpoint, filepath, storage_options=None):
         """Lightning's, written atomically to a local path (Note [Atomic checkpoints]): a
@@ -214,6 +223,8 @@ class _FSDP:
     def setup_environment(self):
         self._data_parallel_size, self._tensor_parallel_size = self.num_nodes * self.num_processes, 1
         super().setup_environment()
+        from core_ops.parallel import lost_ranks
+        lost_ranks.register()  # each rank's host and pid, to name a lost one
 
     def _shard(self, module, precision, root):
         loop = getattr(precision, "loop", None)
@@ -228,7 +239,24 @@ class _FSDP:
 
 class _ApexFSDP(_FSDP):
     """The Trainer's ``strategy="apex-fsdp"``: the model is sharded in ``configure_model``
-    (the Trainer calls it after setting up the processes, before the precision casts)."""
+    (the Trainer calls it after setting up the processes, before the precision casts).
+    FSDP2's collectives run inside the step: a step that fails because a rank is gone
+    names it (Note [Naming a lost rank]), as Lightning's collectives here do."""
+
+    def training_step(self, *args, **kwargs):
+        return _naming_lost_ranks(super().training_step, "apex-fsdp: the training step", *args, **kwargs)
+
+    def backward(self, *args, **kwargs):
+        return _naming_lost_ranks(super().backward, "apex-fsdp: the backward", *args, **kwargs)
+
+    def optimizer_step(self, *args, **kwargs):
+        return _naming_lost_ranks(super().optimizer_step, "apex-fsdp: the optimizer step", *args, **kwargs)
+
+    def barrier(self, *args, **kwargs):
+        return _naming_lost_ranks(super().barrier, "apex-fsdp: the barrier", *args, **kwargs)
+
+    def broadcast(self, *args, **kwargs):
+        return _naming_lost_ranks(super().broadcast, "apex-fsdp: the broadcast", *args, **kwargs)
 
     def __init__(self, auto_wrap_policy=None, reshard_after_forward=True, reduce_dtype=torch.float32,
                  **options):

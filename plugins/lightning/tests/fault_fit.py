@@ -2,11 +2,12 @@
 checkpoint (last.ckpt) after every epoch of one step, 6 epochs; the final params go to
 OUT/final-rank<R>.pt.
 
-    python fault_fit.py OUT [--kill EPOCH] [--resume]
+    python fault_fit.py OUT [--kill EPOCH] [--resume] [--fsdp]
 
 ``--kill E``: rank 1 SIGKILLs itself in epoch E before its backward (a lost process
 mid-step); rank 0 (Lightning's launcher, which started rank 1) must stop with an error.
-``--resume``: ``trainer.fit(..., ckpt_path="last")``.
+``--resume``: ``trainer.fit(..., ckpt_path="last")``. ``--fsdp``: ``strategy="apex-fsdp"``
+(checkpoints are torch.distributed.checkpoint folders).
 """
 
 import os
@@ -51,12 +52,14 @@ def main():
     data = torch.utils.data.TensorDataset(torch.randn(32, 12, generator=g), torch.randn(32, 3, generator=g))
     loader = torch.utils.data.DataLoader(data, batch_size=16)  # 2 ranks x 16: one step an epoch
     saving = pl.callbacks.ModelCheckpoint(dirpath=out, save_last=True, save_top_k=-1, every_n_epochs=1)
-    trainer = pl.Trainer(accelerator="cpu", devices=2, precision="apex-O2-bf16", strategy="apex-ddp",
+    strategy = "apex-fsdp" if "--fsdp" in sys.argv else "apex-ddp"
+    trainer = pl.Trainer(accelerator="cpu", devices=2, precision="apex-O2-bf16", strategy=strategy,
                          max_epochs=EPOCHS, logger=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[saving])
     model = Net(kill_at=kill)
     trainer.fit(model, loader, ckpt_path="last" if "--resume" in sys.argv else None)
-    torch.save([p.detach().clone() for p in model.parameters()], out / f"final-rank{trainer.global_rank}.pt")
+    whole = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone() for p in model.parameters()]
+    torch.save(whole, out / f"final-rank{trainer.global_rank}.pt")
 
 
 if __name__ == "__main__":
