@@ -17,12 +17,15 @@ stamp=.venv/.core-ops-installed
 want=$(cat pyproject.toml plugins/*/pyproject.toml plugins/*/setup.py | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   pip install -e ".[test,cuda]" -e "plugins/lightning[demo]" -e plugins/accelerate
+fi
+# The plugins' wheels carry a .pth that loads them when Lightning / Accelerate is
+# imported (Note [Plugin autoload] in core_ops_autoload.py); editable installs cannot,
+# so the development environment gets the same files here (before anything imports
+# core_ops, which warns about a plugin installed without them).
+site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+cp plugins/lightning/core-ops-lightning-autoload.pth plugins/accelerate/core-ops-accelerate-autoload.pth "$site/"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -c "import core_ops, core_ops_lightning, core_ops_accelerate" \
     || { echo "setup failed: packages do not import" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
-# The plugins' wheels carry a .pth that loads them when Lightning / Accelerate is
-# imported (Note [Plugin autoload] in core_ops_autoload.py); editable installs cannot,
-# so the development environment gets the same files here.
-site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-cp plugins/lightning/core-ops-lightning-autoload.pth plugins/accelerate/core-ops-accelerate-autoload.pth "$site/"

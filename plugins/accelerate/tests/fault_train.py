@@ -1,4 +1,4 @@
-"""An Accelerate run for test_faults.py under `accelerate launch` (2 gloo processes,
+"""An Accelerate run for test_accelerate_faults.py under `accelerate launch` (2 gloo processes,
 ApexPlugin O2-bf16, core_ops DDP): one step of each rank's batch at a time, a
 ``save_state`` after each step (written into a temporary folder, then renamed: a rank
 killed while saving leaves the previous state), resumed with ``load_state`` from the

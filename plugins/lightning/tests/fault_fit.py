@@ -1,4 +1,4 @@
-"""A Trainer run for test_faults.py: apex-O2-bf16 + apex-ddp on 2 gloo processes, a
+"""A Trainer run for test_lightning_faults.py: apex-O2-bf16 + apex-ddp on 2 gloo processes, a
 checkpoint (last.ckpt) after every epoch of one step, 6 epochs; the final params go to
 OUT/final-rank<R>.pt.
 
