@@ -18,9 +18,8 @@ left untouched; ``unpatch()`` undoes it.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
-import sys
+
+from .on_import import when_imported
 
 _MARK = "_core_ops_scoped_reduction_stores"
 
@@ -60,32 +59,9 @@ def patch():
 _MODULE = "torch._inductor.codegen.cpp"
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds inductor's CPU codegen module as Python would and patches it once loaded."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _MODULE:
-            return None
-        sys.meta_path.remove(self)  # one use: the module loads once
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or spec.loader is None:
-            return spec
-        load = spec.loader.exec_module
-
-        def exec_module(module):
-            load(module)
-            patch()
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def patch_when_imported():
     """``patch()`` now if inductor's CPU codegen is loaded, else when it is imported."""
-    if _MODULE in sys.modules:
-        patch()
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
+    when_imported(_MODULE, patch)
 
 
 def unpatch():
