@@ -61,16 +61,17 @@ def check(environ=os.environ):
                      f"{', '.join(sorted(ACCELERATE - frozenset(PLUGINS)))}")
 
 
-def skip_flag(value, name):
-    """A CORE_OPS_SKIP_NONFINITE-like value: a bool, or 0 / 1 / true / false."""
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def flag(value, name):
+    """A switch given as a bool or as a variable's text (1 / true / yes / on, 0 / ...)."""
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
-    if text in ("1", "true", "yes"):
-        return True
-    if text in ("0", "false", "no"):
-        return False
-    raise ValueError(f"{name}={value!r}: expected 0 or 1")
+    if text in _TRUE + _FALSE:
+        return text in _TRUE
+    raise ValueError(f"{name}={value!r}: expected one of {', '.join(_TRUE + _FALSE)}")
 
 
 def skip_limit(value, name):
@@ -93,9 +94,9 @@ def plugin_guards(options, environ=os.environ):
     CORE_OPS_MAX_CONSECUTIVE_SKIPS or, unset, on (50 skips in a row stop the run)."""
     out = dict(options)
     if out.get("skip_nonfinite") is None:
-        out["skip_nonfinite"] = skip_flag(environ.get("CORE_OPS_SKIP_NONFINITE", "1"), "CORE_OPS_SKIP_NONFINITE")
+        out["skip_nonfinite"] = flag(environ.get("CORE_OPS_SKIP_NONFINITE", "1"), "CORE_OPS_SKIP_NONFINITE")
     else:
-        out["skip_nonfinite"] = skip_flag(out["skip_nonfinite"], "skip_nonfinite")
+        out["skip_nonfinite"] = flag(out["skip_nonfinite"], "skip_nonfinite")
     if "max_consecutive_skips" not in out:
         env = environ.get("CORE_OPS_MAX_CONSECUTIVE_SKIPS")
         out["max_consecutive_skips"] = (MAX_CONSECUTIVE_SKIPS if env is None else

@@ -12,7 +12,7 @@ import torch
 from ..optimizers.larc import LARC
 from . import _state
 from .loss_scaler import load_saved_at_level
-from .skip_watch import describe, grad_report as grad_report_of, named_amp_grads
+from .skip_watch import describe_grads, grad_report as grad_report_of, named_amp_grads
 from ._state import master_params  # noqa: F401  (Apex kept it in _amp_state)
 
 
@@ -94,11 +94,7 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
         amp.found_inf = torch.maximum(amp.found_inf, found.to(amp.found_inf.device))
     scaler.update_from(found)
     if state.properties.max_consecutive_skips is not None:
-        state.watches[loss_id].observe(found, lambda: describe(grad_report_of(_named_grads(state, amps))), scaler)
-
-
-def _named_grads(state, amps):
-    return named_amp_grads([m for ref in state.models if (m := ref()) is not None], amps)
+        state.watches[loss_id].observe(found, lambda: describe_grads(state, amps), scaler)
 
 
 def grad_report():
@@ -108,7 +104,7 @@ def grad_report():
     overflows: call it after ``scale_loss``, before ``zero_grad`` (host syncs)."""
     state = _state.current()
     amps = [opt._core_ops_amp for ref in state.optimizers if (opt := ref()) is not None]
-    return grad_report_of(_named_grads(state, amps))
+    return grad_report_of(named_amp_grads(state, amps))
 
 
 def _scaler(loss_id):

@@ -36,7 +36,7 @@ from .preparation import (check_half_supported, check_models, make_masters, prep
 from .loss_scaler import LossScaler, load_saved_at_level
 from .masters import HALF, MasterWeights
 from .masters import of as masters_of
-from .skip_watch import SkipWatch, describe, grad_report, named_amp_grads
+from .skip_watch import SkipWatch, describe_grads, grad_report, named_amp_grads
 from .model_casting import module_device_type
 
 OPTIONS = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights",
@@ -263,15 +263,12 @@ class AmpLoop:
         if found is not None and self.scaling:
             self.scaler.update_from(found)
             if self.watch.limit is not None:
-                self.watch.observe(found, lambda: describe(grad_report(self._named_grads())), self.scaler)
-
-    def _named_grads(self):
-        return named_amp_grads([m for ref in self.state.models if (m := ref()) is not None], self._amps())
+                self.watch.observe(found, lambda: describe_grads(self.state, self._amps()), self.scaler)
 
     def grad_report(self):
         """Each param's grad now, by name: ``{name, shape, numel, nonfinite,
         max_abs_finite}`` dicts (``amp.grad_report``'s; host syncs)."""
-        return grad_report(self._named_grads())
+        return grad_report(named_amp_grads(self.state, self._amps()))
 
     # ---- reading and saving ---------------------------------------------------------
 

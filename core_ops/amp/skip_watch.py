@@ -53,12 +53,12 @@ def describe(rows, first=5):
     return f"{len(bad)} of {len(rows)} grads hold an inf or nan: {shown}{more}"
 
 
-def named_amp_grads(models, amps):
-    """(name, grad) of every param ``amps`` (AmpOptimizers) step, named as in ``models``:
-    a half param with an fp32 master by its own name, with the master's grad (the
-    unscaled one the step reads)."""
+def named_amp_grads(state, amps):
+    """(name, grad) of every param ``amps`` (AmpOptimizers) step, named as in the models
+    of ``state`` (an AmpState): a half param with an fp32 master by its own name, with
+    the master's grad (the unscaled one the step reads)."""
     names = {}
-    for model in models:
+    for model in (m for ref in state.models if (m := ref()) is not None):
         for name, p in model.named_parameters():
             names.setdefault(id(p), name)
 
@@ -72,14 +72,17 @@ def named_amp_grads(models, amps):
     return out
 
 
+def describe_grads(state, amps):
+    """``describe`` of the grads of ``amps``, for NonFiniteTraining's message."""
+    return describe(grad_report(named_amp_grads(state, amps)))
+
+
 class SkipWatch:
     """Counts skipped iterations in a row on the device and raises ``NonFiniteTraining``
     once they reach ``limit`` (Note [Watching skips without a host sync])."""
 
     def __init__(self, limit):
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"max_consecutive_skips must be an int >= 1 or None, got {limit!r}")
-        self.limit = limit
+        self.limit = limit  # checked by opt_levels.resolve
         self._run = None  # skipped iterations in a row, an int64 device tensor
         self._host = None  # its copy on the host (GPU), and the event that says it landed
         self._landed = None

@@ -41,10 +41,23 @@ def same(a, b):
     return all(torch.equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
 
 
+def step(loss, opt, loop=None):
+    """One optimizer step on ``loss``: through scale_loss, or through ``loop`` (AmpLoop)."""
+    if loop is None:
+        with amp.scale_loss(loss, opt) as scaled:
+            scaled.backward()
+        opt.step()
+    else:
+        loop.scale(loss).backward()
+        loop.step(opt)
+        loop.update()
+
+
 def train(route, level, half, opt_name, skip):
     """Four steps, the loss NaN at BAD_STEP: (params and state before and after it,
     whether the end is finite, skipped steps)."""
     model, opt = make(opt_name)
+    loop = None
     if route == "initialize":
         model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=half, verbosity=0,
                                     skip_nonfinite=skip)
@@ -59,14 +72,7 @@ def train(route, level, half, opt_name, skip):
         if k == BAD_STEP:
             loss = loss * float("nan")
             around["before"] = snapshot(model, opt)
-        if route == "initialize":
-            with amp.scale_loss(loss, opt) as scaled:
-                scaled.backward()
-            opt.step()
-        else:
-            loop.scale(loss).backward()
-            loop.step(opt)
-            loop.update()
+        step(loss, opt, loop)
         if k == BAD_STEP:
             around["after"] = snapshot(model, opt)
         opt.zero_grad()
@@ -123,6 +129,7 @@ def test_persistent_skips_stop_the_run_naming_the_tensor(route, level):
     model = Named()
     opt = FusedAdam(model.parameters(), lr=1e-2)
     options = dict(opt_level=level, half_dtype=torch.bfloat16, skip_nonfinite=True, max_consecutive_skips=3)
+    loop = None
     if route == "initialize":
         model, opt = amp.initialize(model, opt, verbosity=0, **options)
     else:
@@ -133,14 +140,7 @@ def test_persistent_skips_stop_the_run_naming_the_tensor(route, level):
     with pytest.raises(amp.NonFiniteTraining) as stopped:
         for k in range(10):
             loss = poisoned_loss(model, k)
-            if route == "initialize":
-                with amp.scale_loss(loss, opt) as scaled:
-                    scaled.backward()
-                opt.step()
-            else:
-                loop.scale(loss).backward()
-                loop.step(opt)
-                loop.update()
+            step(loss, opt, loop)
             steps += 1
             opt.zero_grad()
     assert steps == 2  # the third skip in a row raises

@@ -11,23 +11,13 @@ import os
 import torch
 from accelerate.utils import KwargsHandler
 
-from core_ops._environment import MAX_CONSECUTIVE_SKIPS, skip_flag, skip_limit
+from core_ops._environment import MAX_CONSECUTIVE_SKIPS, skip_limit
+from core_ops._environment import flag as _flag
 from core_ops.amp import AmpLoop
 from core_ops.amp.opt_levels import OPT_LEVELS, half_dtype_of
 from core_ops.parallel import DDPOptions
 from core_ops.parallel.options import reduce_dtype_of
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-def _flag(value, name):
-    if isinstance(value, bool):
-        return value
-    if str(value).lower() in _TRUE:
-        return True
-    if str(value).lower() in _FALSE:
-        return False
-    raise ValueError(f"{name}={value!r}: expected one of {', '.join(_TRUE + _FALSE)}")
 
 
 def _master_weights(value, name):
@@ -36,8 +26,8 @@ def _master_weights(value, name):
         return "remainder"
     try:
         return _flag(value, name)
-    except ValueError:
-        raise ValueError(f"{name}={value!r}: expected one of {', '.join(_TRUE + _FALSE)} or remainder") from None
+    except ValueError as e:
+        raise ValueError(f"{e} or remainder") from None
 
 
 def _number(kind):
@@ -86,7 +76,7 @@ FIELDS = {
     "master_weights": ("CORE_OPS_MASTER_WEIGHTS", _master_weights, None),
     "min_loss_scale": ("CORE_OPS_MIN_LOSS_SCALE", _number(float), None),
     "max_loss_scale": ("CORE_OPS_MAX_LOSS_SCALE", _number(float), 2.0**24),
-    "skip_nonfinite": ("CORE_OPS_SKIP_NONFINITE", skip_flag, True),
+    "skip_nonfinite": ("CORE_OPS_SKIP_NONFINITE", _flag, True),
     "max_consecutive_skips": ("CORE_OPS_MAX_CONSECUTIVE_SKIPS", skip_limit, MAX_CONSECUTIVE_SKIPS),
     "sync_bn": ("CORE_OPS_SYNC_BN", _flag, False),
     "fused_optimizer": ("CORE_OPS_FUSED_OPTIMIZER", _flag, False),

@@ -65,6 +65,20 @@ class LostRank(RuntimeError):
     """A collective of the strategy failed because a process of the group is gone."""
 
 
+def _naming_lost_ranks_in(cls, strategy, methods):
+    """Wraps each of ``methods`` of the mixin ``cls`` (its next class's, in the MRO of the
+    strategy it is mixed into) in ``_naming_lost_ranks``."""
+    def wrapped(method):
+        def call(self, *args, **kwargs):
+            return _naming_lost_ranks(getattr(super(cls, self), method), f"{strategy}: the {method}", *args,
+                                      **kwargs)
+        call.__name__ = call.__qualname__ = method
+        return call
+
+    for method in methods:
+        setattr(cls, method, wrapped(method))
+
+
 class _SyncBatchNorm:
     """``sync_batchnorm=True`` under ``apex-ddp``: core_ops' SyncBatchNorm."""
 
@@ -117,20 +131,6 @@ class _ApexDDP:
             self.model = self.lightning_module  # unwrap, as Lightning does torch's
         super().teardown()
 
-    # Lightning's own collectives (a checkpoint's broadcast, barriers) fail for a lost
-    # process as core_ops DDP's allreduce does: the error names the rank that is gone.
-    def barrier(self, *args, **kwargs):
-        return _naming_lost_ranks(super().barrier, "apex-ddp: the barrier", *args, **kwargs)
-
-    def broadcast(self, *args, **kwargs):
-        return _naming_lost_ranks(super().broadcast, "apex-ddp: the broadcast", *args, **kwargs)
-
-    def reduce(self, *args, **kwargs):
-        return _naming_lost_ranks(super().reduce, "apex-ddp: the reduce", *args, **kwargs)
-
-    def all_gather(self, *args, **kwargs):
-        return _naming_lost_ranks(super().all_gather, "apex-ddp: the all_gather", *args, **kwargs)
-
     def save_checkpoint(self, checkpoint, filepath, storage_options=None):
         """Lightning's, written atomically to a local path (Note [Atomic checkpoints]): a
         rank killed while writing leaves the previous checkpoint, never a torn one that
@@ -169,6 +169,12 @@ class _FabricClipping:
         if loop is None or norm_type != 2.0:
             return super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
         return loop.clip_grad_norm_(optimizer, max_norm)
+
+
+# Lightning's own collectives (a checkpoint's broadcast, barriers) and, under FSDP2,
+# the step whose collectives run inside it fail for a lost process as core_ops DDP's
+# allreduce does: the error names the rank that is gone.
+_naming_lost_ranks_in(_ApexDDP, "apex-ddp", ("barrier", "broadcast", "reduce", "all_gather"))
 
 
 class _ApexFabricDDP(_FabricClipping):
@@ -243,21 +249,6 @@ class _ApexFSDP(_FSDP):
     FSDP2's collectives run inside the step: a step that fails because a rank is gone
     names it (Note [Naming a lost rank]), as Lightning's collectives here do."""
 
-    def training_step(self, *args, **kwargs):
-        return _naming_lost_ranks(super().training_step, "apex-fsdp: the training step", *args, **kwargs)
-
-    def backward(self, *args, **kwargs):
-        return _naming_lost_ranks(super().backward, "apex-fsdp: the backward", *args, **kwargs)
-
-    def optimizer_step(self, *args, **kwargs):
-        return _naming_lost_ranks(super().optimizer_step, "apex-fsdp: the optimizer step", *args, **kwargs)
-
-    def barrier(self, *args, **kwargs):
-        return _naming_lost_ranks(super().barrier, "apex-fsdp: the barrier", *args, **kwargs)
-
-    def broadcast(self, *args, **kwargs):
-        return _naming_lost_ranks(super().broadcast, "apex-fsdp: the broadcast", *args, **kwargs)
-
     def __init__(self, auto_wrap_policy=None, reshard_after_forward=True, reduce_dtype=torch.float32,
                  **options):
         self._take_options(auto_wrap_policy, reshard_after_forward, reduce_dtype, options)
@@ -281,6 +272,10 @@ class _ApexFSDP(_FSDP):
         if module is not None:
             module.__dict__.pop("configure_model", None)
         super().teardown()
+
+
+_naming_lost_ranks_in(_ApexFSDP, "apex-fsdp", ("training_step", "backward", "optimizer_step", "barrier",
+                                              "broadcast"))
 
 
 class _ApexFabricFSDP(_FabricClipping, _FSDP):

@@ -331,7 +331,7 @@ def test_skip_nonfinite_false_lets_the_nan_in_as_apex(monkeypatch):
                    model=Net(seed=0, inf_at=(1, 0)))
     assert not torch.isfinite(model.history[-1]["params"]).all()
     monkeypatch.setenv("CORE_OPS_SKIP_NONFINITE", "maybe")
-    with pytest.raises(ValueError, match="CORE_OPS_SKIP_NONFINITE='maybe': expected 0 or 1"):
+    with pytest.raises(ValueError, match="CORE_OPS_SKIP_NONFINITE='maybe': expected one of 1, true"):
         ApexPrecision("O2")
 
 
