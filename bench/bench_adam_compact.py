@@ -83,19 +83,13 @@ def convergence(steps, device):
     run's and the mean loss of the last quarter of the steps. A second fp32-master run
     with one weight moved by one bfloat16 ulp shows how far a single rounding flip
     carries: where such runs part is chaos, not the optimizer."""
-    import sys
-    from pathlib import Path
     import torch.nn.functional as F
     from core_ops import amp
-    sys.path.insert(0, str(Path(__file__).parents[1] / "plugins" / "lightning" / "examples"))
-    import char_lm
-    data = char_lm.corpus()
-    windows = char_lm.Windows(data, 128, steps * 16)
-    batches = [[torch.stack([windows[i][k] for i in range(s * 16, s * 16 + 16)]).to(device) for k in (0, 1)]
-               for s in range(steps)]
+    import char_lm_case
+    batches = char_lm_case.batches(steps, device=device)
 
     def train(master_weights, state_dtype, nudge=False):
-        model = char_lm.CharLM(fused=True).to(device)
+        model = char_lm_case.char_lm.CharLM(fused=True).to(device)
         opt = FusedAdam(model.parameters(), lr=1e-3, weight_decay=0.01, state_dtype=state_dtype)
         model, opt = amp.initialize(model, opt, opt_level="O2", half_dtype=torch.bfloat16,
                                     master_weights=master_weights, verbosity=0)

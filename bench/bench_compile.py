@@ -17,29 +17,19 @@ import argparse
 import os
 import statistics
 import tempfile
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "lightning" / "examples"))
-import char_lm  # noqa: E402
-import harness  # noqa: E402
-from core_ops import amp  # noqa: E402
-from core_ops.optimizers import FusedAdam  # noqa: E402
-
-
-def batches(args):
-    data = char_lm.corpus()
-    windows = char_lm.Windows(data, args.seq, args.steps * args.batch)
-    return [[torch.stack([windows[i][k] for i in range(s * args.batch, (s + 1) * args.batch)]).to(args.device)
-             for k in (0, 1)] for s in range(args.steps)]
+import char_lm_case
+import harness
+from core_ops import amp
+from core_ops.optimizers import FusedAdam
 
 
 def o2_run(args, compiled):
-    model = char_lm.CharLM(fused=True, width=args.width, layers=args.layers, seq=args.seq).to(args.device)
+    model = char_lm_case.model(args).to(args.device)
     opt = FusedAdam(model.parameters(), lr=1e-3, weight_decay=0.01)
     model, opt = amp.initialize(model, opt, opt_level="O2", half_dtype=torch.bfloat16, verbosity=0)
     forward = torch.compile(model) if compiled else model
@@ -58,7 +48,7 @@ def o2_run(args, compiled):
 def o2_one_graph_run(args):
     """The whole O2 train step (forward, scale_loss backward, step) as one graph, with
     dynamo's trace_autograd_ops (docs/core.md, "torch.compile and CUDA graphs")."""
-    model = char_lm.CharLM(fused=True, width=args.width, layers=args.layers, seq=args.seq).to(args.device)
+    model = char_lm_case.model(args).to(args.device)
     opt = FusedAdam(model.parameters(), lr=1e-3, weight_decay=0.01)
     model, opt = amp.initialize(model, opt, opt_level="O2", half_dtype=torch.bfloat16, verbosity=0)
 
@@ -79,7 +69,7 @@ def o2_one_graph_run(args):
 
 
 def autocast_run(args):
-    model = char_lm.CharLM(fused=False, width=args.width, layers=args.layers, seq=args.seq).to(args.device)
+    model = char_lm_case.model(args, fused=False).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True)
     forward = torch.compile(model)
 
@@ -121,12 +111,9 @@ def main():
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--width", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
+    char_lm_case.add_size_args(p)
     args = p.parse_args()
-    data = batches(args)
+    data = char_lm_case.batches(args.steps, args.batch, args.seq, args.device)
     # Inductor's one-time start-up (imports, its compile workers) is paid here, not by
     # whichever run comes first.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_compile_")

@@ -13,28 +13,22 @@ Target (issue 36): the guard costs <= 2% of the step (ratio <= 1.02).
 """
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "lightning" / "examples"))
-import char_lm  # noqa: E402
-import harness  # noqa: E402
-from core_ops import amp  # noqa: E402
-from core_ops.optimizers import FusedAdam  # noqa: E402
+import char_lm_case
+import harness
+from core_ops import amp
+from core_ops.optimizers import FusedAdam
 
 
 def data(args):
-    windows = char_lm.Windows(char_lm.corpus(), args.seq, args.batch * 4)
-    x = torch.stack([windows[i][0] for i in range(args.batch)])
-    y = torch.stack([windows[i][1] for i in range(args.batch)])
-    return x, y
+    return char_lm_case.batches(1, args.batch, args.seq)[0]
 
 
 def amp_step(args, guarded):
-    model = char_lm.CharLM(fused=True, width=args.width, layers=args.layers, seq=args.seq)
+    model = char_lm_case.model(args)
     opt = FusedAdam(model.parameters(), lr=1e-4)
     guard = dict(skip_nonfinite=True, max_consecutive_skips=50) if guarded else {}
     model, opt = amp.initialize(model, opt, opt_level="O3", half_dtype=torch.bfloat16, verbosity=0, **guard)
@@ -50,7 +44,7 @@ def amp_step(args, guarded):
 
 
 def bf16_true_step(args, guarded):
-    model = char_lm.CharLM(fused=True, width=args.width, layers=args.layers, seq=args.seq).to(torch.bfloat16)
+    model = char_lm_case.model(args).to(torch.bfloat16)
     opt = FusedAdam(model.parameters(), lr=1e-4, master_weights=True, skip_nonfinite=guarded)
     x, y = data(args)
 
@@ -64,10 +58,7 @@ def bf16_true_step(args, guarded):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--width", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
+    char_lm_case.add_size_args(p)
     args = p.parse_args()
     rows = []
     for case, make, baseline in (

@@ -83,3 +83,13 @@ def __getattr__(name):
     cls.__name__ = cls.__qualname__ = name
     globals()[name] = cls
     return cls
+
+
+def assert_steps_equal(eager, compiled, scale="loss_scale", steps=4):
+    """A compiled run's per-step records against the eager run's: params and loss scale
+    bit for bit (the same kernels run), and the loss where it was recorded and finite."""
+    assert len(eager) == len(compiled) == steps
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a["params"], b["params"]) and a[scale] == b[scale], a["step"]
+        if "loss" in a:
+            assert torch.equal(a["loss"], b["loss"]) or not torch.isfinite(a["loss"]), a["step"]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import core_ops_lightning  # noqa: F401  (the apex-* names)
-from lightning_cases import flat, loader, make_module
+from lightning_cases import assert_steps_equal, flat, loader, make_module
 
 HERE = Path(__file__).parent
 
@@ -73,10 +73,7 @@ def test_a_compiled_module_trains_on_apex_ddp_as_the_eager_one(trainer_runs):
     rank 1 at step 2: every step as the eager run, bit for bit (the same kernels)."""
     for r in trainer_runs:
         assert r["o2_compiled"]["graphs"] > 0  # it did run compiled
-        eager, compiled = r["o2"]["history"], r["o2_compiled"]["history"]
-        assert len(eager) == len(compiled) == 4
-        for a, b in zip(eager, compiled):
-            assert torch.equal(a["params"], b["params"]) and a["loss_scale"] == b["loss_scale"], a["step"]
+        assert_steps_equal(r["o2"]["history"], r["o2_compiled"]["history"])
 
 
 def test_accumulating_micro_batches_send_no_collective(trainer_runs):

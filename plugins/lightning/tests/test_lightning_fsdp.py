@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_cases import assert_steps_equal
+
 HERE = Path(__file__).parent
 
 
@@ -42,11 +44,7 @@ def test_a_compiled_module_trains_on_apex_fsdp_as_the_eager_one(runs):
     at step 2, clipped: every step's loss, scale and params as the eager run's, bit for bit."""
     for r in runs:
         assert r["fsdp_compiled"]["graphs"] > 0  # it did run compiled
-        eager, compiled = r["fsdp"]["history"], r["fsdp_compiled"]["history"]
-        assert len(eager) == len(compiled) == 4
-        for a, b in zip(eager, compiled):
-            assert torch.equal(a["params"], b["params"]) and a["scale"] == b["scale"], a["step"]
-            assert torch.equal(a["loss"], b["loss"]) or not torch.isfinite(a["loss"])
+        assert_steps_equal(r["fsdp"]["history"], r["fsdp_compiled"]["history"], scale="scale")
 
 
 def test_apex_fsdp_trains_as_apex_ddp_and_skips_an_overflow_on_both_ranks(runs):
