@@ -12,6 +12,8 @@ CORE = {
     "CORE_OPS_CUDA_ARCH": "the CUDA archs to build for, e.g. 9.0 or 8.0;9.0",
     "CORE_OPS_VERBOSE_BUILD": "1: show the compiler's output",
     "CORE_OPS_AUTOLOAD": "0: the plugins do not load themselves (core_ops_autoload.py)",
+    "CORE_OPS_TORCH_PATCHES_OFF": "patches to torch to leave out: names of core_ops.torch_patches, comma-separated, "
+                                  "or all (docs/torch-patches.md)",
 }
 # Read by both plugins (Lightning's ApexPrecision, Accelerate's ApexPlugin): the guards
 # against non-finite grads, on by default there (Note [Skipping non-finite steps]).

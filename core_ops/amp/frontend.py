@@ -9,7 +9,8 @@ import weakref
 import torch
 
 from ..optimizers.larc import LARC
-from . import _state, fsdp, opt_levels, torch_ddp
+from ..torch_patches import ddp_init_broadcast
+from . import _state, fsdp, opt_levels
 from .amp_optimizer import AmpOptimizer, check_keeps_remainders
 from .loss_scaler import LossScaler
 from .masters import MasterWeights
@@ -126,7 +127,7 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     registry = make_masters(model_list, props) if props.fp32_masters else MasterWeights()
     seeds = remainder_seeds(model_list, props) if props.remainders else {}
     if len(registry):
-        torch_ddp.install()  # masters follow torch DDP's broadcast (Note [Masters follow DDP's broadcast])
+        ddp_init_broadcast.install()  # masters follow torch DDP's broadcast (Note [Masters follow DDP's broadcast])
     handle = _state.O1Handle() if props.patch_torch_functions else _state.NoOpHandle()
     for i, model in enumerate(model_list):
         prepare_model(model, props, registry, handle, where=f"models[{i}]: ")

@@ -18,11 +18,11 @@ BatchNorm beside other layers is refused with that route.
 FSDP2 reads a unit's policy when the root first runs forward (its lazy init), and
 ``fully_shard`` offers no setter: ``initialize`` sets the policy of units that still
 have the default one, before that first forward, in the private slots each torch
-release keeps it in (Note [FSDP2 policy slots], fsdp_policy_slots.py), and checks at
-that forward that FSDP2 took it (``FSDPState._is_root`` is None until then). O3's cast
-of the shards needs that first forward still to come as well: FSDP2 takes the cast
-params then. Models sharded with ``mp_policy=fsdp_policy(...)``
-(what the Lightning and Accelerate plugins do) need no private attribute.
+release keeps it in (Note [FSDP2 policy slots], torch_patches/fsdp_policy_slots.py),
+and checks at that forward that FSDP2 took it (``FSDPState._is_root`` is None until
+then). O3's cast of the shards needs that first forward still to come as well: FSDP2
+takes the cast params then. Models sharded with ``mp_policy=fsdp_policy(...)`` (what
+the Lightning and Accelerate plugins do) need no private attribute.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .._sharded import is_sharded
-from . import fsdp_policy_slots as slots
+from ..torch_patches import fsdp_policy_slots as slots
 from .masters import HALF
 
 

@@ -29,7 +29,8 @@ import weakref
 import torch
 
 from ..multi_tensor_apply import clip_grad_norm_ as _clip_grads
-from . import _state, opt_levels, torch_ddp
+from ..torch_patches import ddp_init_broadcast
+from . import _state, opt_levels
 from .amp_optimizer import AmpOptimizer
 from .preparation import (check_half_supported, check_models, make_masters, prepare_model, publish, remainder_seeds,
                           uncompiled)
@@ -111,7 +112,7 @@ class AmpLoop:
         if self.properties.fp32_masters:
             make_masters([model], self.properties, self.registry)
             if len(self.registry):
-                torch_ddp.install()
+                ddp_init_broadcast.install()
         prepare_model(model, self.properties, self.registry, self.handle, inputs_per_module=True)
         self.state.models.append(weakref.ref(model))
         return model

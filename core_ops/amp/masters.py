@@ -18,6 +18,7 @@ import types
 import torch
 
 from .._flat_collectives import flat_broadcast
+from ..torch_patches import ddp_init_broadcast
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -130,4 +131,6 @@ def broadcast(module, group, src, skip=()):
 # masters and the run stops being data-parallel: one half ulp apart at step 0, more
 # with every step. So the masters are broadcast too, once, right after the params:
 # by core_ops' DistributedDataParallel in its construction, and for torch's
-# DistributedDataParallel by the hook of torch_ddp.py.
+# DistributedDataParallel by the patch torch_patches/ddp_init_broadcast.py, which
+# initialize installs when it makes masters.
+ddp_init_broadcast.follow(broadcast)

@@ -156,8 +156,8 @@ def prepare_model(model, props, registry, handle, inputs_per_module=False, where
     shards (O3), each unit casting its inputs (Note [Opt levels on FSDP2])."""
     half = props.cast_model_type in HALF
     if half:  # a half model compiled on a CPU meets Note [Inductor's twin reductions]
-        from ..compat import inductor_cpu
-        inductor_cpu.patch_when_imported()
+        from ..torch_patches import inductor_twin_reductions
+        inductor_twin_reductions.install_when_imported()
     if fsdp.is_fully_sharded(model):
         fsdp.prepare(model, props, where)
         inputs_per_module = True  # FSDP2's units cast their own inputs

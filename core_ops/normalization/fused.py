@@ -19,9 +19,9 @@ import torch
 from .. import _build
 from .._library import op
 from .._validate import check_norm_args, check_residual
-from ..compat import inductor_norms
+from ..torch_patches import inductor_norms
 
-inductor_norms.register_when_imported()  # Note [Norms under inductor]
+inductor_norms.install_when_imported()  # Note [Norms under inductor]
 
 
 def _hidden(input, normalized_shape):

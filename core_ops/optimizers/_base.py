@@ -6,7 +6,6 @@ with torch.optim."""
 from __future__ import annotations
 
 import itertools
-import sys
 from collections import OrderedDict, defaultdict
 
 import torch
@@ -17,6 +16,7 @@ from ..multi_tensor_apply.ops import global_l2norm, multi_tensor_check_finite, m
 from ._checks import (check_dense, check_given, check_group_keys, check_hyperparameters,
                       check_scale_args)
 from .._sharded import is_sharded, local, locals_of, max_over_meshes, meshes_of
+from ..torch_patches import grad_scaler_flags
 from .compact_state import check_master_weights
 
 HALF = (torch.float16, torch.bfloat16)
@@ -277,7 +277,9 @@ class FusedOptimizer(Optimizer):
         # the grads); a norm overflowing there still skips the step, but torch's
         # GradScaler does not back off for it.
         if getattr(self, "found_inf", None) is not None and not torch.compiler.is_compiling():
-            _tell_grad_scaler(self, bad)
+            scaler_flag = grad_scaler_flags.found_inf_of_calling_scaler(self)
+            if scaler_flag is not None:
+                flag_overflow(scaler_flag, bad)
         return flag_overflow(found_inf, bad)
 
     # ---- the step ---------------------------------------------------------------------
@@ -481,28 +483,6 @@ def increment_version(tensors):
 # clipping norm, NovoGrad's layer norms); the step is then skipped through found_inf.
 # torch.amp.GradScaler hands the step a found_inf it sums afresh for each step and, in
 # update(), reads only its own per-device flags, so the flag is OR-ed into those as
-# well (on the device, no sync); otherwise the scale would keep growing while every
-# step is skipped. core_ops' LossScaler hands over the very flag its update() reads.
-
-def _tell_grad_scaler(optimizer, bad):
-    scaler = _calling_grad_scaler(optimizer)
-    if scaler is None:
-        return
-    flags = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-    if flags:
-        flag_overflow(next(iter(flags.values())), bad)
-
-
-def _calling_grad_scaler(optimizer, depth=16):
-    """The torch.amp.GradScaler whose step() is running ``optimizer.step()`` (directly
-    or through ``step(grad_scaler=...)``), found on the call stack: GradScaler passes no
-    reference to itself (its ``grad_scaler`` keyword protocol is deprecated)."""
-    frame = sys._getframe(1)
-    for _ in range(depth):
-        if frame is None:
-            return None
-        if (frame.f_code is torch.amp.GradScaler.step.__code__
-                and frame.f_locals.get("optimizer") is optimizer):
-            return frame.f_locals.get("self")
-        frame = frame.f_back
-    return None
+# well (on the device, no sync; found by torch_patches/grad_scaler_flags.py); otherwise
+# the scale would keep growing while every step is skipped. core_ops' LossScaler hands
+# over the very flag its update() reads.

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from one_rank import world1  # noqa: F401  (a fixture)
-from core_ops.amp import fsdp_policy_slots as slots
+from core_ops.torch_patches import fsdp_policy_slots as slots
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")
 

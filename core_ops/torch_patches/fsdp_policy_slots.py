@@ -18,12 +18,23 @@ Each FSDPParam has held an ``mp_policy`` since 2.6, so writing every slot that e
 covers all of them. A release that moves them again is one more case in ``param_groups``
 or ``slots``; ``verify`` checks at the first forward that the gathered dtypes are the
 policy's, so a layout this module misreads is an error, never a model silently
-computing in float32.
+computing in float32. Switched off, or on a release outside ``PATCH.torch``, ``write``
+raises instead, naming the route that needs no patch (``mp_policy=`` at ``fully_shard``).
 """
 
 from __future__ import annotations
 
 import torch
+
+from ._patch import Patch
+
+PATCH = Patch(
+    name="fsdp_policy_slots",
+    torch=("2.9", "2.16"),
+    upstream="tools/upstream/fsdp2_no_policy_setter.py",
+    when_off="amp.initialize cannot give an FSDP2 unit sharded without one a mixed-precision policy, "
+             "so O2 refuses it: shard it with fully_shard(..., mp_policy=core_ops.amp.fsdp_policy(opt_level, "
+             "half_dtype)), as the Lightning and Accelerate plugins do.")
 
 
 class LayoutError(RuntimeError):
@@ -71,6 +82,9 @@ def slots(state):
 
 
 def write(state, policy):
+    """Sets ``policy`` in every slot of the unit's ``state`` (Note [FSDP2 policy slots])."""
+    if not PATCH.active():
+        raise LayoutError(f"core_ops.torch_patches.fsdp_policy_slots is off in this run: {PATCH.when_off}")
     for owner, name in slots(state):
         setattr(owner, name, policy)
 

@@ -7,21 +7,31 @@ residual, give two identical bias-gradient sums), inductor computes the sum once
 stores it twice; for a reduced-precision output its vector codegen
 (``CppVecKernel.store_reduction``) declares ``auto at_BFloat16_<acc> = convert(...)``
 before each store, in one scope, and the C++ compile fails with "conflicting
-declaration". ``patch()`` wraps each such store's lines in their own braces, so the
+declaration". ``install()`` wraps each such store's lines in their own braces, so the
 declaration is local to its store; the generated arithmetic is unchanged. core_ops
-asks for it (``patch_when_imported``) where it makes half models (amp at O2 / O3, and the
-plugins through it): inductor's codegen takes 1.3 s to import, so it is patched when
-something imports it, not before. Idempotent; a torch whose codegen lacks that method is
-left untouched; ``unpatch()`` undoes it.
+asks for it (``install_when_imported``) where it makes half models (amp at O2 / O3, and
+the plugins through it): inductor's codegen takes 1.3 s to import, so it is patched
+when something imports it, not before. Idempotent; a torch whose codegen lacks that
+method is left untouched; ``uninstall()`` undoes it.
 """
 
 from __future__ import annotations
 
 import functools
 
-from .on_import import when_imported
+from ._on_import import when_imported
+from ._patch import Patch
+
+PATCH = Patch(
+    name="inductor_twin_reductions",
+    torch=("2.9", "2.16"),
+    upstream="tools/upstream/inductor_cpu_twin_reduction.py",
+    when_off="inductor fails to compile, on a CPU, a half model with two outputs that are one reduction "
+             "(two Linear biases fed one gradient, as GPT-NeoX's parallel residual): compile it in float32, "
+             "or with another backend (aot_eager).")
 
 _MARK = "_core_ops_scoped_reduction_stores"
+_MODULE = "torch._inductor.codegen.cpp"
 
 
 def _kernel_class():
@@ -32,12 +42,17 @@ def _kernel_class():
     return CppVecKernel if callable(getattr(CppVecKernel, "store_reduction", None)) else None
 
 
-def patch():
+def installed():
+    cls = _kernel_class()
+    return cls is not None and getattr(cls.store_reduction, _MARK, False)
+
+
+def install():
     """Applies the workaround; returns whether inductor is patched now."""
     cls = _kernel_class()
-    if cls is None:
+    if cls is None or not PATCH.active():
         return False
-    if getattr(cls.store_reduction, _MARK, False):
+    if installed():
         return True
     original = cls.store_reduction
 
@@ -56,15 +71,12 @@ def patch():
     return True
 
 
-_MODULE = "torch._inductor.codegen.cpp"
+def install_when_imported():
+    """``install()`` now if inductor's CPU codegen is loaded, else when it is imported."""
+    when_imported(_MODULE, install)
 
 
-def patch_when_imported():
-    """``patch()`` now if inductor's CPU codegen is loaded, else when it is imported."""
-    when_imported(_MODULE, patch)
-
-
-def unpatch():
-    cls = _kernel_class()
-    if cls is not None and getattr(cls.store_reduction, _MARK, False):
+def uninstall():
+    if installed():
+        cls = _kernel_class()
         cls.store_reduction = cls.store_reduction.__wrapped__
