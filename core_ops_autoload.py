@@ -34,23 +34,36 @@ def enabled():
 
 def when_imported(hosts, plugin, only_if_set=None):
     """Imports ``plugin`` ("module" or "module:function", the function then called)
-    once any module of ``hosts`` has been imported; with ``only_if_set``, only when
-    that environment variable is set. Nothing when autoload is off.
+    once any module of ``hosts`` has been imported; with ``only_if_set`` (the variable
+    that switches the plugin on), only when a ``CORE_OPS_*`` variable is set. Nothing
+    when autoload is off.
 
     Note [Settings that stop the run]: a ``CORE_OPS_*`` variable that is set takes
     effect or stops the run with its name. So with any of them set the host's import
     also checks their names (``core_ops._environment.check``: a misspelt
-    ``CORE_OPS_OPT_LEVLE`` would otherwise leave an fp32 run that looks fine), and a
+    ``CORE_OPS_OPT_LEVLE`` would otherwise leave an fp32 run that looks fine) and
+    loads the plugin, which refuses a variable it reads set without ``only_if_set``; a
     plugin asked for through ``only_if_set`` that fails to load fails the host's
-    import with the variable's name instead of warning."""
+    import with the variable's name instead of warning, and its message stays the last
+    line the user reads (``said_last``)."""
     if not enabled():
         return
-    requested = bool(only_if_set and os.environ.get(only_if_set))
-    if only_if_set and not requested and not any(k.startswith("CORE_OPS_") for k in os.environ):
+    if only_if_set and not any(k.startswith("CORE_OPS_") for k in os.environ):
         return
     if any(isinstance(f, _HostFinder) and f.plugin == plugin for f in sys.meta_path):
         return
     sys.meta_path.insert(0, _HostFinder(hosts, plugin, only_if_set))
+
+
+def spec_without(finder, name, path=None, target=None):
+    """The spec the import system would use for ``name`` if ``finder`` were not on
+    ``sys.meta_path``, or None: what a finder that wraps or stands aside must look up."""
+    for other in sys.meta_path:
+        if other is not finder and hasattr(other, "find_spec"):
+            spec = other.find_spec(name, path, target)
+            if spec is not None:
+                return spec
+    return None
 
 
 class _HostFinder:  # a meta path finder: find_spec is all the import system asks
@@ -61,13 +74,8 @@ class _HostFinder:  # a meta path finder: find_spec is all the import system ask
     def find_spec(self, name, path, target=None):
         if self.done or name not in self.hosts:
             return None
-        for finder in sys.meta_path:  # the spec the import system would use without us
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
+        spec = spec_without(self, name, path, target)
+        if spec is None:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _AfterLoader(spec.loader, self)
@@ -83,23 +91,47 @@ class _HostFinder:  # a meta path finder: find_spec is all the import system ask
         importing = sys.modules.get(module)
         if importing is not None and getattr(getattr(importing, "__spec__", None), "_initializing", False):
             return  # the plugin imports the host itself (python -m core_ops_accelerate): it is loading
-        requested = self.only_if_set is None or os.environ.get(self.only_if_set)
+        requested = bool(self.only_if_set and os.environ.get(self.only_if_set))
         try:
-            if not requested:  # only other CORE_OPS_* variables: their names are checked
-                importlib.import_module("core_ops._environment").check()
-                return
+            # Every name is checked; the plugin then loads whenever a variable is set, so
+            # that one it reads without the one that switches it on stops the run too.
+            importlib.import_module("core_ops._environment").check()
             loaded = importlib.import_module(module)
             if function:
                 getattr(loaded, function)()
         except Exception as e:
             # Note [Settings that stop the run]: a setting that cannot take effect stops
             # the run; otherwise the user's import of the host must not fail for us.
-            if self.only_if_set is not None or type(e).__name__ == "BadEnvironment":
+            if requested or type(e).__name__ == "BadEnvironment":
                 asked = (f"{self.only_if_set}={os.environ[self.only_if_set]!r} asks for {module}"
-                         if requested and self.only_if_set else "the CORE_OPS_* settings")
-                raise RuntimeError(f"core-ops: {asked}, which failed: {type(e).__name__}: {e}") from e
+                         if requested else "the CORE_OPS_* settings")
+                message = f"core-ops: {asked}, which failed: {type(e).__name__}: {e}"
+                said_last(message)
+                raise RuntimeError(message) from e
             warnings.warn(f"core-ops could not load {module} ({type(e).__name__}: {e}); set {OFF}=0 to stop "
                           "trying, or import it yourself to see the whole error", stacklevel=3)
+
+
+def said_last(message):
+    """Makes ``message`` the last line of the traceback of an uncaught error that holds
+    it in its chain. A host that imports lazily (transformers imports accelerate inside
+    ``__getattr__``) catches our error and raises its own, e.g. "Could not import module
+    'GPT2LMHeadModel'", whose line would otherwise be the last the user reads."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        seen, error = set(), value
+        while error is not None and id(error) not in seen:
+            if message in str(error) and error is not value:
+                sys.stderr.write(f"\n{message}\n")
+                break
+            seen.add(id(error))
+            error = error.__cause__ or error.__context__
+
+    hook._core_ops_message = message
+    if getattr(previous, "_core_ops_message", None) != message:
+        sys.excepthook = hook
 
 
 class _AfterLoader:
