@@ -1,1 +1,2 @@
-"""Compatibility layers for code written against other libraries (``compat.apex``)."""
+"""Apex, for code written against it: the ``apex`` import alias (``compat.apex``) and
+the stand-ins for Apex's compiled extensions (``compat.apex_extensions``)."""

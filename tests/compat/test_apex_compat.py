@@ -76,13 +76,13 @@ def test_spawned_children_import_apex(tmp_path):
     assert "loader [[0.0, 1.0], [4.0, 9.0]]" in out
     for rank in (0, 1):
         assert (tmp_path / f"rank.{rank}").read_text() == (
-            "core_ops.amp core_ops.optimizers.larc core_ops.optimizers core_ops.multi_tensor_apply.amp_C")
+            "core_ops.amp core_ops.optimizers.larc core_ops.optimizers core_ops.compat.apex_extensions.amp_C")
 
 
 def test_import_aliases():
     import core_ops.amp
     import core_ops.compat.apex  # noqa: F401
-    import core_ops.multi_tensor_apply.amp_C as our_amp_c
+    import core_ops.compat.apex_extensions.amp_C as our_amp_c
     import core_ops.normalization
     import core_ops.optimizers
 

@@ -39,3 +39,17 @@ def test_update_scale_hysteresis():
     for _ in range(2):
         amp_C.update_scale_hysteresis(scale, growth, hyst, torch.ones(1), 2.0, 0.5, 2000, 2)
     assert scale.item() == 512.0 and hyst.item() == 0
+
+
+def test_amp_C_from_multi_tensor_apply_is_apex_extensions_and_installs_no_alias():
+    """amp_C lives in core_ops.compat.apex_extensions; the migration guide's spelling
+    ``from core_ops.multi_tensor_apply import amp_C`` gives that module without making
+    ``import apex`` resolve (a real Apex installed beside core-ops stays reachable)."""
+    import subprocess
+    import sys
+    code = ("import sys; from core_ops.multi_tensor_apply import amp_C; "
+            "import core_ops.compat.apex_extensions.amp_C as home; "
+            "print(amp_C is home, 'core_ops.compat.apex' in sys.modules, "
+            "any(type(f).__name__ == 'ApexAliasFinder' for f in sys.meta_path))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.stdout.split() == ["True", "False", "False"], run.stderr[-2000:]

@@ -12,7 +12,8 @@ DistributedDataParallel that takes Apex's arguments in Apex's order; what core_o
 (``apex.transformer``, ``apex.RNN``, ...) fails to import with a message that says so.
 Apex's legacy APIs (``apex.fp16_utils``, the parts of ``apex.contrib`` that public code
 imports, ``apex._autocast_utils``) live in this package (``LEGACY``), and its compiled
-extension modules that code calls directly have stand-ins (``EXTENSIONS``).
+extension modules that code calls directly have stand-ins (``EXTENSIONS``, in
+core_ops.compat.apex_extensions).
 As in Apex, ``import apex`` alone gives ``apex.amp``, ``apex.parallel`` and the rest
 (imported on first access).
 """
@@ -26,19 +27,13 @@ import os
 import sys
 import types
 
-import torch
-
 PACKAGES = ("amp", "optimizers", "parallel", "normalization", "multi_tensor_apply", "mlp")
 # Apex's legacy APIs, which core_ops keeps only for Apex scripts: apex.<name>[.<sub>] is
 # core_ops.compat.apex.<name>[.<sub>].
 LEGACY = ("fp16_utils", "contrib", "_autocast_utils")
 # Apex's compiled extension modules, imported by their top-level names.
-EXTENSIONS = {
-    "amp_C": "core_ops.multi_tensor_apply.amp_C",
-    "fused_layer_norm_cuda": "core_ops.compat.apex.extensions.fused_layer_norm_cuda",
-    "fused_adam_cuda": "core_ops.compat.apex.extensions.fused_adam_cuda",
-    "syncbn": "core_ops.compat.apex.extensions.syncbn",
-}
+EXTENSIONS = {name: f"core_ops.compat.apex_extensions.{name}"
+              for name in ("amp_C", "apex_C", "fused_layer_norm_cuda", "fused_adam_cuda", "syncbn")}
 # Apex modules whose contents core_ops keeps elsewhere (or in its package itself).
 SUBMODULES = {
     "apex.amp._amp_state": "core_ops.amp._state",
@@ -55,14 +50,6 @@ SUBMODULES = {
 # Apex packages served by a module of this package, not by core_ops.<name> itself: their
 # classes take Apex's arguments in Apex's order (core_ops' own drop the retired ones).
 APEX_SIGNATURES = {"apex.parallel": "core_ops.compat.apex.parallel"}
-
-
-def _apex_c():
-    """Apex's ``apex_C``: the flatten / unflatten helpers of its old DDP code."""
-    module = types.ModuleType("apex_C", "core_ops' stand-in for Apex's apex_C extension")
-    module.flatten = torch._utils._flatten_dense_tensors
-    module.unflatten = torch._utils._unflatten_dense_tensors
-    return module
 
 
 class _Alias(types.ModuleType):
@@ -107,8 +94,6 @@ def _target(fullname):
     """The core_ops module behind an Apex module name, or None if not ours to serve."""
     if fullname in EXTENSIONS:
         return importlib.import_module(EXTENSIONS[fullname])
-    if fullname == "apex_C":
-        return _apex_c()
     if fullname == "apex":
         return _apex_package()
     if fullname in APEX_SIGNATURES:
@@ -120,8 +105,8 @@ def _target(fullname):
     if top not in PACKAGES and top not in LEGACY:
         raise ModuleNotFoundError(
             f"No module named '{fullname}': core_ops replaces Apex's "
-            f"{', '.join('apex.' + p for p in PACKAGES + LEGACY)}, {', '.join(EXTENSIONS)} and "
-            f"apex_C, not apex.{top}", name=fullname)
+            f"{', '.join('apex.' + p for p in PACKAGES + LEGACY)}, {', '.join(EXTENSIONS)}, "
+            f"not apex.{top}", name=fullname)
     home = "core_ops.compat.apex" if top in LEGACY else "core_ops"
     try:
         return importlib.import_module(f"{home}.{rest}")
@@ -183,7 +168,7 @@ def install():
 # replace themselves by their alias; the runner puts SHIM_DIR on PYTHONPATH (for any
 # child interpreter) and on sys.path (which multiprocessing hands to its children).
 SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shim")
-_SHIMMED = ("apex", "apex_C", *EXTENSIONS)
+_SHIMMED = ("apex", *EXTENSIONS)
 
 
 def serve_from_path(name):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ...extensions import fused_adam_cuda
+from ....apex_extensions import fused_adam_cuda
 from ._grouped import per_group
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch.optim.optimizer import required
 
-from .....multi_tensor_apply import amp_C
+from ....apex_extensions import amp_C
 from ._grouped import per_group
 
 

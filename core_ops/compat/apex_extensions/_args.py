@@ -24,3 +24,13 @@ def rows(fn, input, normalized_shape, *params):
             raise ValueError(f"{fn}: {name} is on {p.device}, the input on {input.device}")
     hidden = math.prod(shape)
     return input.reshape(-1, hidden), hidden
+
+
+def tensor_lists_of(tensor_lists, depth, name):
+    """``tensor_lists`` as lists, checked to be ``depth`` of them (an int, or a tuple of
+    the depths allowed): the check every ``amp_C`` function makes first."""
+    depths = (depth,) if isinstance(depth, int) else depth
+    if not isinstance(tensor_lists, (list, tuple)) or len(tensor_lists) not in depths:
+        raise ValueError(f"{name} takes {' or '.join(map(str, depths))} tensor lists, got "
+                         f"{len(tensor_lists) if isinstance(tensor_lists, (list, tuple)) else tensor_lists!r}")
+    return [list(ts) for ts in tensor_lists]

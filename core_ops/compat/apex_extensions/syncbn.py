@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .... import _build
-from ...._library import op
-from ....parallel.sync_batchnorm_function import merge_stats
+from ... import _build
+from ..._library import op
+from ...parallel.sync_batchnorm_function import merge_stats
 
 
 def _channels_first(input):

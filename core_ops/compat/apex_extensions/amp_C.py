@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from . import ops
+from ...multi_tensor_apply import ops
 from .amp_C_optimizers import (  # noqa: F401  (amp_C's names)
     multi_tensor_adagrad,
     multi_tensor_adam,
@@ -27,7 +27,7 @@ from .amp_C_optimizers import (  # noqa: F401  (amp_C's names)
     multi_tensor_novograd,
     multi_tensor_sgd,
 )
-from .applier import tensor_lists_of
+from ._args import tensor_lists_of
 
 
 def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):

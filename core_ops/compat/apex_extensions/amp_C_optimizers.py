@@ -11,10 +11,10 @@ Apex's capturable Adam did (Note [Grads written back unscaled]).
 
 import torch
 
-from .._library import op
-from .._validate import lr_arg, state_dtype
-from . import ops
-from .applier import tensor_lists_of
+from ..._library import op
+from ..._validate import lr_arg, state_dtype
+from ...multi_tensor_apply import ops
+from ._args import tensor_lists_of
 
 
 def _float_state(states, run):

@@ -7,8 +7,8 @@ input."""
 
 from __future__ import annotations
 
-from .... import _build
-from ...._library import op
+from ... import _build
+from ..._library import op
 from ._args import rows
 
 
