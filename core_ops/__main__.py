@@ -1,4 +1,5 @@
-"""``python -m core_ops build [--cuda] [--arch "8.0;9.0"]`` and ``python -m core_ops info``."""
+"""``python -m core_ops build [--cuda] [--arch "8.0;9.0"]``, ``python -m core_ops info`` and
+``python -m core_ops settings [--markdown]``."""
 
 import argparse
 import sys
@@ -11,10 +12,19 @@ def main(argv=None):
     b.add_argument("--cuda", action="store_true", help="also build the CUDA kernels")
     b.add_argument("--arch", default=None, help='CUDA arch list, e.g. "8.0;9.0"')
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
-    sub.add_parser("info", help="versions, cache path, and which backend each op uses")
+    sub.add_parser("info", help="versions, cache path, which backend each op uses, and the settings")
+    st = sub.add_parser("settings", help="every setting: its variable, argument, default and meaning")
+    st.add_argument("--markdown", action="store_true", help="the table of docs/settings.md")
     args = parser.parse_args(argv)
 
-    from . import _build, _info
+    from . import _build, _info, settings
+
+    if args.command == "settings":
+        if args.markdown:
+            print(settings.markdown_table(), end="")
+        else:
+            print(_info.format_settings())
+        return 0
 
     try:
         _build.forced_reference()

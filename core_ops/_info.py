@@ -56,10 +56,20 @@ def backend_report(build=True):
     return report
 
 
+def format_settings(environ=None):
+    """Every setting with its value here: the variable's, or unset (its default then)."""
+    from . import settings
+    lines = ["settings (an argument in code wins over its variable; docs/settings.md):"]
+    for env, value, readers in settings.report(environ):
+        lines.append(f"  {env:<36} {value:<12} read by {readers}")
+    return "\n".join(lines)
+
+
 def format_report(report):
     lines = [f"{k:>20}: {v}" for k, v in report.items() if k != "devices"]
     for kind, dev in report["devices"].items():
         lines.append(f"\n[{kind}] {dev['library']}")
         for name, backend in dev["ops"].items():
             lines.append(f"  {name:<32} {backend}")
+    lines.append("\n" + format_settings())
     return "\n".join(lines)

@@ -14,7 +14,7 @@ def test_a_mistyped_variable_is_an_error_naming_the_right_one():
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("core_ops._environment.BadEnvironment: unknown environment variable CORE_OPS_OPT_LEVLE (did you mean "
-                           "CORE_OPS_OPT_LEVEL?); core-ops reads CORE_OPS_AUTOLOAD, CORE_OPS_BACKEND"), last
+                           "CORE_OPS_OPT_LEVEL?); core-ops reads (core: CORE_OPS_AUTOLOAD, CORE_OPS_BACKEND"), last
 
 
 def test_known_variables_pass_and_the_list_names_each_reader():
@@ -27,9 +27,9 @@ def test_known_variables_pass_and_the_list_names_each_reader():
         raise AssertionError("unknown names passed")
 
 
-def test_the_accelerate_names_are_the_plugins_fields():
-    from core_ops_accelerate.plugin import FIELDS
-    assert {env for env, _, _ in FIELDS.values()} == _environment.ACCELERATE
+def test_every_known_name_is_a_declared_setting():
+    from core_ops import settings
+    assert _environment.KNOWN == {s.env for s in settings.SETTINGS}
 
 
 def test_a_value_outside_the_fixed_set_is_refused():

@@ -18,7 +18,7 @@ functions take O1's casts with the decorators ``@amp.half_function``,
 from ._state import _amp_state  # noqa: F401  (Apex's name, for its logging idiom)
 from .frontend import initialize
 from .fsdp import fsdp_policy
-from .legacy_init import AmpHandle, NoOpHandle, init
+from .legacy_init import AmpHandle, DisabledInitHandle, init
 from .handle import (disable_casts, grad_report, load_state_dict, loss_scale, master_params, scale_loss,
                      skipped_steps, state_dict)
 from .loop import AmpLoop
@@ -28,7 +28,7 @@ from .skip_watch import NonFiniteTraining
 from .registry import (float_function, half_function, promote_function, register_float_function,
                        register_half_function, register_promote_function)
 
-__all__ = ["AmpHandle", "AmpLoop", "NoOpHandle", "NonFiniteTraining", "init", "GradScaler", "LossScaler", "OPT_LEVELS", "Properties", "disable_casts",
+__all__ = ["AmpHandle", "AmpLoop", "DisabledInitHandle", "NonFiniteTraining", "init", "GradScaler", "LossScaler", "OPT_LEVELS", "Properties", "disable_casts",
            "float_function", "fsdp_policy", "grad_report", "half_function", "initialize", "load_state_dict", "loss_scale",
            "master_params", "promote_function", "register_float_function",
            "register_half_function", "register_promote_function", "scale_loss", "skipped_steps",

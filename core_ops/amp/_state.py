@@ -36,8 +36,8 @@ class O1Handle:
         self._deactivated = True
 
 
-class NoOpHandle(O1Handle):
-    """The handle of every other level (and before ``initialize``): nothing to switch."""
+class NoCastsHandle(O1Handle):
+    """The handle of every level but O1 (and before ``initialize``): no casts to switch."""
 
     def is_active(self):
         return False
@@ -52,8 +52,9 @@ class AmpState:
     loss_scalers: list
     models: list  # weak references (see frontend.initialize)
     optimizers: list  # weak references
-    handle: O1Handle = dataclasses.field(default_factory=NoOpHandle)
+    handle: O1Handle = dataclasses.field(default_factory=NoCastsHandle)
     watches: list = dataclasses.field(default_factory=list)  # a SkipWatch per loss scaler
+    routed: object = None  # the settings.Resolved it came from: errors name the user's spelling
 
 
 _current: AmpState | None = None
@@ -100,7 +101,7 @@ class _ApexAmpState:
     def handle(self):
         if _legacy is not None:
             return _legacy
-        return NoOpHandle() if _current is None else _current.handle
+        return NoCastsHandle() if _current is None else _current.handle
 
     def __repr__(self):
         return f"_amp_state(opt_properties={self.opt_properties}, loss_scalers={self.loss_scalers})"

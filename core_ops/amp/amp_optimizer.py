@@ -66,14 +66,19 @@ def _nothing():
     return None
 
 
-def check_keeps_remainders(optimizer, where=""):
-    """Raises unless ``optimizer`` can keep master remainders (master_weights="remainder")."""
+def check_keeps_remainders(optimizer, where="", routed=None):
+    """Raises unless ``optimizer`` can keep master remainders (master_weights="remainder");
+    ``routed`` (a settings.Resolved) names the variable or argument that asked for them."""
     from ..optimizers.fused_adam import FusedAdam
     inner = optimizer.optim if isinstance(optimizer, LARC) else optimizer
     if not isinstance(inner, FusedAdam):
-        raise ValueError(f"{where}master_weights=\"remainder\" keeps the masters' lower halves inside "
-                         f"core_ops.optimizers.FusedAdam's step, and this optimizer is "
-                         f"{type(inner).__module__}.{type(inner).__name__}: use FusedAdam, or master_weights=True")
+        said = routed.where("master_weights") if routed is not None else "master_weights='remainder'"
+        fix = routed.how_to_set("master_weights", "True", "1") if routed is not None else "pass master_weights=True"
+        twin = (f"; a plugin's fused_optimizer swaps in FusedAdam for torch's {type(inner).__name__} itself"
+                if type(inner).__name__ in ("Adam", "AdamW") else "")
+        raise ValueError(f"{where}{said} keeps the masters' lower halves inside core_ops.optimizers.FusedAdam's "
+                         f"step, and this optimizer is {type(inner).__module__}.{type(inner).__name__}: use "
+                         f"FusedAdam, or {fix} (fp32 masters){twin}")
     if any("master_param" in s for s in inner.state.values()):
         raise ValueError(f"{where}master_weights=\"remainder\": this FusedAdam already holds fp32 masters (it "
                          "stepped with master_weights=True): call amp.initialize before the first step")
@@ -121,7 +126,7 @@ class AmpOptimizer:
         """master_weights="remainder": the optimizer (core_ops' FusedAdam) keeps the fp32
         masters of its bfloat16 params as remainders, starting from ``seeds`` (taken from
         the float32 weights before the cast, preparation.remainder_seeds)."""
-        check_keeps_remainders(self.inner)
+        check_keeps_remainders(self.inner, routed=self.state.routed)
         self.inner.master_weights = "remainder"
         for group in self.inner.param_groups:
             for p in group["params"]:

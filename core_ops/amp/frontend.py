@@ -8,15 +8,14 @@ import weakref
 
 import torch
 
+from .. import settings
 from ..optimizers.larc import LARC
 from ..torch_patches import ddp_init_broadcast
 from . import _state, fsdp, opt_levels
 from .amp_optimizer import AmpOptimizer, check_keeps_remainders
-from .loss_scaler import LossScaler
 from .masters import MasterWeights
-from .preparation import (check_half_supported, check_models, make_masters, prepare_model, publish, remainder_seeds,
-                          uncompiled)
-from .skip_watch import SkipWatch
+from .preparation import (check_half_supported, check_models, make_masters, make_state, prepare_model, publish,
+                          remainder_seeds, uncompiled)
 
 
 def _as_list(value, kind, name, allow_empty=False):
@@ -72,11 +71,11 @@ def _say(line):
     sys.stdout.flush()
 
 
-def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model_type=None,
+def initialize(models, optimizers=None, enabled=True, opt_level=None, cast_model_type=None,
                patch_torch_functions=None, keep_batchnorm_fp32=None, master_weights=None,
                loss_scale=None, cast_model_outputs=None, num_losses=1, verbosity=1,
-               min_loss_scale=None, max_loss_scale=2.0**24, half_dtype=torch.float16, skip_nonfinite=None,
-               max_consecutive_skips=None):
+               min_loss_scale=None, max_loss_scale=None, half_dtype=None, skip_nonfinite=None,
+               max_consecutive_skips=None, skip_report_seconds=None):
     """Prepares ``models`` and ``optimizers`` for mixed precision at ``opt_level``
     (Apex's table, see ``opt_levels``), returning them in the shape given (a model or
     a list, and the optimizers likewise; only the models when ``optimizers`` is None).
@@ -91,7 +90,10 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     through dynamic loss scaling anyway. ``max_consecutive_skips=N`` (new): N steps in a
     row skipped for inf / nan grads stop the run with ``NonFiniteTraining``, naming the
     params whose grads are non-finite (``amp.grad_report()`` lists them on demand).
-    ``enabled=False`` returns the arguments untouched and checks nothing (as Apex, so
+    ``skip_report_seconds=S`` (new): rank 0 prints a line when steps were skipped (how
+    many, the scale, the culprit), at most one each S seconds. Each setting left None
+    takes its ``CORE_OPS_*`` variable, else its default (Note [One declaration per
+    setting]: ``opt_level`` O1 and ``half_dtype`` fp16 as Apex). ``enabled=False`` returns the arguments untouched and checks nothing (as Apex, so
     ``enabled=args.amp`` works with any other arguments).
 
     Several calls may coexist (a student at O2, a teacher at O3): each optimizer keeps
@@ -101,12 +103,14 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
         _state.set_current(_state.AmpState(opt_levels.Properties(str(opt_level), enabled=False),
                                            [], [], []))
         return models if optimizers is None else (models, optimizers)
-    props = opt_levels.resolve(opt_level, half_dtype, enabled, cast_model_type=cast_model_type,
-                               patch_torch_functions=patch_torch_functions,
-                               keep_batchnorm_fp32=keep_batchnorm_fp32,
-                               master_weights=master_weights, loss_scale=loss_scale,
-                               cast_model_outputs=cast_model_outputs, skip_nonfinite=skip_nonfinite,
-                               max_consecutive_skips=max_consecutive_skips)
+    routed = settings.resolve("amp", dict(
+        opt_level=opt_level, half_dtype=half_dtype, keep_batchnorm_fp32=keep_batchnorm_fp32,
+        master_weights=master_weights, loss_scale=loss_scale, min_loss_scale=min_loss_scale,
+        max_loss_scale=max_loss_scale, skip_nonfinite=skip_nonfinite, max_consecutive_skips=max_consecutive_skips,
+        skip_report_seconds=skip_report_seconds))
+    props = opt_levels.from_settings(routed, enabled, cast_model_type=cast_model_type,
+                                     patch_torch_functions=patch_torch_functions,
+                                     cast_model_outputs=cast_model_outputs)
     given, single_model = _as_list(models, torch.nn.Module, "models")
     model_list = [uncompiled(m) for m in given]  # prepared in place; the caller keeps its wrappers
     if optimizers is None:
@@ -121,27 +125,20 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     _check_optimizers(opt_list, model_list)
     if props.remainders:  # before anything is cast
         for i, opt in enumerate(opt_list):
-            check_keeps_remainders(opt, f"optimizers[{i}]: ")
+            check_keeps_remainders(opt, f"optimizers[{i}]: ", routed)
     check_half_supported(device_type, props)
 
     registry = make_masters(model_list, props) if props.fp32_masters else MasterWeights()
     seeds = remainder_seeds(model_list, props) if props.remainders else {}
     if len(registry):
         ddp_init_broadcast.install()  # masters follow torch DDP's broadcast (Note [Masters follow DDP's broadcast])
-    handle = _state.O1Handle() if props.patch_torch_functions else _state.NoOpHandle()
+    state = make_state(props, int(num_losses), routed)
     for i, model in enumerate(model_list):
-        prepare_model(model, props, registry, handle, where=f"models[{i}]: ")
-    if props.dynamic:
-        scalers = [LossScaler(init_scale=2.0**16, dynamic=True, min_scale=min_loss_scale or 0.0,
-                              max_scale=max_loss_scale) for _ in range(int(num_losses))]
-    else:
-        scalers = [LossScaler(init_scale=props.loss_scale, dynamic=False)
-                   for _ in range(int(num_losses))]
+        prepare_model(model, props, registry, state.handle, where=f"models[{i}]: ")
     # Weak references: the state must not keep a finished run's models and optimizers
     # alive (a sweep initializes fresh ones again and again).
-    state = _state.AmpState(props, scalers, [weakref.ref(m) for m in model_list],
-                            [weakref.ref(o) for o in opt_list], handle,
-                            [SkipWatch(props.max_consecutive_skips) for _ in scalers])
+    state.models[:] = [weakref.ref(m) for m in model_list]
+    state.optimizers[:] = [weakref.ref(o) for o in opt_list]
     for opt in opt_list:
         opt._core_ops_amp = AmpOptimizer(opt, registry if props.fp32_masters else None, state)
         if props.remainders:

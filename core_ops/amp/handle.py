@@ -93,7 +93,7 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
     for amp in amps:  # one overflow skips every optimizer of this loss, as in Apex
         amp.found_inf = torch.maximum(amp.found_inf, found.to(amp.found_inf.device))
     scaler.update_from(found)
-    if state.properties.max_consecutive_skips is not None:
+    if state.watches and state.watches[loss_id].active:
         state.watches[loss_id].observe(found, lambda: describe_grads(state, amps), scaler)
 
 

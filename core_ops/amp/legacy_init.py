@@ -37,8 +37,9 @@ def _devices():
     return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
 
 
-class NoOpHandle:
-    """The handle of ``amp.init(enabled=False)``: no casts, no loss scaling."""
+class DisabledInitHandle:
+    """The handle of ``amp.init(enabled=False)``: no casts, no loss scaling (Apex's
+    ``NoOpHandle``); ``AmpHandle`` takes its defaults."""
 
     def is_active(self):
         return False
@@ -69,7 +70,7 @@ class NoOpHandle:
         return False
 
 
-class AmpHandle(NoOpHandle):
+class AmpHandle(DisabledInitHandle):
     """The casts of one ``amp.init()`` call and its loss scale (module doc)."""
 
     def __init__(self, loss_scale="dynamic", verbose=False, allow_banned=False, half_dtype=torch.float16):
@@ -173,7 +174,7 @@ def init(enabled=True, loss_scale="dynamic", enable_caching=True, verbose=False,
     ``enable_caching`` is accepted (casts are not cached). ``half_dtype`` may be
     bfloat16, beyond Apex."""
     if not enabled:
-        return NoOpHandle()
+        return DisabledInitHandle()
     if half_dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"half_dtype must be torch.float16 or torch.bfloat16, got {half_dtype}")
     previous = _state.legacy_handle()

@@ -28,46 +28,44 @@ import weakref
 
 import torch
 
+from .. import settings
 from ..multi_tensor_apply import clip_grad_norm_ as _clip_grads
 from ..torch_patches import ddp_init_broadcast
 from . import _state, opt_levels
 from .amp_optimizer import AmpOptimizer
-from .preparation import (check_half_supported, check_models, make_masters, prepare_model, publish, remainder_seeds,
-                          uncompiled)
-from .loss_scaler import LossScaler, load_saved_at_level
+from .preparation import (check_half_supported, check_models, make_masters, make_state, prepare_model, publish,
+                          remainder_seeds, uncompiled)
+from .loss_scaler import load_saved_at_level
 from .masters import HALF, MasterWeights
 from .masters import of as masters_of
-from .skip_watch import SkipWatch, describe_grads, grad_report, named_amp_grads
+from .skip_watch import describe_grads, grad_report, named_amp_grads
 from .model_casting import module_device_type
-
-OPTIONS = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights",
-           "loss_scale", "cast_model_outputs", "min_loss_scale", "max_loss_scale", "skip_nonfinite",
-           "max_consecutive_skips")
-
 
 class AmpLoop:
     """Apex's ``opt_level`` (O0-O3) and ``half_dtype`` (fp16 or bf16), with the options
-    of ``initialize`` (``OPTIONS``), for a loop driven by ``scale`` / ``unscale_`` /
-    ``step`` / ``update``. Bad options raise here, at construction."""
+    of ``initialize`` (the amp settings of ``core_ops.settings`` and Apex's own
+    ``cast_model_type``, ``patch_torch_functions``, ``cast_model_outputs``), for a loop
+    driven by ``scale`` / ``unscale_`` / ``step`` / ``update``. Each setting left None
+    takes its ``CORE_OPS_*`` variable, else its default; a framework's plugin passes
+    ``routed``, its own ``settings.resolve`` (its defaults, and errors that name the
+    route each value came from). Bad options raise here, at construction."""
 
-    def __init__(self, opt_level="O2", half_dtype=torch.float16, **options):
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise TypeError(f"AmpLoop got unknown options {unknown}; the options are "
-                            f"{', '.join(OPTIONS)}")
-        min_scale = options.pop("min_loss_scale", None)
-        max_scale = options.pop("max_loss_scale", 2.0**24)
-        self.properties = props = opt_levels.resolve(opt_level, half_dtype, True, **options)
-        if props.dynamic:
-            self.scaler = LossScaler(init_scale=2.0**16, dynamic=True, min_scale=min_scale or 0.0,
-                                     max_scale=max_scale)
-        else:
-            self.scaler = LossScaler(init_scale=props.loss_scale, dynamic=False)
+    def __init__(self, opt_level=None, half_dtype=None, routed=None, **options):
+        apex_only = {k: options.pop(k) for k in opt_levels.APEX_ONLY if k in options}
+        if routed is None:
+            try:
+                routed = settings.resolve("amp", dict(opt_level=opt_level, half_dtype=half_dtype, **options),
+                                          also=opt_levels.APEX_ONLY)
+            except TypeError as e:
+                raise TypeError(f"AmpLoop got {e}") from None
+        elif opt_level is not None or half_dtype is not None or options:
+            raise TypeError("AmpLoop takes its settings either as arguments or as routed, not both")
+        self.routed = routed
+        self.properties = props = opt_levels.from_settings(routed, **apex_only)
+        self.state = make_state(props, routed=routed)
+        self.scaler, self.handle, self.watch = self.state.loss_scalers[0], self.state.handle, self.state.watches[0]
         self.registry = MasterWeights()
         self.seeds = {}  # master_weights="remainder": see preparation.remainder_seeds
-        self.handle = _state.O1Handle() if props.patch_torch_functions else _state.NoOpHandle()
-        self.watch = SkipWatch(props.max_consecutive_skips)
-        self.state = _state.AmpState(props, [self.scaler], [], [], self.handle, [self.watch])
         self._found = None  # overflow flag of the unscales since the last update()
         self._scaled_since_update = False  # grads of an optimizer attached late are scaled too
         self._device_type = None
@@ -263,7 +261,7 @@ class AmpLoop:
         self._scaled_since_update = False
         if found is not None and self.scaling:
             self.scaler.update_from(found)
-            if self.watch.limit is not None:
+            if self.watch.active:
                 self.watch.observe(found, lambda: describe_grads(self.state, self._amps()), self.scaler)
 
     def grad_report(self):

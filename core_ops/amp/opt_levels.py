@@ -7,8 +7,7 @@ import dataclasses
 
 import torch
 
-HALF_DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-               "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+from .. import settings
 
 
 @dataclasses.dataclass
@@ -29,9 +28,14 @@ class Properties:
     # Skip a step whose grads hold an inf / nan at any level, O0 and O3 (a static scale
     # of 1, where Apex checks nothing) included (Note [Skipping non-finite steps]).
     skip_nonfinite: bool = False
-    # Stop (NonFiniteTraining) after this many skipped steps in a row; None: never
+    # Stop (NonFiniteTraining) after this many skipped steps in a row; 0: never
     # (Note [Watching skips without a host sync]).
-    max_consecutive_skips: int | None = None
+    max_consecutive_skips: int = 0
+    # The dynamic scale's floor and ceiling, and how often rank 0 says that steps were
+    # skipped (seconds; 0: never): settings of the scaler and the SkipWatch it feeds.
+    min_loss_scale: float | None = None
+    max_loss_scale: float = settings.MAX_LOSS_SCALE
+    skip_report_seconds: float = 0.0
 
     @property
     def dynamic(self):
@@ -66,45 +70,36 @@ def _levels(half):
 OPT_LEVELS = tuple(_levels(torch.float16))
 
 
-def half_dtype_of(value):
-    if isinstance(value, torch.dtype) and value in (torch.float16, torch.bfloat16):
-        return value
-    if isinstance(value, str) and value.lower() in HALF_DTYPES:
-        return HALF_DTYPES[value.lower()]
-    raise ValueError(f"half_dtype must be torch.float16 or torch.bfloat16 (or 'fp16' / 'bf16'), "
-                     f"got {value!r}")
+# Apex's own options of initialize, beside the settings (core_ops.settings): no variable sets them.
+APEX_ONLY = ("cast_model_type", "patch_torch_functions", "cast_model_outputs")
 
 
-def _bool_or_none(name, value):
-    # Apex accepted the strings "True" / "False" (from argparse) for keep_batchnorm_fp32.
-    if isinstance(value, str):
-        if value not in ("True", "False"):
-            raise ValueError(f"{name} must be True, False or None (or the strings 'True' / "
-                             f"'False'), got {value!r}")
-        return value == "True"
-    return value
+def from_settings(routed, enabled=True, **apex_only):
+    """The Properties of ``routed`` (a ``settings.Resolved`` of a route that reads the
+    amp settings) and Apex's own ``apex_only`` options."""
+    amp = {k: v for k, v in routed.values.items() if k in settings.ROUTES["amp"]}
+    return resolve(amp.pop("opt_level"), amp.pop("half_dtype"), enabled, routed=routed, **amp, **apex_only)
 
 
-def _loss_scale(value):
-    if value == "dynamic":
-        return value
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"loss_scale must be a number > 0 or 'dynamic', got {value!r}") from None
-    if not value > 0:
-        raise ValueError(f"loss_scale must be > 0 or 'dynamic', got {value}")
-    return value
+def half_dtype_of(value, where="half_dtype"):
+    return settings.half_dtype(value, where)
 
 
-def resolve(opt_level, half_dtype=torch.float16, enabled=True, **overrides):
+def resolve(opt_level, half_dtype=torch.float16, enabled=True, routed=None, **overrides):
     """The Properties for ``opt_level`` with the non-None ``overrides`` applied, after
-    Apex's consistency checks (which raise ``ValueError`` here, never just warn)."""
-    half = half_dtype_of(half_dtype)
+    Apex's consistency checks (which raise ``ValueError`` here, never just warn).
+    ``routed`` (a ``settings.Resolved``) says where each value came from, so that an
+    error names the variable or the argument the user wrote, and the fix in that route."""
+    routed = routed or settings.Resolved("amp", {}, {})
+
+    def said(name, value=None):  # how the user spelt it, e.g. CORE_OPS_MASTER_WEIGHTS='remainder'
+        return routed.where(name) if name in routed.sources else f"{name}={value!r}"
+
+    if opt_level not in ("O0", "O1", "O2", "O3"):
+        source = routed.sources.get("opt_level", "argument")
+        settings.opt_level(opt_level, source if source.startswith("CORE_OPS_") else "opt_level")
+    half = settings.half_dtype(half_dtype, "half_dtype")
     levels = _levels(half)
-    if opt_level not in levels:
-        hint = " (the letter O, not the digit 0)" if str(opt_level).startswith("0") else ""
-        raise ValueError(f"unknown opt_level {opt_level!r}{hint}; expected one of {', '.join(levels)}")
     props = Properties(opt_level=opt_level, enabled=enabled, half_dtype=half, **levels[opt_level])
     overrides = {k: v for k, v in overrides.items() if v is not None}
     # Apex's cast_model_type=False: leave the model's dtypes as they are, at any level
@@ -112,21 +107,10 @@ def resolve(opt_level, half_dtype=torch.float16, enabled=True, **overrides):
     no_cast = overrides.get("cast_model_type") is False
     if no_cast:
         del overrides["cast_model_type"]
-    if "keep_batchnorm_fp32" in overrides:
-        overrides["keep_batchnorm_fp32"] = _bool_or_none("keep_batchnorm_fp32",
-                                                         overrides["keep_batchnorm_fp32"])
-    if "loss_scale" in overrides:
-        overrides["loss_scale"] = _loss_scale(overrides["loss_scale"])
-    if "skip_nonfinite" in overrides and not isinstance(overrides["skip_nonfinite"], bool):
-        raise ValueError(f"skip_nonfinite must be True or False, got {overrides['skip_nonfinite']!r}")
-    limit = overrides.get("max_consecutive_skips")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"max_consecutive_skips must be an int >= 1 or None, got {limit!r}")
-    if "master_weights" in overrides and overrides["master_weights"] != "remainder":
-        if overrides["master_weights"] not in (True, False, "True", "False"):
-            raise ValueError(f"master_weights must be True, False, None or \"remainder\" (bfloat16 params "
-                             f"with int16 remainders in FusedAdam), got {overrides['master_weights']!r}")
-        overrides["master_weights"] = _bool_or_none("master_weights", overrides["master_weights"])
+    for name in ("keep_batchnorm_fp32", "master_weights", "loss_scale", "skip_nonfinite", "max_consecutive_skips",
+                 "min_loss_scale", "max_loss_scale", "skip_report_seconds"):
+        if name in overrides:
+            overrides[name] = settings.BY_NAME[name].parse(overrides[name], name)
     for key in ("cast_model_type", "cast_model_outputs"):
         if key in overrides and not (isinstance(overrides[key], torch.dtype)
                                      and overrides[key].is_floating_point):
@@ -139,11 +123,12 @@ def resolve(opt_level, half_dtype=torch.float16, enabled=True, **overrides):
                              f"float32; cast_model_type={overrides['cast_model_type']} needs "
                              "opt_level='O2' or 'O3'")
         if "keep_batchnorm_fp32" in overrides:
-            raise ValueError("with O1 autocast decides the precision of batchnorm; leave "
-                             "keep_batchnorm_fp32 as None")
+            raise ValueError(f"with O1 autocast decides the precision of batchnorm; leave keep_batchnorm_fp32 "
+                             f"unset ({said('keep_batchnorm_fp32', overrides['keep_batchnorm_fp32'])})")
         if "master_weights" in overrides:
-            raise ValueError("with O1 the model's weights are float32 already, so master_weights "
-                             "makes no sense; leave it as None or use O2")
+            raise ValueError(f"with O1 the model's weights are float32 already, so master_weights makes no "
+                             f"sense ({said('master_weights', overrides['master_weights'])}); leave it "
+                             f"unset or use O2")
     elif overrides.get("patch_torch_functions"):
         raise ValueError("patch_torch_functions=True (autocast) belongs to opt_level='O1'")
 
@@ -154,12 +139,13 @@ def resolve(opt_level, half_dtype=torch.float16, enabled=True, **overrides):
         # for its fp16 params only), with allow_incoming_model_not_fp32.
         props.cast_model_type = None
     elif props.master_weights and props.cast_model_type in (None, torch.float32):
-        raise ValueError(f"master_weights={props.master_weights!r} needs a model cast to a half dtype (O2, or "
-                         "cast_model_type=torch.float16 / torch.bfloat16)")
+        raise ValueError(f"{said('master_weights', props.master_weights)} needs a model cast to a half dtype "
+                         "(O2, or cast_model_type=torch.float16 / torch.bfloat16)")
     if props.remainders and props.cast_model_type not in (None, torch.bfloat16):
-        raise ValueError(f"master_weights=\"remainder\" keeps the lower 16 bits of float32 masters beside "
-                         f"bfloat16 params; a {props.cast_model_type} model has no such upper halves: pass "
-                         "half_dtype=torch.bfloat16, or master_weights=True for float16")
+        raise ValueError(f"{said('master_weights', 'remainder')} keeps the lower 16 bits of float32 masters "
+                         f"beside bfloat16 params; a {props.cast_model_type} model has no such upper halves: "
+                         f"{routed.how_to_set('half_dtype', 'torch.bfloat16', 'bf16')}, or "
+                         f"{routed.how_to_set('master_weights', 'True', '1')} for float16")
     if props.cast_model_type in (torch.float16, torch.bfloat16):
         props.half_dtype = props.cast_model_type
     return props

@@ -12,6 +12,7 @@ import warnings
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..settings import INIT_LOSS_SCALE
 from . import _state, fsdp
 from .masters import HALF, MasterWeights, follow_moves
 from .model_casting import (cast_inputs_of_half_modules, cast_module_tensors, keep_state_dict_fp32,
@@ -188,3 +189,19 @@ def publish(state):
     if not state.optimizers and previous is not None and previous.optimizers:
         return
     _state.set_current(state)
+
+
+def make_state(props, num_losses=1, routed=None):
+    """The AmpState of ``props`` with no model or optimizer yet: a loss scaler per loss
+    (dynamic from Apex's 2**16, or the fixed scale), a SkipWatch per scaler, and O1's
+    handle; ``initialize`` and ``AmpLoop`` both start from it."""
+    from .loss_scaler import LossScaler
+    from .skip_watch import SkipWatch
+    if props.dynamic:
+        scalers = [LossScaler(init_scale=INIT_LOSS_SCALE, dynamic=True, min_scale=props.min_loss_scale or 0.0,
+                              max_scale=props.max_loss_scale) for _ in range(num_losses)]
+    else:
+        scalers = [LossScaler(init_scale=props.loss_scale, dynamic=False) for _ in range(num_losses)]
+    handle = _state.O1Handle() if props.patch_torch_functions else _state.NoCastsHandle()
+    watches = [SkipWatch(props.max_consecutive_skips, props.skip_report_seconds) for _ in scalers]
+    return _state.AmpState(props, scalers, [], [], handle, watches, routed)

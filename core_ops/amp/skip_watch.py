@@ -13,6 +13,8 @@ step never waits for the device; a run is stopped an iteration or two late.
 from __future__ import annotations
 
 import math
+import sys
+import time
 
 import torch
 
@@ -77,40 +79,82 @@ def describe_grads(state, amps):
     return describe(grad_report(named_amp_grads(state, amps)))
 
 
-class SkipWatch:
-    """Counts skipped iterations in a row on the device and raises ``NonFiniteTraining``
-    once they reach ``limit`` (Note [Watching skips without a host sync])."""
+def _rank():
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
-    def __init__(self, limit):
-        self.limit = limit  # checked by opt_levels.resolve
-        self._run = None  # skipped iterations in a row, an int64 device tensor
-        self._host = None  # its copy on the host (GPU), and the event that says it landed
+
+class SkipWatch:
+    """Counts skipped iterations on the device: in a row, to raise ``NonFiniteTraining``
+    once they reach ``limit`` (0: never), and in all, for the line rank 0 prints when
+    steps were skipped, at most one each ``report_seconds`` (0: never), so that a
+    framework's console shows what its progress bar hides (Note [Watching skips without
+    a host sync]: both counts are read the same way)."""
+
+    def __init__(self, limit=0, report_seconds=0.0, say=None):
+        self.limit = limit or 0  # checked by settings.resolve
+        self.report_seconds = report_seconds or 0.0
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._counts = None  # [skips in a row, skips in all], int64 on the device
+        self._host = None  # their copy on the host (GPU), and the event that says it landed
         self._landed = None
+        self._reported, self._reported_at = 0, None  # skips in the last line, and when
+
+    @property
+    def active(self):
+        return bool(self.limit or self.report_seconds)
 
     @torch.compiler.disable
     def observe(self, found, report, scale=None):
         """After an iteration's scale update: ``found`` its overflow flag; ``report()``
         the grads' description for the error; ``scale`` the scaler, for the message."""
-        if self.limit is None:
+        if not self.active:
             return
-        bad = found.reshape(()) > 0
-        run = bad.to(torch.int64) if self._run is None else torch.where(bad, self._run + 1, 0)
-        self._run = run
-        if run.device.type != "cuda":
-            seen = int(run)
+        bad = found.reshape(()).to(torch.int64).clamp(max=1)
+        if self._counts is None:
+            counts = torch.stack([bad, bad])
         else:
-            seen = int(self._host) if self._landed is not None and self._landed.query() else None
+            counts = torch.stack([torch.where(bad > 0, self._counts[0] + 1, 0), self._counts[1] + bad])
+        self._counts = counts
+        now = counts.device.type != "cuda"  # read at once: these are this iteration's grads
+        if now:
+            seen = counts.tolist()
+        else:
+            seen = self._host.tolist() if self._landed is not None and self._landed.query() else None
             if self._host is None:
-                self._host = torch.empty((), dtype=torch.int64, pin_memory=True)
-            self._host.copy_(run, non_blocking=True)
+                self._host = torch.empty(2, dtype=torch.int64, pin_memory=True)
+            self._host.copy_(counts, non_blocking=True)
             self._landed = torch.cuda.Event()
             self._landed.record()
-        if seen is not None and seen >= self.limit:
-            now = "" if scale is None else f"; the loss scale is {scale.get_scale():g}"
+        if seen is None:
+            return
+        in_a_row, in_all = seen
+        if self.limit and in_a_row >= self.limit:
+            where = "" if scale is None else f"; the loss scale is {scale.get_scale():g}"
             raise NonFiniteTraining(
-                f"{seen} steps in a row were skipped for inf / nan grads (max_consecutive_skips={self.limit}){now}. "
-                f"{report()}. Check the data and the loss of these steps, or lower the learning rate; "
-                "max_consecutive_skips=None skips forever")
+                f"{in_a_row} steps in a row were skipped for inf / nan grads (max_consecutive_skips={self.limit})"
+                f"{where}. {report()}. Check the data and the loss of these steps, or lower the learning rate; "
+                "max_consecutive_skips=0 skips forever")
+        if self.report_seconds and in_all > self._reported:
+            self._report(in_all, in_a_row, report if now and in_a_row else None, scale)
+
+    def _report(self, in_all, in_a_row, report, scale):
+        clock = time.monotonic()
+        if self._reported_at is not None and clock - self._reported_at < self.report_seconds:
+            return
+        new = in_all - self._reported
+        self._reported, self._reported_at = in_all, clock
+        if _rank() != 0:
+            return
+        parts = [f"core-ops: {in_all} optimizer step{'s' if in_all > 1 else ''} skipped for inf / nan grads so far"
+                 + (f" ({new} since the last line)" if new != in_all else "")]
+        if scale is not None:
+            parts.append(f"loss scale now {scale.get_scale():g}")
+        if report is not None:
+            parts.append(f"this step: {report()}")
+        elif in_a_row == 0:
+            parts.append("the last step was clean")
+        self.say("; ".join(parts) + f" (at most one such line each {self.report_seconds:g} s)")
 
     def reset(self):
-        self._run, self._host, self._landed = None, None, None
+        self._counts, self._host, self._landed = None, None, None

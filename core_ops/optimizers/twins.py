@@ -3,6 +3,8 @@ hyperparameters, and keys such as an LR scheduler's ``initial_lr``) and state, s
 by one fused kernel call per (device, dtype) group. What the Accelerate plugin's
 ``fused_optimizer=True`` swaps in."""
 
+import functools
+
 import torch
 
 from .fused_adagrad import FusedAdagrad
@@ -38,3 +40,34 @@ def fused_twin(optimizer):
     # optimizers load it (Note in fused_adam.py: their state dicts interoperate).
     twin.load_state_dict(optimizer.state_dict())
     return twin
+
+
+def wants_twin(optimizer, fused_optimizer, properties):
+    """Whether a plugin steps ``optimizer`` through its twin: ``fused_optimizer`` True,
+    or left unset (None) while ``master_weights="remainder"`` (``properties``, the amp
+    Properties) needs FusedAdam and the twin is one: the setting takes effect instead of
+    asking the user to change the script (Note [One declaration per setting])."""
+    if fused_optimizer is not None:
+        return fused_optimizer
+    return properties.remainders and TWINS.get(type(optimizer), (None,))[0] is FusedAdam
+
+
+def point_scheduler_at(scheduler, twin):
+    """Makes an LR ``scheduler`` drive ``twin`` (its optimizer's twin) from now on.
+
+    torch's LR schedulers check that ``optimizer.step()`` ran before their ``step()``
+    through a mark that their constructor's wrapper of ``optimizer.step`` sets; the twin
+    was never wrapped, so it would warn ("Seems like `optimizer.step()` has been
+    overridden") every run. Its step gets the same mark."""
+    scheduler.optimizer = twin
+    if hasattr(twin.step, "_wrapped_by_lr_sched"):
+        return
+    step = twin.step
+
+    @functools.wraps(step)
+    def marked_step(*args, **kwargs):
+        twin._opt_called = True
+        return step(*args, **kwargs)
+
+    marked_step._wrapped_by_lr_sched = True
+    twin.step = marked_step

@@ -11,6 +11,7 @@ import dataclasses
 
 import torch
 
+from .. import settings
 from ..amp import fsdp
 from .ddp_checks import is_count
 
@@ -44,13 +45,15 @@ class DDPOptions:
     ``broadcast_buffers``), checked: ``DDPOptions(message_size=2**24)``. ``split`` takes
     them out of a dict of keyword arguments."""
 
-    message_size: int = 10_000_000
-    delay_allreduce: bool = False
-    allreduce_always_fp32: bool = False
-    allreduce_dtype: torch.dtype | None = None
+    # The defaults of the options that are also settings (a CORE_OPS_* variable each)
+    # are the settings' (Note [One declaration per setting]).
+    message_size: int = settings.BY_NAME["message_size"].default
+    delay_allreduce: bool = settings.BY_NAME["delay_allreduce"].default
+    allreduce_always_fp32: bool = settings.BY_NAME["allreduce_always_fp32"].default
+    allreduce_dtype: torch.dtype | None = settings.BY_NAME["allreduce_dtype"].default
     num_allreduce_streams: int = 1
     gradient_average: bool = True
-    gradient_predivide_factor: float = 1.0
+    gradient_predivide_factor: float = settings.BY_NAME["gradient_predivide_factor"].default
     retain_allreduce_buffers: bool = False
     broadcast_buffers: bool = True
 

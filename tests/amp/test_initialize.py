@@ -263,7 +263,7 @@ def test_disabled_changes_nothing():
 def test_bad_calls():
     model = conv_net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="unknown opt_level 'O5'"):
+    with pytest.raises(ValueError, match="opt_level='O5': expected one of O0, O1, O2, O3"):
         amp.initialize(model, opt, opt_level="O5")
     with pytest.raises(ValueError, match="holds none of the parameters of the models"):
         amp.initialize(model, torch.optim.SGD(conv_net().parameters(), lr=0.1), opt_level="O2")

@@ -50,13 +50,13 @@ def test_cast_model_type_picks_the_half_dtype():
 
 @pytest.mark.parametrize("level, kwargs, match", [
     ("O1", dict(cast_model_type=torch.float16), "O1 runs the model's forward under torch.autocast"),
-    ("O1", dict(keep_batchnorm_fp32=True), "leave keep_batchnorm_fp32 as None"),
+    ("O1", dict(keep_batchnorm_fp32=True), r"leave keep_batchnorm_fp32 unset \(keep_batchnorm_fp32=True\)"),
     ("O1", dict(master_weights=True), "master_weights makes no sense"),
     ("O2", dict(patch_torch_functions=True), "belongs to opt_level='O1'"),
     ("O0", dict(master_weights=True), "master_weights=True needs a model cast"),
-    ("O2", dict(keep_batchnorm_fp32="yes"), "keep_batchnorm_fp32 must be True, False or None"),
-    ("O2", dict(loss_scale="auto"), "loss_scale must be a number > 0 or 'dynamic'"),
-    ("O2", dict(loss_scale=-1), "loss_scale must be > 0"),
+    ("O2", dict(keep_batchnorm_fp32="maybe"), "keep_batchnorm_fp32='maybe': expected one of 1, true"),
+    ("O2", dict(loss_scale="auto"), "loss_scale='auto': expected 'dynamic' or a number > 0"),
+    ("O2", dict(loss_scale=-1), "loss_scale=-1: expected 'dynamic' or a number > 0"),
     ("O2", dict(cast_model_type=torch.int8), "cast_model_type must be a floating torch.dtype"),
 ])
 def test_inconsistent_combinations_raise(level, kwargs, match):
@@ -65,10 +65,10 @@ def test_inconsistent_combinations_raise(level, kwargs, match):
 
 
 def test_unknown_level_and_dtype():
-    with pytest.raises(ValueError, match=r"unknown opt_level '02' \(the letter O, not the digit 0\)"):
+    with pytest.raises(ValueError, match=r"opt_level='02': expected one of O0, O1, O2, O3 \(the letter O, not the digit 0\)"):
         resolve("02")
-    with pytest.raises(ValueError, match="unknown opt_level 'O4'; expected one of O0, O1, O2, O3"):
+    with pytest.raises(ValueError, match="opt_level='O4': expected one of O0, O1, O2, O3"):
         resolve("O4")
-    with pytest.raises(ValueError, match="half_dtype must be torch.float16 or torch.bfloat16"):
+    with pytest.raises(ValueError, match=r"half_dtype=torch.float32: expected fp16 or bf16 \(torch.float16 / torch.bfloat16\)"):
         resolve("O2", torch.float32)
     assert opt_levels.half_dtype_of("bf16") == torch.bfloat16

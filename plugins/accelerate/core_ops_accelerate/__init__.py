@@ -30,8 +30,10 @@ if PROBLEMS:
 
 
 def autoload():
-    """What the installed package's .pth calls once ``accelerate`` is imported with
-    ``CORE_OPS_OPT_LEVEL`` set: every Accelerator built without an ApexPlugin gets one."""
+    """What the installed package's .pth calls once ``accelerate`` is imported with a
+    ``CORE_OPS_*`` variable set: every Accelerator built without an ApexPlugin gets one
+    when ``CORE_OPS_OPT_LEVEL`` is set, and an error when another variable of the plugin
+    is set without it."""
     _compat.AUTO["on"] = True
 
 

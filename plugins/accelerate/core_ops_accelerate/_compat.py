@@ -96,9 +96,8 @@ def _wrap(init):
         ours = [h for h in handlers if isinstance(h, ApexPlugin)]
         if len(ours) > 1:
             raise ValueError("You can only pass one ApexPlugin in `kwargs_handlers`.")
-        if not ours and AUTO["on"] and os.environ.get("CORE_OPS_OPT_LEVEL") and not isinstance(self, _ApexMethods):
-            ours = [ApexPlugin()]
-            _announce(ours[0])
+        if not ours and AUTO["on"] and not isinstance(self, _ApexMethods):
+            ours = _from_environment()
         if ours:
             bound.arguments["kwargs_handlers"] = [h for h in handlers if not isinstance(h, ApexPlugin)] or None
         init(*bound.args, **bound.kwargs)
@@ -109,17 +108,33 @@ def _wrap(init):
     return __init__
 
 
+def _from_environment():
+    """[ApexPlugin()] when CORE_OPS_OPT_LEVEL is set; [] when no variable of the plugin
+    is; else an error: a variable set without an opt level would do nothing (Note
+    [Settings that stop the run])."""
+    from core_ops import settings
+    given = settings.set_in_environment((settings.AMP, settings.PLUGINS, settings.ACCELERATE, settings.DDP))
+    if "CORE_OPS_OPT_LEVEL" in given:
+        plugin = ApexPlugin()
+        _announce(plugin)
+        return [plugin]
+    if given:
+        said = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        raise ValueError(f"core-ops: {said} {'is' if len(given) == 1 else 'are'} set but CORE_OPS_OPT_LEVEL is "
+                         "not, so nothing would read it: set CORE_OPS_OPT_LEVEL (O2 is the usual one; O0-O3), or "
+                         "pass kwargs_handlers=[ApexPlugin(opt_level=...)], or unset it")
+    return []
+
+
 def _announce(plugin):
     """Says once, on rank 0, that core-ops switched itself on from the environment and
-    with what: nothing else in a script's output would show it."""
+    every setting it runs with: nothing else in a script's output would show it."""
     if AUTO.get("announced") or os.environ.get("RANK", "0") != "0":
         return
     AUTO["announced"] = True
-    from .plugin import FIELDS
-    given = ", ".join(f"{env}={os.environ[env]}" for env, _, _ in FIELDS.values() if os.environ.get(env))
-    print(f"core-ops: every Accelerator runs with ApexPlugin(opt_level={plugin.opt_level!r}, "
-          f"half_dtype={plugin.half_dtype}, skip_nonfinite={plugin.skip_nonfinite}, "
-          f"max_consecutive_skips={plugin.max_consecutive_skips}), from {given}", file=sys.stderr, flush=True)
+    from core_ops import settings
+    print(f"core-ops: every Accelerator runs with ApexPlugin({settings.describe(plugin.settings)})",
+          file=sys.stderr, flush=True)
 
 
 def install():

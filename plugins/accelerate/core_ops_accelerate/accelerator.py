@@ -25,13 +25,13 @@ methods below in front, each a few lines that call into the plugin's
 from __future__ import annotations
 
 import contextlib
-import functools
 import warnings
 
 import torch
 from accelerate.optimizer import AcceleratedOptimizer
 
 from core_ops.optimizers import fused_twin
+from core_ops.optimizers.twins import point_scheduler_at, wants_twin
 from core_ops.parallel import DistributedDataParallel, convert_syncbn_model
 
 
@@ -129,14 +129,13 @@ class _ApexMethods:
             raise ValueError(f"ApexPlugin({apex.opt_level}) needs the model prepared before or together "
                              "with its optimizer: accelerator.prepare(model, optimizer, ...); this optimizer "
                              "holds none of a prepared model's half parameters")
-        if apex.fused_optimizer:
-            twin = fused_twin(inner)
-            if twin is None:
-                warnings.warn(f"ApexPlugin(fused_optimizer=True): {type(inner).__name__} has no core_ops twin "
-                              "(AdamW, Adam, SGD and Adagrad do); it steps as it is", stacklevel=3)
-            else:
-                self._core_ops_twins[id(inner)] = twin
-                inner = twin
+        twin = fused_twin(inner) if wants_twin(inner, apex.fused_optimizer, apex.loop.properties) else None
+        if twin is not None:
+            self._core_ops_twins[id(inner)] = twin
+            inner = twin
+        elif apex.fused_optimizer:  # (an unset one asked for by "remainder": attach names the optimizer)
+            warnings.warn(f"ApexPlugin(fused_optimizer=True): {type(inner).__name__} has no core_ops twin "
+                          "(AdamW, Adam, SGD and Adagrad do); it steps as it is", stacklevel=3)
         if not sharded:
             apex.loop.attach(inner)
         if device_placement is None:
@@ -149,8 +148,7 @@ class _ApexMethods:
     def prepare_scheduler(self, scheduler):
         twin = self._core_ops_twins.get(id(getattr(scheduler, "optimizer", None)))
         if twin is not None:
-            scheduler.optimizer = twin  # the schedule now drives the twin's param groups
-            _mark_steps_for_schedulers(twin)
+            point_scheduler_at(scheduler, twin)
         return super().prepare_scheduler(scheduler)
 
     def backward(self, loss, **kwargs):
@@ -204,21 +202,3 @@ def with_apex(cls):
         _WITH_APEX[cls] = type(cls.__name__, (_ApexMethods, cls), {
             "__module__": cls.__module__, "__qualname__": cls.__qualname__})
     return _WITH_APEX[cls]
-
-
-def _mark_steps_for_schedulers(optimizer):
-    """torch's LR schedulers check that ``optimizer.step()`` ran before their ``step()``
-    through a mark that their constructor's wrapper of ``optimizer.step`` sets; the twin
-    a scheduler drives from now on was never wrapped, so it would warn ("Seems like
-    `optimizer.step()` has been overridden") every run. Its step gets the same mark."""
-    if hasattr(optimizer.step, "_wrapped_by_lr_sched"):
-        return
-    step = optimizer.step
-
-    @functools.wraps(step)
-    def marked_step(*args, **kwargs):
-        optimizer._opt_called = True
-        return step(*args, **kwargs)
-
-    marked_step._wrapped_by_lr_sched = True
-    optimizer.step = marked_step

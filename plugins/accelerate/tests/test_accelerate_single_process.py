@@ -205,7 +205,11 @@ def test_options_come_from_the_environment(monkeypatch):
     plugin = ApexPlugin(sync_bn=True)
     assert (plugin.opt_level, plugin.half_dtype, plugin.message_size, plugin.sync_bn) == (
         "O1", torch.bfloat16, 1_000_000, True)
-    assert ApexPlugin(opt_level="O3").opt_level == "O3"  # the argument wins
+    assert ApexPlugin(opt_level="O1").opt_level == "O1"  # the argument and the variable agree
+    # An argument that overrules a set variable would leave the variable unread: an error.
+    with pytest.raises(ValueError, match="opt_level='O3' and CORE_OPS_OPT_LEVEL='O1' disagree, and the variable "
+                                         "would be ignored: give one of them"):
+        ApexPlugin(opt_level="O3")
     monkeypatch.setenv("CORE_OPS_OPT_LEVEL", "O7")
     with pytest.raises(ValueError, match="CORE_OPS_OPT_LEVEL='O7': expected one of O0, O1, O2, O3"):
         ApexPlugin()
@@ -246,7 +250,7 @@ def test_bad_input_is_refused_with_a_clear_error():
         ApexPlugin(opt_level="O7")
     with pytest.raises(ValueError, match="half_dtype='fp8': expected fp16 or bf16"):
         ApexPlugin(half_dtype="fp8")
-    with pytest.raises(ValueError, match="message_size must be a positive number"):
+    with pytest.raises(ValueError, match="message_size=0: expected an int > 0"):
         ApexPlugin(message_size=0)
     with pytest.raises(ValueError, match="You can only pass one ApexPlugin"):
         Accelerator(kwargs_handlers=[ApexPlugin(), ApexPlugin()])

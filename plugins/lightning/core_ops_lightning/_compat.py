@@ -20,8 +20,11 @@ import functools
 import importlib
 import logging
 import inspect
+import os
+import sys
 import weakref
 
+import torch
 from packaging.version import Version
 
 from . import names
@@ -111,7 +114,88 @@ def _plugins_list(plugins):
     return list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
 
 
-def _wrap_connector(init, precision_cls, base_precision, plugin_attr, what):
+def _check_strategy_name(strategy, registry_names, what):
+    close = names.strategy_near_miss(strategy, registry_names())
+    if close:
+        raise ValueError(f"{what}(strategy={strategy!r}): did you mean {close!r}? core_ops_lightning's strategies "
+                         f"are {', '.join(names.STRATEGIES)}")
+
+
+def _from_environment(bound, precision, plugins, base_precision, what):
+    """Note [Settings that stop the run], in Lightning: the precision of a Trainer or
+    Fabric, given the ``CORE_OPS_*`` variables. ``CORE_OPS_OPT_LEVEL`` with no precision
+    given makes it ``apex-*`` (an ApexPrecision whose settings come from the
+    variables); with another precision given, or another amp variable set while no
+    apex precision runs, nothing would read them: an error says what to write instead.
+    ``CORE_OPS_SYNC_BN`` is the Trainer's ``sync_batchnorm``. The DDP variables are the
+    apex-ddp strategy's (``_check_ddp_variables``)."""
+    from core_ops import settings
+    given = settings.set_in_environment((settings.AMP, settings.PLUGINS))
+    _sync_bn_from_environment(bound, what)
+    apex = names.is_ours(precision) or any(isinstance(p, _apex_types()) for p in plugins)
+    if not given or apex:
+        return precision
+    routed = settings.resolve("lightning")  # a bad value stops here, naming its variable
+    said = ", ".join(f"{k}={v!r}" for k, v in given.items())
+    others = [p for p in plugins if isinstance(p, base_precision)]
+    if "CORE_OPS_OPT_LEVEL" in given and precision is None and not others:
+        return _announced(routed, what)
+    # The name to write: the variables' level and dtype (remainders are bf16's).
+    bf16 = routed["half_dtype"] == torch.bfloat16 or routed["master_weights"] == "remainder"
+    name = names.name_of(routed["opt_level"], torch.bfloat16 if bf16 else torch.float16)
+    runs = (f"precision={precision!r}" if precision is not None else
+            f"plugins={others}" if others else "Lightning's default precision")
+    raise ValueError(f"core-ops: {said} {'is' if len(given) == 1 else 'are'} set, but this {what} runs {runs}, "
+                     f"so nothing would read {'it' if len(given) == 1 else 'them'}. In Lightning, core-ops' opt "
+                     f"level is the precision: write {what}(precision={name!r}) (the variables then fill the "
+                     "options it leaves unset), or leave precision unset and set CORE_OPS_OPT_LEVEL, or unset "
+                     f"{', '.join(given)}")
+
+
+def _announced(routed, what):
+    """The apex-* name that CORE_OPS_OPT_LEVEL gives, said once on rank 0 with every
+    setting it runs with (the "active" line)."""
+    from core_ops import settings
+    name = names.name_of(routed["opt_level"], routed["half_dtype"])
+    if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0" and not _ANNOUNCED.get(what):
+        _ANNOUNCED[what] = True
+        print(f"core-ops: every {what} runs precision={name!r}: ApexPrecision({settings.describe(routed)})",
+              file=sys.stderr, flush=True)
+    return name
+
+
+_ANNOUNCED = {}
+
+
+def _sync_bn_from_environment(bound, what):
+    from core_ops import settings
+    text = os.environ.get("CORE_OPS_SYNC_BN", "").strip()
+    if not text:
+        return
+    wanted = settings.flag(text, "CORE_OPS_SYNC_BN")
+    if what == "Fabric":
+        raise ValueError(f"core-ops: CORE_OPS_SYNC_BN={text!r} is set, but Fabric has no sync_batchnorm: convert the "
+                         "model yourself (core_ops.parallel.convert_syncbn_model(model)), or unset it")
+    if bound.arguments.get("sync_batchnorm") and not wanted:  # (the Trainer always passes it; False: unset)
+        raise ValueError(f"core-ops: Trainer(sync_batchnorm={bound.arguments['sync_batchnorm']!r}) and "
+                         f"CORE_OPS_SYNC_BN={text!r} disagree: give one of them")
+    bound.arguments["sync_batchnorm"] = wanted
+
+
+def _check_ddp_variables(strategy, what):
+    """The variables of core_ops' DistributedDataParallel are read by the apex-ddp
+    strategy; under another one they would do nothing."""
+    from core_ops import settings
+    given = settings.set_in_environment((settings.DDP,))
+    if given and not getattr(strategy, "_core_ops_reads_ddp_settings", False):
+        said = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        raise ValueError(f"core-ops: {said} {'is' if len(given) == 1 else 'are'} set, but this {what} runs "
+                         f"{type(strategy).__name__}, which does not read {'it' if len(given) == 1 else 'them'}: "
+                         f"pass strategy='apex-ddp' (core_ops' DistributedDataParallel), or unset "
+                         f"{', '.join(given)}")
+
+
+def _wrap_connector(init, precision_cls, base_precision, plugin_attr, what, registry_names):
     """The connector's ``__init__``, taking ``apex-*`` names (see the module note);
     ``plugin_attr`` is where the built connector keeps its precision plugin."""
     signature = inspect.signature(init)
@@ -124,6 +208,8 @@ def _wrap_connector(init, precision_cls, base_precision, plugin_attr, what):
         if not names.is_ours(precision) and names.near_miss(precision):
             raise ValueError(f"{what}(precision={precision!r}): did you mean {names.near_miss(precision)!r}? "
                              f"core_ops_lightning's precisions are {', '.join(names.NAMES)}")
+        _check_strategy_name(bound.arguments.get("strategy"), registry_names, what)
+        precision = _from_environment(bound, precision, plugins, base_precision, what)
         if names.is_ours(precision):
             names.parse(precision)  # an unknown name: an error naming the valid ones
             others = [p for p in plugins if isinstance(p, base_precision) and not isinstance(p, _apex_types())]
@@ -139,6 +225,7 @@ def _wrap_connector(init, precision_cls, base_precision, plugin_attr, what):
         if ours or names.is_ours(precision):
             bound.arguments["plugins"] = plugins
         init(*bound.args, **bound.kwargs)
+        _check_ddp_variables(self.strategy, what)
         precision_plugin = getattr(self, plugin_attr, None)
         if isinstance(precision_plugin, _apex_types()):
             strategy = self.strategy
@@ -227,13 +314,13 @@ def install(classes_by_tree):
         return found
     for tree, ns in classes_by_tree.items():
         _APEX_TYPES.extend(c for c in (ns.ApexPrecision, ns.ApexFabricPrecision) if c not in _APEX_TYPES)
-        for cls, precision_cls, base, attr, what in (
+        for cls, precision_cls, base, attr, what, registry in (
                 (tree.trainer_connector, ns.ApexPrecision, tree.trainer.plugins.precision.Precision,
-                 "precision_plugin", "Trainer"),
+                 "precision_plugin", "Trainer", tree.trainer.strategies.StrategyRegistry.available_strategies),
                 (tree.fabric_connector, ns.ApexFabricPrecision, tree.fabric.plugins.precision.Precision,
-                 "precision", "Fabric")):
+                 "precision", "Fabric", tree.fabric.strategies.STRATEGY_REGISTRY.available_strategies)):
             if not getattr(cls.__init__, _MARK, False):
-                cls.__init__ = _wrap_connector(cls.__init__, precision_cls, base, attr, what)
+                cls.__init__ = _wrap_connector(cls.__init__, precision_cls, base, attr, what, registry)
         if not getattr(tree.fabric.Fabric.__init__, _MARK, False):
             tree.fabric.Fabric.__init__ = _introducing_fabric(tree.fabric.Fabric.__init__)
         ns.ApexDDPStrategy.register_strategies(tree.trainer.strategies.StrategyRegistry)

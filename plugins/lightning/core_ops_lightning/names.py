@@ -16,26 +16,65 @@ NAMES = {
 }
 
 
+STRATEGIES = ("apex-ddp", "apex-ddp_spawn", "apex-fsdp")
+
+
 def is_ours(precision):
     return isinstance(precision, str) and precision.startswith(PREFIX)
 
 
+def _key(text):
+    """A name folded for comparison: case, ``_`` / space for ``-``, the ``apex-`` prefix
+    and fp16's explicit suffix (fp16 is the unsuffixed names' dtype) do not matter."""
+    key = text.strip().lower().replace("_", "-").replace(" ", "-")
+    key = key if key.startswith(PREFIX) else PREFIX + key
+    for fp16 in ("-fp16", "-float16", "-half"):
+        key = key.removesuffix(fp16)
+    return key.replace("-bfloat16", "-bf16")
+
+
 def parse(name):
-    """(opt level, half dtype) of a precision name; an error naming the valid ones."""
+    """(opt level, half dtype) of a precision name; an error naming the closest and
+    every valid one."""
     if name not in NAMES:
-        raise ValueError(f"unknown precision {name!r}; core_ops_lightning's are "
+        close = near_miss(name)
+        hint = f"did you mean {close!r}? " if close else ""
+        raise ValueError(f"unknown precision {name!r}; {hint}core_ops_lightning's are "
                          f"{', '.join(NAMES)} (or plugins=[ApexPrecision(opt_level, half_dtype=...)])")
     return NAMES[name]
 
 
+def _closest(text, names, cutoff):
+    if not isinstance(text, str):
+        return None
+    import difflib
+    folded = {_key(n): n for n in names}
+    if _key(text) in folded:
+        return folded[_key(text)]
+    close = difflib.get_close_matches(_key(text), list(folded), n=1, cutoff=cutoff)
+    return folded[close[0]] if close else None
+
+
 def near_miss(precision):
     """The name of ours that ``precision`` misspells (``"apex_O2_bf16"``, ``"O2-bf16"``,
-    ``"APEX-o2"``), or None: Lightning's own error would list only its names."""
-    if not isinstance(precision, str):
+    ``"apex-o2"``, ``"apex-O2-fp16"``), or None: Lightning's own error would list only
+    its names. Lightning's own names (``"bf16-mixed"``) are no miss of ours."""
+    if precision in NAMES or not isinstance(precision, str):
         return None
-    key = precision.strip().lower().replace("_", "-").replace(" ", "-")
-    key = key if key.startswith(PREFIX) else PREFIX + key
-    return next((name for name in NAMES if name.lower() == key), None)
+    folded = _key(precision)
+    if not (is_ours(precision) or folded.removeprefix(PREFIX)[:1] == "o"):
+        return None
+    return _closest(precision, NAMES, cutoff=0.9)  # apex-O7 is no apex-O3
+
+
+def strategy_near_miss(strategy, registered=()):
+    """The strategy of ours that ``strategy`` misspells (``"apex-dpp"``, ``"apex_ddp"``,
+    ``"APEX-FSDP"``), or None for a registered name or one not close to ours."""
+    if not isinstance(strategy, str) or strategy in registered or strategy in STRATEGIES:
+        return None
+    if "apex" not in strategy.lower() and _key(strategy) not in {_key(n) for n in STRATEGIES}:
+        return None
+    return _closest(strategy, STRATEGIES, cutoff=0.75)
 
 
 def name_of(opt_level, half_dtype):

@@ -21,29 +21,44 @@ import contextlib
 
 import torch
 
-from core_ops._environment import plugin_guards
+from core_ops import settings
 from core_ops.amp import AmpLoop
+from core_ops.amp.opt_levels import APEX_ONLY
+from core_ops.optimizers.twins import fused_twin, point_scheduler_at, wants_twin
 
 from .names import is_ours, name_of, parse
 
 
 class _Apex:
-    """What both classes share: the options and the AmpLoop."""
+    """What both classes share: the settings and the AmpLoop."""
 
-    def __init__(self, opt_level="O2", half_dtype=None, **options):
+    def __init__(self, opt_level=None, half_dtype=None, **options):
         """``opt_level``: O0-O3, or a name such as ``"apex-O2-bf16"``; ``half_dtype``:
-        torch.float16 (Apex's, the default) or torch.bfloat16; ``options``: those of
-        ``core_ops.amp.initialize`` (``loss_scale``, ``keep_batchnorm_fp32``,
-        ``master_weights``, ``min_loss_scale``, ...); ``skip_nonfinite`` (default True,
-        or CORE_OPS_SKIP_NONFINITE) and ``max_consecutive_skips`` (default 50, or
-        CORE_OPS_MAX_CONSECUTIVE_SKIPS; 0 never stops)."""
-        level, default = parse(opt_level) if is_ours(opt_level) else (opt_level, torch.float16)
-        # On by default here (unlike amp.initialize, which keeps Apex's behaviour): a
-        # step with inf / nan grads is skipped at every level, and 50 in a row stop.
-        options = plugin_guards(options)
-        self.loop = AmpLoop(level, half_dtype=default if half_dtype is None else half_dtype, **options)
-        self.options = dict(opt_level=level, half_dtype=self.loop.half_dtype, **options)
-        self.precision = name_of(level, self.loop.half_dtype)
+        torch.float16 (Apex's, the default) or torch.bfloat16; ``options``: the settings
+        of Lightning's route (``core_ops.settings``: ``loss_scale``,
+        ``keep_batchnorm_fp32``, ``master_weights``, ``min_loss_scale``, ...,
+        ``skip_nonfinite`` (default True), ``max_consecutive_skips`` (default 50; 0
+        never stops), ``skip_report_seconds``, ``fused_optimizer``). Each left None
+        takes its ``CORE_OPS_*`` variable, else the plugins' default."""
+        spelled = {}
+        if is_ours(opt_level):
+            name = opt_level
+            opt_level, named_dtype = parse(name)
+            spelled["opt_level"] = f"precision={name!r}"
+            # A name fixes the half dtype (apex-O2 is fp16's), unless half_dtype says otherwise.
+            if half_dtype is None and opt_level != "O0":
+                half_dtype, spelled["half_dtype"] = named_dtype, f"precision={name!r}"
+        apex_only = {k: options[k] for k in APEX_ONLY if k in options}  # Apex's own: no variable sets them
+        try:
+            self.settings = settings.resolve(
+                "lightning", dict({k: v for k, v in options.items() if k not in apex_only}, opt_level=opt_level,
+                                  half_dtype=half_dtype), spelled=spelled, also=APEX_ONLY)
+        except TypeError as e:
+            raise TypeError(f"ApexPrecision got {e}") from None
+        self.loop = AmpLoop(routed=self.settings, **apex_only)
+        # What rebuilds it in another tree (_compat): the arguments as given.
+        self.options = dict(options, opt_level=opt_level, half_dtype=half_dtype)
+        self.precision = name_of(self.loop.opt_level, self.loop.half_dtype)
 
     def __repr__(self):
         extra = "".join(f", {k}={v!r}" for k, v in self.options.items() if k not in ("opt_level", "half_dtype"))
@@ -105,6 +120,15 @@ class _TrainerApex(_Apex):
     """The Trainer's hooks (lightning.pytorch's Precision)."""
 
     def connect(self, model, optimizers, lr_schedulers):
+        twins = {}
+        for i, optimizer in enumerate(optimizers):
+            wanted = wants_twin(optimizer, self.settings["fused_optimizer"], self.loop.properties)
+            twin = fused_twin(optimizer) if wanted else None
+            if twin is not None:
+                optimizers[i] = twins[id(optimizer)] = twin
+        for config in lr_schedulers:
+            if id(config.scheduler.optimizer) in twins:
+                point_scheduler_at(config.scheduler, twins[id(config.scheduler.optimizer)])
         for optimizer in optimizers:
             self.loop.attach(optimizer)
         for config in lr_schedulers:

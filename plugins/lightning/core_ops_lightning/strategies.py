@@ -13,7 +13,7 @@ import contextlib
 
 import torch
 
-from core_ops import checkpoints
+from core_ops import checkpoints, settings
 from core_ops.parallel import (DDPOptions, DistributedDataParallel, FSDPOptions, convert_syncbn_model,
                                revert_syncbn_model)
 # Lightning's own DDPStrategy arguments, passed through.
@@ -24,7 +24,11 @@ STRATEGY_ARGS = ("accelerator", "parallel_devices", "cluster_environment", "chec
 def _split(options, where):
     """(core_ops DDP options, Lightning strategy args) of ``options``; torch-DDP-only
     arguments get an error that says what the strategy takes instead."""
-    ddp, options = DDPOptions.split(options)
+    given = {k: options.pop(k) for k in settings.ROUTES["lightning-ddp"] if k in options}
+    # The settings of core_ops' DDP (message_size, ...): each left unset takes its
+    # CORE_OPS_* variable (Note [One declaration per setting]); the rest are DDPOptions'.
+    routed = settings.resolve("lightning-ddp", given)
+    ddp, options = DDPOptions.split(dict(options, **routed.values))
     # core_ops' DDP always finds unused params itself and always reduces into bucket
     # views; these two torch flags have nothing left to choose.
     for flag in ("find_unused_parameters", "gradient_as_bucket_view"):
@@ -96,6 +100,7 @@ class _ApexDDP:
     go here, beside Lightning's own (``start_method``, ``timeout``, ...)."""
 
     strategy_name = "apex-ddp"
+    _core_ops_reads_ddp_settings = True  # the CORE_OPS_* variables of DDP (_compat._check_ddp_variables)
     _torch_sync_bn = _our_sync_bn = None  # the tree's classes, set by strategy_classes
 
     def __init__(self, **options):
@@ -183,6 +188,7 @@ class _ApexFabricDDP(_FabricClipping):
     ``fabric.clip_gradients`` work as with Lightning's own."""
 
     _no_sync = None  # the tree's _NoSync class, set by strategy_classes
+    _core_ops_reads_ddp_settings = True
 
     def __init__(self, **options):
         self.apex_ddp, options = _split(options, "ApexDDPStrategy")

@@ -167,7 +167,7 @@ def test_bad_input_fails_at_construction():
     with pytest.raises(ValueError, match="Fabric\\(precision='apex-O3'\\) cannot run with ModelParallelStrategy.*'apex-fsdp'"):
         L.Fabric(precision="apex-O3", strategy=L.fabric.strategies.ModelParallelStrategy(lambda m, _: m),
                  accelerator="cpu", devices=2)
-    with pytest.raises(TypeError, match="unknown options \\['loss_scal'\\]"):
+    with pytest.raises(TypeError, match=r"ApexPrecision got unknown option loss_scal \(did you mean loss_scale\?\)"):
         ApexPrecision("O2", loss_scal=4)
     with pytest.raises(TypeError, match="arguments of torch's DistributedDataParallel"):
         core_ops_lightning.ApexDDPStrategy(bucket_cap_mb=25)
@@ -177,7 +177,7 @@ def test_bad_input_fails_at_construction():
         core_ops_lightning.ApexFSDPStrategy(tensor_parallel_size=2)
     with pytest.raises(ValueError, match="ApexFSDPStrategy: reduce_dtype must be one of"):
         core_ops_lightning.ApexFSDPStrategy(reduce_dtype=torch.int8)
-    with pytest.raises(ValueError, match="message_size must be a positive number"):
+    with pytest.raises(ValueError, match="message_size=0: expected an int > 0"):
         core_ops_lightning.ApexDDPStrategy(message_size=0)
 
 
