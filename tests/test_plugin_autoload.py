@@ -62,7 +62,7 @@ print(type(acc).__name__, next(model.parameters()).dtype, 'core_ops_accelerate' 
 @pytest.mark.parametrize("env, want", [
     (dict(CORE_OPS_OPT_LEVEL="O2"), "torch.float16 True"),
     (dict(CORE_OPS_OPT_LEVEL="O2", CORE_OPS_AUTOLOAD="0"), "torch.float32 False"),
-    ({}, "torch.float32 False"),  # no opt level: the plugin is not even imported
+    ({}, "torch.float32 False"),  # no variable: the plugin is not even imported
 ], ids=["opt_level", "opt_out", "unset"])
 def test_an_accelerate_script_run_with_python_gets_the_plugin_from_the_environment(env, want):
     proc = python(ACCELERATE, **env)
@@ -111,6 +111,43 @@ def test_core_ops_says_once_that_the_environment_switched_it_on():
     proc = python(ACCELERATE + "\nAccelerator(cpu=True)\n", CORE_OPS_OPT_LEVEL="O2", CORE_OPS_HALF_DTYPE="bf16")
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = [line for line in proc.stderr.splitlines() if line.startswith("core-ops: ")]
-    assert said == ["core-ops: every Accelerator runs with ApexPlugin(opt_level='O2', half_dtype=torch.bfloat16, "
-                    "skip_nonfinite=True, max_consecutive_skips=50), from CORE_OPS_OPT_LEVEL=O2, "
-                    "CORE_OPS_HALF_DTYPE=bf16"], proc.stderr[-2000:]
+    assert len(said) == 1, proc.stderr[-2000:]
+    # Every effective setting, and where the variables set one.
+    assert said[0].startswith("core-ops: every Accelerator runs with ApexPlugin(opt_level=O2 (CORE_OPS_OPT_LEVEL), "
+                              "half_dtype=bfloat16 (CORE_OPS_HALF_DTYPE), loss_scale=None, "), said
+    from core_ops import settings
+    assert all(f"{name}=" in said[0] for name in settings.ROUTES["accelerate"])
+
+
+@pytest.mark.parametrize("env", [dict(CORE_OPS_HALF_DTYPE="bf16"), dict(CORE_OPS_MESSAGE_SIZE="4096")],
+                         ids=["half_dtype", "ddp_option"])
+def test_a_plugin_variable_without_an_opt_level_stops_an_accelerate_script(env):
+    proc = python(ACCELERATE, **env)
+    (name, value), = env.items()
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"ValueError: core-ops: {name}={value!r} is set but CORE_OPS_OPT_LEVEL is not, so nothing would read it: "
+        f"set CORE_OPS_OPT_LEVEL=O2 (O0-O3), or pass kwargs_handlers=[ApexPlugin(opt_level=...)], or unset {name}")
+
+
+LAZY = """
+import types
+class Lazy(types.ModuleType):  # as transformers' _LazyModule: imports on first use, wraps any error
+    def __getattr__(self, name):
+        try:
+            import accelerate
+        except Exception as e:
+            raise ModuleNotFoundError(f"Could not import module {name!r}") from e
+        return accelerate
+Lazy("hub").Accelerator
+"""
+
+
+def test_a_bad_variable_stays_the_last_line_under_a_lazy_importer():
+    proc = python(LAZY, CORE_OPS_OPT_LEVEL="O2", CORE_OPS_HALF_DTYPES="bf16")
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert "ModuleNotFoundError: Could not import module 'Accelerator'" in lines
+    assert lines[-1].startswith("core-ops: CORE_OPS_OPT_LEVEL='O2' asks for core_ops_accelerate, which failed: "
+                                "BadEnvironment: unknown environment variable CORE_OPS_HALF_DTYPES (did you mean "
+                                "CORE_OPS_HALF_DTYPE?)"), lines[-3:]

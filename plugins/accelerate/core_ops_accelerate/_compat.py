@@ -120,9 +120,13 @@ def _from_environment():
         return [plugin]
     if given:
         said = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        # Remainders are bf16's: their fix names the dtype too.
+        bf16 = given.get("CORE_OPS_MASTER_WEIGHTS", "").strip().lower() == "remainder" and \
+            "CORE_OPS_HALF_DTYPE" not in given
         raise ValueError(f"core-ops: {said} {'is' if len(given) == 1 else 'are'} set but CORE_OPS_OPT_LEVEL is "
-                         "not, so nothing would read it: set CORE_OPS_OPT_LEVEL (O2 is the usual one; O0-O3), or "
-                         "pass kwargs_handlers=[ApexPlugin(opt_level=...)], or unset it")
+                         f"not, so nothing would read {'it' if len(given) == 1 else 'them'}: set "
+                         f"CORE_OPS_OPT_LEVEL=O2{' CORE_OPS_HALF_DTYPE=bf16' if bf16 else ''} (O0-O3), or pass "
+                         f"kwargs_handlers=[ApexPlugin(opt_level=...)], or unset {', '.join(given)}")
     return []
 
 
