@@ -102,7 +102,7 @@ def main():
     args = p.parse_args()
     if args.device != "cpu":
         raise SystemExit("bench_ddp runs 2 gloo ranks on CPU")
-    harness.run_gloo_ranks(worker, args)
+    harness.run_ranks(worker, args)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ def main():
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.kind:  # a child: one configuration
-        harness.run_gloo_ranks(worker, args, world_size=args.world)
+        harness.run_ranks(worker, args, world_size=args.world)
         return
     results = {}
     for world in args.worlds:

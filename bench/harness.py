@@ -163,22 +163,25 @@ def write_json(path, rows, **meta):
     print(f"wrote {path}")
 
 
-def run_gloo_ranks(worker, args, world_size=2, timeout_s=300):
+def run_ranks(worker, args, world_size=2, timeout_s=300, backend="gloo"):
     """Runs ``worker(rank, args)`` in ``world_size`` spawned processes joined in one
-    gloo group on loopback, each with ``args.threads`` threads (default 1); the group
-    is torn down after. ``worker`` must be a module-level function (spawn pickles it)."""
+    process group on loopback, each with ``args.threads`` threads (default 1); the group
+    is torn down after. ``backend="nccl"``: rank r on GPU r. ``worker`` must be a
+    module-level function (spawn pickles it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(_gloo_rank, args=(worker, args, world_size, port, timeout_s),
+    torch.multiprocessing.spawn(_rank, args=(worker, args, world_size, port, timeout_s, backend),
                                 nprocs=world_size, join=True)
 
 
-def _gloo_rank(rank, worker, args, world_size, port, timeout_s):
+def _rank(rank, worker, args, world_size, port, timeout_s, backend):
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(args.threads or 1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     try:
         worker(rank, args)

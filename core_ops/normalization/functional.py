@@ -19,10 +19,6 @@ import torch
 from . import fused
 
 
-def _shape(normalized_shape):
-    return (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-
-
 def autocast_dtype(t):
     """The dtype torch.autocast computes in for ``t``'s device, or None outside it."""
     device = t.device.type

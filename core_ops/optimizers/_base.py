@@ -12,7 +12,7 @@ import torch
 from torch.optim import Optimizer
 
 from .. import _build, _validate
-from ..multi_tensor_apply.ops import global_l2norm, multi_tensor_check_finite, multi_tensor_l2norm
+from ..multi_tensor_apply.ops import global_l2norm, multi_tensor_check_finite
 from ._checks import (check_dense, check_given, check_group_keys, check_hyperparameters,
                       check_scale_args)
 from .._sharded import is_sharded, local, locals_of, max_over_meshes, meshes_of

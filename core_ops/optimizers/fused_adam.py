@@ -6,7 +6,7 @@ import warnings
 import torch
 
 from .._library import op
-from ._base import HALF, FusedOptimizer, _write_marks_of
+from ._base import FusedOptimizer, _write_marks_of
 from .._sharded import elementwise, local
 from . import compact_state
 

@@ -18,10 +18,6 @@ def acc_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _acc(t, dtype):
-    return None if t is None else t.to(dtype)
-
-
 def layer_norm_forward(x, weight, bias, eps):
     """``(y, mean, rstd)``: ``y = (x - mean) * rstd * weight + bias`` in the
     accumulation dtype, the statistics per row."""

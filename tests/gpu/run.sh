@@ -7,8 +7,9 @@
 # It ends with one table: step, verdict, seconds, and the failed tests by name; the
 # logs stay in $OUT/gpu_run (default /tmp). Exits 1 if any step failed.
 # Then bench/gpu_targets.py measures every speed target of the GPU issue and prints
-# them as a second table: target, measured value, pass/fail.
-# Budget: the step limits add up to 420 s, build included, so a slow step is cut and
+# them as a second table: target, measured value, pass/fail; bench_syncbn.py times
+# SyncBatchNorm against torch's on every GPU.
+# Budget: the step limits add up to 450 s, build included, so a slow step is cut and
 # reported, never the whole run. The tests run on 8 xdist workers with a per-test
 # timeout: a test that crashes its worker is reported by name as failed and the
 # worker is replaced, so one crash hides no other result.
@@ -58,9 +59,11 @@ step tests 150 $PY -m pytest -q -p no:cacheprovider -n 8 --timeout 120 -rfE \
   -k "(cuda or gpu) and not compiles_for_sm80_and_sm90" \
   tests plugins/lightning/tests plugins/accelerate/tests
 step bench 30 $PY bench/bench_multi_tensor.py --device cuda --numel 200000000 --tensors 200 --repeats 10
+step syncbn 30 $PY bench/bench_syncbn.py --device cuda --repeats 20
 step targets 90 $PY bench/gpu_targets.py --device cuda
 
 echo "---- bench_multi_tensor ----"; grep -E "^\|" "$LOG/bench.log" | tail -n 30
+echo "---- bench_syncbn ----"; grep -E "^\|" "$LOG/syncbn.log"
 echo "---- the GPU issue's targets (bench/gpu_targets.py) ----"; grep -E "^\||^copy|^targets" "$LOG/targets.log"
 echo
 echo "core_ops GPU run: $gpu, arch $CORE_OPS_CUDA_ARCH, logs in $LOG"

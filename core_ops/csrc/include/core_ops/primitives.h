@@ -3,6 +3,21 @@
 // translation units, at::vec::Vectorized<float>. The math headers call these
 // unqualified, so one template serves the CUDA functor, the CPU tail loop and the
 // CPU vector loop (Note [Math written once]).
+//
+// Note [Math written once]: each op's per-element update is one CORE_OPS_HD function
+// template in a header of this folder (adam_math.h, sgd_math.h, lamb_math.h, ...),
+// templated on the value type T: the CPU kernel calls it with Vectorized<float> in
+// its vector loop and with float / double in its tail loop, the CUDA functor with
+// float / double per element. The kernel files (csrc/cpu/*.cpp, csrc/cuda/*.cu) only
+// load, convert and store: they never restate an update. So:
+//   - a change to an op's math is one edit, and CPU and CUDA cannot drift apart;
+//   - every value type sees the same operations in the same order and, built with
+//     -ffp-contract=off (CPU) / -fmad=false (CUDA, _build.py), each + and * rounds
+//     once: the vector loop, the tail loop and the GPU round alike;
+//   - what T lacks beyond + - * / comes from this file (vsqrt, vmax, ...), overloaded
+//     per T and called unqualified; a new primitive is added here for every T;
+//   - scalars (step sizes, bias corrections) are computed once per tensor in double,
+//     then rounded to the math's scalar type, as torch.optim does with Python floats.
 #pragma once
 
 #include <cmath>
