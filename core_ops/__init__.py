@@ -6,10 +6,13 @@ native kernels build on first use (Note [Native build] in ``_build.py``) and eve
 has a pure-PyTorch reference to fall back on.
 """
 
-from . import _environment
+import atexit
+
+from . import _environment, settings
 
 _environment.check()  # a mistyped CORE_OPS_* variable is an error, not a setting ignored
 _environment.warn_plugins_without_autoload()  # an editable plugin install says what it lacks
+atexit.register(settings.say_unread)  # a set variable that no route read is said at least at the end
 
 from . import _library, _fallback  # noqa: F401,E402  (op schemas, then the non-native kernels)
 from ._info import backend_report  # noqa: E402

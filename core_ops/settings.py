@@ -309,6 +309,8 @@ def resolve(route, given=None, environ=None, defaults=None, spelled=None, also=(
     values, sources = {}, {}
     for name in wanted:
         setting = BY_NAME[name]
+        if str(environ.get(setting.env, "")).strip():
+            READ.add(setting.env)
         if name in given:
             values[name], sources[name] = setting.parse(given[name], name), "argument"
             text = str(environ.get(setting.env, "")).strip()
@@ -326,10 +328,38 @@ def resolve(route, given=None, environ=None, defaults=None, spelled=None, also=(
 
 
 def set_in_environment(readers, environ=None):
-    """{variable: text} of the set variables of the settings read by ``readers``."""
+    """{variable: text} of the set variables of the settings read by ``readers`` (each
+    then counts as read: its reader acts on it, or stops the run)."""
+    environ = os.environ if environ is None else environ
+    found = {s.env: environ[s.env] for s in SETTINGS
+             if set(s.readers) & set(readers) and str(environ.get(s.env, "")).strip() != ""}
+    READ.update(found)
+    return found
+
+
+# The variables some route has read in this process (``resolve``, ``set_in_environment``).
+READ = set()
+
+
+def unread(environ=None):
+    """{variable: text} of the set variables no route read: a plain script that sets
+    CORE_OPS_MESSAGE_SIZE but wraps its model itself, say. core_ops' own (CORE) are read
+    at import and at the build."""
     environ = os.environ if environ is None else environ
     return {s.env: environ[s.env] for s in SETTINGS
-            if set(s.readers) & set(readers) and str(environ.get(s.env, "")).strip() != ""}
+            if CORE not in s.readers and s.env not in READ and str(environ.get(s.env, "")).strip() != ""}
+
+
+def say_unread():
+    """At exit, on rank 0: the set variables nothing read, and who reads them. The
+    routes that can stop a run (the plugins, amp) do so at once; this catches the rest."""
+    left = unread()
+    if left and os.environ.get("RANK", "0") == "0":
+        import sys
+        for env, text in left.items():
+            who = ", ".join(READERS[r] for r in BY_ENV[env].readers)
+            print(f"core-ops: {env}={text!r} was set, but nothing in this run read it (it is read by {who}: "
+                  "docs/settings.md)", file=sys.stderr, flush=True)
 
 
 def describe(resolved, names_=None):

@@ -86,3 +86,21 @@ def test_the_docs_table_is_the_declaration():
     text = (ROOT / "docs" / "settings.md").read_text()
     assert settings.markdown_table() in text, "docs/settings.md: paste `python -m core_ops settings --markdown`"
     assert all(f"`{s.env}`" in settings.markdown_table() for s in settings.SETTINGS)
+
+
+def test_a_variable_no_route_read_is_said_at_exit():
+    """A plain script: amp.initialize reads CORE_OPS_LOSS_SCALE; CORE_OPS_MESSAGE_SIZE,
+    read by Accelerate and apex-ddp only, is said at exit on rank 0."""
+    import os
+    import subprocess
+    import sys
+    code = ("import torch; from core_ops import amp; m = torch.nn.Linear(2, 2); "
+            "amp.initialize(m, torch.optim.SGD(m.parameters(), lr=0.1), opt_level='O2', "
+            "half_dtype=torch.bfloat16, verbosity=0)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_OPS_")}
+    env.update(CORE_OPS_LOSS_SCALE="128", CORE_OPS_MESSAGE_SIZE="4096")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = [line for line in proc.stderr.splitlines() if line.startswith("core-ops: ")]
+    assert said == ["core-ops: CORE_OPS_MESSAGE_SIZE='4096' was set, but nothing in this run read it (it is read "
+                    "by Accelerate, apex-ddp: docs/settings.md)"], proc.stderr[-2000:]

@@ -169,7 +169,7 @@ _ANNOUNCED = {}
 
 def _sync_bn_from_environment(bound, what):
     from core_ops import settings
-    text = os.environ.get("CORE_OPS_SYNC_BN", "").strip()
+    text = settings.set_in_environment((settings.ACCELERATE,)).get("CORE_OPS_SYNC_BN", "").strip()
     if not text:
         return
     wanted = settings.flag(text, "CORE_OPS_SYNC_BN")
