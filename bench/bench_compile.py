@@ -47,7 +47,7 @@ def o2_run(args, compiled):
 
 def o2_one_graph_run(args):
     """The whole O2 train step (forward, scale_loss backward, step) as one graph, with
-    dynamo's trace_autograd_ops (docs/core.md, "torch.compile and CUDA graphs")."""
+    dynamo's trace_autograd_ops (docs/compile.md)."""
     model = char_lm_case.model(args).to(args.device)
     opt = FusedAdam(model.parameters(), lr=1e-3, weight_decay=0.01)
     model, opt = amp.initialize(model, opt, opt_level="O2", half_dtype=torch.bfloat16, verbosity=0)

@@ -21,7 +21,7 @@ class FusedAdam(FusedOptimizer):
     overflow and clips by global norm inside the update (see ``FusedOptimizer``);
     state dicts load into and from ``torch.optim.Adam`` / ``AdamW``.
 
-    Half the memory (docs/core.md, "Compact optimizer state"): ``state_dtype``
+    Half the memory (docs/optimizers.md, "Compact optimizer state"): ``state_dtype``
     keeps the moments in ``torch.bfloat16`` or ``"int8"`` (8-bit blockwise, Dettmers
     et al.; tensors under ``min_8bit_size`` elements keep float32); ``master_weights="remainder"``
     keeps each bfloat16 param's fp32 master as the param plus an int16 remainder (2
