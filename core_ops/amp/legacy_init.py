@@ -19,6 +19,7 @@ import contextlib
 import torch
 
 from ..multi_tensor_apply import multi_tensor_scale
+from ..settings import INIT_LOSS_SCALE
 from . import _state
 from .apex_casts import ApexCasts
 from .loss_scaler import LossScaler
@@ -77,7 +78,7 @@ class AmpHandle(DisabledInitHandle):
         dynamic = loss_scale == "dynamic"
         if not dynamic and not (isinstance(loss_scale, (int, float)) and loss_scale > 0):
             raise ValueError(f"loss_scale must be 'dynamic' or a number > 0, got {loss_scale!r}")
-        self._scaler = LossScaler(init_scale=2.0**16 if dynamic else float(loss_scale), dynamic=dynamic)
+        self._scaler = LossScaler(init_scale=INIT_LOSS_SCALE if dynamic else float(loss_scale), dynamic=dynamic)
         self._verbose = verbose
         self._casts = ApexCasts(half_dtype, allow_banned)
         self._autocasts = [torch.autocast(d, dtype=half_dtype, cache_enabled=False) for d in _devices()]

@@ -23,6 +23,7 @@ import torch
 from .. import _validate
 from ..multi_tensor_apply import multi_tensor_check_finite, multi_tensor_scale, update_scale
 from .._sharded import local, max_over_meshes, meshes_of
+from ..settings import INIT_LOSS_SCALE
 from ..optimizers._base import FusedOptimizer
 
 
@@ -102,7 +103,7 @@ class LossScaler:
     non-finite norm to the flag themselves.
     """
 
-    def __init__(self, device=None, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+    def __init__(self, device=None, init_scale=INIT_LOSS_SCALE, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, enabled=True, *, dynamic=True, min_scale=0.0,
                  max_scale=math.inf, hysteresis=1):
         if not init_scale > 0 or not math.isfinite(init_scale):

@@ -24,6 +24,7 @@ import torch
 
 from ....amp.loss_scaler import LossScaler as _DeviceScaler
 from ....multi_tensor_apply import multi_tensor_scale
+from ....settings import INIT_LOSS_SCALE, MAX_LOSS_SCALE
 from .fp16util import clip_grad_norm, zero_grads
 from .._wrapper import ForwardsToOptimizer
 
@@ -46,7 +47,7 @@ def _device_scaler(static_loss_scale, dynamic_loss_scale, dynamic_loss_args):
     if unknown:
         raise TypeError(f"dynamic_loss_args: unknown keys {unknown}; expected some of {sorted(_DYNAMIC_ARGS)}")
     factor = float(args.pop("scale_factor", 2.0))
-    options = dict(init_scale=2.0**16, growth_interval=2000, max_scale=2.0**24)  # Apex's amp defaults
+    options = dict(init_scale=INIT_LOSS_SCALE, growth_interval=2000, max_scale=MAX_LOSS_SCALE)  # Apex's amp defaults
     options.update({_DYNAMIC_ARGS[k]: v for k, v in args.items()})
     if options.get("min_scale") is None:
         options["min_scale"] = 0.0

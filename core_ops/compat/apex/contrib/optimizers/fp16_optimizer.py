@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .....multi_tensor_apply import multi_tensor_l2norm
+from .....settings import INIT_LOSS_SCALE
 from ...fp16_utils.fp16util import zero_grads
 from ...fp16_utils.loss_scaler import windowed_update
 from ..._wrapper import ForwardsToOptimizer
@@ -29,7 +30,7 @@ class FP16_Optimizer(ForwardsToOptimizer):
             self.fp32_groups.append(masters)
             group["params"] = masters
         self.dynamic_loss_scale = bool(dynamic_loss_scale)
-        self.cur_scale = 2**16 if dynamic_loss_scale else static_loss_scale
+        self.cur_scale = INIT_LOSS_SCALE if dynamic_loss_scale else static_loss_scale
         self.cur_iter = 0
         self.last_overflow_iter = -1
         self.scale_factor = 2
