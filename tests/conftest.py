@@ -1,7 +1,12 @@
-"""Devices, dtype ids and the one tolerance table of the test suite."""
+"""Devices, dtype ids, the one tolerance table of the test suite, and the one-rank
+process group of the tests that need a group but not a second rank."""
+
+import datetime
+import socket
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import core_ops  # noqa: F401  (registers the ops)
 
@@ -35,6 +40,18 @@ NORM_TOL = {
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
+
+
+@pytest.fixture
+def world1():
+    """A gloo group of one rank in the test's own process, created and destroyed per test."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=10))
+    yield
+    dist.destroy_process_group()
 
 
 @pytest.fixture

@@ -2,9 +2,6 @@
 in Apex's positional order with its retired keywords, SyncBatchNorm's fuse_relu, z and
 _specify_process_group. In this process, on a gloo group of one rank."""
 
-import datetime
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -12,17 +9,6 @@ from torch import nn
 
 import core_ops.compat.apex  # noqa: F401
 import core_ops.parallel
-
-
-@pytest.fixture
-def world1():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=10))
-    yield
-    dist.destroy_process_group()
 
 
 def test_apex_positional_order(world1):

@@ -6,7 +6,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from one_rank import world1  # noqa: F401  (a fixture)
 from core_ops.parallel import (DistributedDataParallel, Reducer, SyncBatchNorm,
                                create_syncbn_process_group)
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-from one_rank import world1  # noqa: F401  (a fixture)
 from core_ops.torch_patches import fsdp_policy_slots as slots
 
 fsdp = pytest.importorskip("torch.distributed.fsdp")

@@ -3,17 +3,14 @@ releases it applies to, what torch lacks (a reproducer in tools/upstream/ or an 
 and what is lost without it; CORE_OPS_TORCH_PATCHES_OFF=<name> leaves torch as it is
 (checked on torch's own objects, and by a run that behaves unpatched)."""
 
-import datetime
 import importlib
 import pkgutil
 import re
-import socket
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import core_ops.torch_patches as torch_patches
 from core_ops._environment import BadEnvironment
@@ -195,18 +192,7 @@ def test_grad_scaler_flags_off_leaves_grad_scaler_unaware_of_the_step_overflow(o
     assert torch.equal(param.detach(), torch.ones(64))
 
 
-@pytest.fixture
-def one_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=10))
-    yield
-    dist.destroy_process_group()
-
-
-def test_fsdp_policy_slots_off_leaves_fsdp2_state_alone_and_names_the_route(one_rank_group, monkeypatch):
+def test_fsdp_policy_slots_off_leaves_fsdp2_state_alone_and_names_the_route(world1, monkeypatch):
     from torch.distributed.fsdp import fully_shard
 
     from core_ops import amp

@@ -11,8 +11,6 @@ policy into FSDP2's private state (core_ops/torch_patches/fsdp_policy_slots.py).
 status 1 when the limitation shows.
 """
 
-import datetime
-import socket
 import sys
 
 import torch
@@ -22,11 +20,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 
 def main():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # this process alone
     try:
         model = nn.Sequential(nn.Linear(4, 4))
         fully_shard(model)
