@@ -16,19 +16,8 @@ atexit.register(settings.say_unread)  # a set variable that no route read is sai
 
 from . import _library, _fallback  # noqa: F401,E402  (op schemas, then the non-native kernels)
 from ._info import backend_report  # noqa: E402
-from .multi_tensor_apply import (  # noqa: E402
-    clip_grad_norm_,
-    multi_tensor_axpby,
-    multi_tensor_check_finite,
-    multi_tensor_l2norm,
-    multi_tensor_scale,
-    multi_tensor_unscale_l2norm,
-    update_scale,
-)
+from . import multi_tensor_apply as _mta  # noqa: E402
 
+globals().update({name: getattr(_mta, name) for name in _mta.OPS})  # the multi-tensor ops, at the top
 __version__ = "0.1.0"
-
-__all__ = [
-    "backend_report", "clip_grad_norm_", "multi_tensor_axpby", "multi_tensor_check_finite", "multi_tensor_l2norm",
-    "multi_tensor_scale", "multi_tensor_unscale_l2norm", "update_scale",
-]
+__all__ = ["backend_report", *_mta.OPS]

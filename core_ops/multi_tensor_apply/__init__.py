@@ -1,21 +1,11 @@
 """Multi-tensor ops (plain functions) and Apex's applier convention."""
 
 from .applier import MultiTensorApply, multi_tensor_applier
-from .ops import (
-    clip_grad_norm_,
-    multi_tensor_axpby,
-    multi_tensor_check_finite,
-    multi_tensor_l2norm,
-    multi_tensor_scale,
-    multi_tensor_unscale_l2norm,
-    update_scale,
-)
+from . import ops
+from .ops import *  # noqa: F401,F403  (the ops, ops.__all__)
 
-__all__ = [
-    "MultiTensorApply", "amp_C", "clip_grad_norm_", "multi_tensor_applier", "multi_tensor_axpby",
-    "multi_tensor_check_finite", "multi_tensor_l2norm", "multi_tensor_scale",
-    "multi_tensor_unscale_l2norm", "update_scale",
-]
+OPS = tuple(ops.__all__)
+__all__ = ["MultiTensorApply", "amp_C", "multi_tensor_applier", *OPS]
 
 
 def __getattr__(name):

@@ -9,6 +9,10 @@ from .. import _build, _validate
 from .._library import op
 from .._sharded import is_sharded, locals_of, whole_norms
 
+# The public ops (core_ops exports them at its top level too).
+__all__ = ["clip_grad_norm_", "multi_tensor_axpby", "multi_tensor_check_finite", "multi_tensor_l2norm",
+           "multi_tensor_scale", "multi_tensor_unscale_l2norm", "update_scale"]
+
 
 def _prepare(*named_lists):
     """Cheap checks, then the device's native kernels made available if they can be."""
