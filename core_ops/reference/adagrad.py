@@ -2,16 +2,15 @@
 csrc/include/core_ops/adagrad_math.h) plus Apex's decoupled adagrad_w_mode."""
 
 from .._validate import check_optimizer_lists
-from .adam import scaled_grad, weights_in_state_dtype, write_back
+from .adam import scaled_grad, step_lr, weights_in_state_dtype, write_back
 
 
 def fused_adagrad_(params, grads, state_sums, master_params, steps, lr, lr_decay, eps,
                    weight_decay, adagrad_w_mode, maximize, lr_tensor, grad_scale, found_inf):
     check_optimizer_lists(params, grads, steps, state_sums=state_sums, master_params=master_params or None)
-    if found_inf is not None and found_inf.item() > 0:
+    lr = step_lr(lr, lr_tensor, found_inf)
+    if lr is None:
         return
-    if lr_tensor is not None:
-        lr = lr_tensor.item()
     for i, param in enumerate(params):
         steps[i].add_(1)
         clr = lr / (1 + (steps[i].item() - 1) * lr_decay)

@@ -32,6 +32,14 @@ def scaled_grad(grad, dtype, grad_scale, maximize):
     return -g if maximize else g
 
 
+def step_lr(lr, lr_tensor, found_inf):
+    """The lr this step uses (``lr_tensor``'s when given, read on the host), or None when
+    ``found_inf`` says the step is skipped."""
+    if found_inf is not None and found_inf.item() > 0:
+        return None
+    return lr if lr_tensor is None else lr_tensor.item()
+
+
 def write_back(param, weights, x):
     if x is not weights:
         weights.copy_(x)
@@ -45,10 +53,9 @@ def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_pa
     check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
                           max_exp_avg_sqs=max_exp_avg_sqs if amsgrad else None,
                           master_params=master_params or None)
-    if found_inf is not None and found_inf.item() > 0:
+    lr = step_lr(lr, lr_tensor, found_inf)
+    if lr is None:
         return
-    if lr_tensor is not None:
-        lr = lr_tensor.item()
     for i, param in enumerate(params):
         steps[i].add_(1)
         weights, x = weights_in_state_dtype(param, master_params, i)

@@ -2,7 +2,7 @@
 csrc/include/core_ops/lamb_math.h, per tensor, in the state dtype)."""
 
 from .._validate import check_optimizer_lists
-from .adam import scaled_grad, weights_in_state_dtype, write_back
+from .adam import scaled_grad, step_lr, weights_in_state_dtype, write_back
 
 
 def fused_lamb_stage1_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates, beta1,
@@ -34,10 +34,9 @@ def fused_lamb_stage1_(params, grads, exp_avgs, exp_avg_sqs, master_params, step
 def fused_lamb_stage2_(params, master_params, updates, param_norms, update_norms, lr, weight_decay,
                        use_nvlamb, lr_tensor, found_inf):
     check_optimizer_lists(params, params, None, updates=updates, master_params=master_params or None)
-    if found_inf is not None and found_inf.item() > 0:
+    lr = step_lr(lr, lr_tensor, found_inf)
+    if lr is None:
         return
-    if lr_tensor is not None:
-        lr = lr_tensor.item()
     for i, param in enumerate(params):
         pn, un = param_norms[i].item(), update_norms[i].item()
         ratio = pn / un if (use_nvlamb or weight_decay != 0) and pn > 0 and un > 0 else 1.0

@@ -8,7 +8,7 @@ import math
 import torch
 
 from .._validate import check_optimizer_lists, check_per_tensor_state
-from .adam import scaled_grad, weights_in_state_dtype, write_back
+from .adam import scaled_grad, step_lr, weights_in_state_dtype, write_back
 
 
 def fused_novograd_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type,
@@ -18,10 +18,9 @@ def fused_novograd_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, 
     check_per_tensor_state(params, exp_avg_sqs=exp_avg_sqs, grad_norms=grad_norms)
     if norm_type not in (0, 2):
         raise ValueError(f"norm_type must be 2 (L2) or 0 (infinity norm), got {norm_type}")
-    if found_inf is not None and found_inf.item() > 0:
+    lr = step_lr(lr, lr_tensor, found_inf)
+    if lr is None:
         return
-    if lr_tensor is not None:
-        lr = lr_tensor.item()
     scale = grad_scale.item() if grad_scale is not None else 1.0
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
     for i, param in enumerate(params):

@@ -4,7 +4,7 @@ csrc/include/core_ops/sgd_math.h) plus Apex's wd_after_momentum, per tensor."""
 import torch
 
 from .._validate import check_optimizer_lists
-from .adam import scaled_grad, weights_in_state_dtype, write_back
+from .adam import scaled_grad, step_lr, weights_in_state_dtype, write_back
 
 
 def fused_sgd_(params, grads, momentum_buffers, master_params, lr, momentum, dampening,
@@ -12,10 +12,9 @@ def fused_sgd_(params, grads, momentum_buffers, master_params, lr, momentum, dam
                grad_scale, found_inf):
     check_optimizer_lists(params, grads, None, momentum_buffers=momentum_buffers if momentum else None,
                           master_params=master_params or None)
-    if found_inf is not None and found_inf.item() > 0:
+    lr = step_lr(lr, lr_tensor, found_inf)
+    if lr is None:
         return
-    if lr_tensor is not None:
-        lr = lr_tensor.item()
     for i, param in enumerate(params):
         weights, x = weights_in_state_dtype(param, master_params, i)
         r = _rounding(param, master_params)
