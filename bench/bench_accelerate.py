@@ -15,8 +15,6 @@ ratio is the median over the alternations of each pair's ratio of median step ti
 runs under ``accelerate launch`` (started here with ACCELERATE_USE_CPU=1).
 """
 
-import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -65,24 +63,9 @@ def case_ddp(args):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5, help="alternations of the two runs")
-    p.add_argument("--steps", type=int, default=40, help="steps per run")
-    p.add_argument("--case", choices=["all", "ddp"], default="all")
-    args = p.parse_args()
-    torch.set_num_threads(1)
-    if args.case == "ddp":
-        case_ddp(args)
-        return
-    rows = [case_o2(args)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONWARNINGS="ignore")
-    accelerate = str(Path(sys.executable).with_name("accelerate"))
-    rows.append(harness.child_row([accelerate, "launch", "--multi_gpu", "--num_processes", "2", __file__, "--case",
-                                   "ddp", "--repeats", str(args.repeats), "--steps", str(args.steps)],
-                                  env, "O0, 2 ranks", "fp32 + torch DDP", 1.0))
-    print(f"one thread per process, {args.repeats} alternations x {args.steps} steps "
-          f"({WARMUP} warm-up steps left out of each)\n")
-    harness.compare(rows)
+    launch = [str(Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes", "2"]
+    harness.framework_main(__doc__, case_o2, case_ddp, launch, dict(ACCELERATE_USE_CPU="1"), "O0, 2 ranks",
+                           "fp32 + torch DDP", WARMUP)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ pool every run); the first 5 steps of each run are warm-up and left out. The DDP
 with ``--case ddp``, which Lightning's launcher starts again for rank 1.
 """
 
-import argparse
-import os
 import statistics
 import sys
 import time
@@ -140,22 +138,8 @@ def case_ddp(args):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5, help="alternations of the two runs")
-    p.add_argument("--steps", type=int, default=40, help="steps per run")
-    p.add_argument("--case", choices=["all", "ddp"], default="all")
-    args = p.parse_args()
-    torch.set_num_threads(1)
-    if args.case == "ddp":
-        case_ddp(args)
-        return
-    rows = [case_o2(args)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    rows.append(harness.child_row([sys.executable, __file__, "--case", "ddp", "--repeats", str(args.repeats),
-                                   "--steps", str(args.steps)], env, "O0 + apex-ddp, 2 ranks", "32-true + ddp", 1.0))
-    print(f"one thread per process, {args.repeats} alternations x {args.steps} steps "
-          f"({WARMUP} warm-up steps left out of each)\n")
-    harness.compare(rows)
+    harness.framework_main(__doc__, case_o2, case_ddp, [sys.executable], {}, "O0 + apex-ddp, 2 ranks",
+                           "32-true + ddp", WARMUP)
 
 
 if __name__ == "__main__":

@@ -212,3 +212,26 @@ def report(rows, args):
     compare(rows)
     if args.json:
         write_json(args.json, rows, args=vars(args))
+
+
+def framework_main(doc, case_one, case_ddp, launcher, env, ddp_case, ddp_baseline, warmup):
+    """``main()`` of a framework's bench (bench_lightning, bench_accelerate): the
+    one-process case here, then the 2-rank case in a child that ``launcher`` (the command
+    before this file) starts with ``--case ddp`` and that ``emit_row``s on rank 0."""
+    import sys
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5, help="alternations of the two runs")
+    p.add_argument("--steps", type=int, default=40, help="steps per run")
+    p.add_argument("--case", choices=["all", "ddp"], default="all")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    if args.case == "ddp":
+        case_ddp(args)
+        return
+    rows = [case_one(args)]
+    child = [*launcher, sys.argv[0], "--case", "ddp", "--repeats", str(args.repeats), "--steps", str(args.steps)]
+    rows.append(child_row(child, dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **env), ddp_case,
+                          ddp_baseline, 1.0))
+    print(f"one thread per process, {args.repeats} alternations x {args.steps} steps "
+          f"({warmup} warm-up steps left out of each)\n")
+    compare(rows)
