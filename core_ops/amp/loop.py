@@ -29,6 +29,7 @@ import weakref
 import torch
 
 from .. import settings
+from .._forwarding import forwarded
 from ..multi_tensor_apply import clip_grad_norm_ as _clip_grads
 from ..torch_patches import ddp_init_broadcast
 from . import _state, opt_levels
@@ -70,13 +71,8 @@ class AmpLoop:
         self._scaled_since_update = False  # grads of an optimizer attached late are scaled too
         self._device_type = None
 
-    @property
-    def opt_level(self):
-        return self.properties.opt_level
-
-    @property
-    def half_dtype(self):
-        return self.properties.half_dtype
+    opt_level = forwarded("properties", "opt_level")
+    half_dtype = forwarded("properties", "half_dtype")
 
     @property
     def casts_model(self):

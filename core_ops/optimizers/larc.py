@@ -7,6 +7,7 @@ from collections import OrderedDict, defaultdict
 import torch
 from torch.optim import Optimizer
 
+from .._forwarding import forwarded
 from ..multi_tensor_apply import multi_tensor_l2norm
 from ._checks import check_scale_args
 
@@ -50,21 +51,9 @@ class LARC(Optimizer):
     def __repr__(self):
         return f"LARC({self.optim!r}, trust_coefficient={self.trust_coefficient}, clip={self.clip})"
 
-    @property
-    def state(self):
-        return self.optim.state
-
-    @property
-    def param_groups(self):
-        return self.optim.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value):
-        self.optim.param_groups = value
-
-    @property
-    def defaults(self):
-        return self.optim.defaults
+    state = forwarded("optim", "state")
+    param_groups = forwarded("optim", "param_groups", settable=True)
+    defaults = forwarded("optim", "defaults")
 
     # The wrapped optimizer's state dict, with the state-dict hooks registered on LARC
     # itself run around it, as torch.optim.Optimizer runs them. (Global step hooks see

@@ -2,21 +2,11 @@
 they wrap, so that LR schedulers' and scripts' reads and writes reach it."""
 
 
+from ..._forwarding import forwarded
+
+
 class ForwardsToOptimizer:
     """``state`` and ``param_groups`` are those of ``self.optimizer``."""
 
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value):
-        self.optimizer.state = value
-
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value):
-        self.optimizer.param_groups = value
+    state = forwarded("optimizer", "state", settable=True)
+    param_groups = forwarded("optimizer", "param_groups", settable=True)

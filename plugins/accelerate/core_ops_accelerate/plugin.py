@@ -14,6 +14,7 @@ from typing import Any
 from accelerate.utils import KwargsHandler
 
 from core_ops import settings
+from core_ops._forwarding import forwarded
 from core_ops.amp import AmpLoop
 from core_ops.parallel import DDPOptions
 
@@ -43,16 +44,6 @@ def _load_state_dict(self, state_dict):
     self.loop.load_state_dict(state_dict)
 
 
-def _loss_scale_value(self):
-    """The current loss scale, a float (a host sync)."""
-    return self.loop.loss_scale
-
-
-def _skipped_steps(self):
-    """Optimizer steps skipped for inf / nan grads so far (a host sync)."""
-    return self.loop.skipped_steps
-
-
 def _to_dict(self):  # KwargsHandler's: the options, without the loop
     return {name: getattr(self, name) for name in FIELDS}
 
@@ -60,8 +51,10 @@ def _to_dict(self):  # KwargsHandler's: the options, without the loop
 ApexPlugin = dataclasses.make_dataclass(
     "ApexPlugin", [(name, Any, None) for name in FIELDS], bases=(KwargsHandler,),
     namespace={"__post_init__": _post_init, "ddp_options": _ddp_options, "state_dict": _state_dict,
-               "load_state_dict": _load_state_dict, "loss_scale_value": property(_loss_scale_value),
-               "skipped_steps": property(_skipped_steps), "to_dict": _to_dict,
+               "load_state_dict": _load_state_dict,
+               "loss_scale_value": forwarded("loop", "loss_scale", "The current loss scale, a float (a host sync)."),
+               "skipped_steps": forwarded("loop", "skipped_steps", "Optimizer steps skipped for inf / nan grads so "
+                                                                   "far (a host sync)."), "to_dict": _to_dict,
                "__module__": __name__})
 ApexPlugin.__doc__ = (
     "core_ops in an Accelerator: ``Accelerator(kwargs_handlers=[ApexPlugin(opt_level=\"O2\")])``.\n\n"

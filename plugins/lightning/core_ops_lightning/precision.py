@@ -22,6 +22,7 @@ import contextlib
 import torch
 
 from core_ops import settings
+from core_ops._forwarding import forwarded
 from core_ops.amp import AmpLoop
 from core_ops.amp.opt_levels import APEX_ONLY
 from core_ops.optimizers.twins import fused_twin, point_scheduler_at, wants_twin
@@ -66,15 +67,8 @@ class _Apex:
 
     # ---- what users read ------------------------------------------------------------
 
-    @property
-    def loss_scale(self):
-        """The current loss scale, a float (a host sync)."""
-        return self.loop.loss_scale
-
-    @property
-    def skipped_steps(self):
-        """Steps skipped for inf / nan grads so far (a host sync)."""
-        return self.loop.skipped_steps
+    loss_scale = forwarded("loop", "loss_scale", "The current loss scale, a float (a host sync).")
+    skipped_steps = forwarded("loop", "skipped_steps", "Steps skipped for inf / nan grads so far (a host sync).")
 
     def step_was_skipped(self, optimizer):
         return self.loop.step_was_skipped(getattr(optimizer, "optimizer", optimizer))
