@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .model_casting import cast_tree
+from .model_casting import cast_tree, floating_tensors
 
 _FP16 = {
     F: ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "conv_tbc",
@@ -103,21 +103,9 @@ def _rules():
 RULES = _rules()
 
 
-def _floating(value):
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point():
-            yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _floating(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _floating(v)
-
-
 def _widest(args, kwargs):
     widest = None
-    for t in _floating((args, kwargs)):
+    for t in floating_tensors((args, kwargs)):
         widest = t.dtype if widest is None else torch.promote_types(widest, t.dtype)
     return widest
 
@@ -125,7 +113,7 @@ def _widest(args, kwargs):
 def _autocast_off(args, kwargs):
     """A block with autocast off for the device types of the floating-point arguments."""
     stack = contextlib.ExitStack()
-    for device_type in sorted({t.device.type for t in _floating((args, kwargs))}):
+    for device_type in sorted({t.device.type for t in floating_tensors((args, kwargs))}):
         stack.enter_context(torch.autocast(device_type, enabled=False))
     return stack
 

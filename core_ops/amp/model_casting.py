@@ -19,6 +19,19 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from . import masters
 
 
+def floating_tensors(value):
+    """The floating tensors in ``value`` (nested lists, tuples, dicts), in order."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from floating_tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from floating_tensors(v)
+
+
 def cast_tree(value, dtype, batch_objects=False):
     """Floating tensors in ``value`` (nested lists, tuples, mappings) cast to ``dtype``.
     With ``batch_objects`` (a model's inputs, as Apex's input caster did), other objects

@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from .model_casting import cast_tree
+from .model_casting import cast_tree, floating_tensors
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -36,22 +36,11 @@ def _half_dtype(device_type):
 
 
 def _widest(args, kwargs):
-    dtypes = [t.dtype for t in _tensors((args, kwargs)) if t.is_floating_point()]
+    dtypes = [t.dtype for t in floating_tensors((args, kwargs))]
     widest = dtypes[0] if dtypes else None
     for d in dtypes[1:]:
         widest = torch.promote_types(widest, d)
     return widest
-
-
-def _tensors(value):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _tensors(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _tensors(v)
 
 
 def _wrap(fn, cast):
