@@ -151,6 +151,12 @@ def fused_optimizer(value, where):
     return None if value is None else flag(value, where)
 
 
+def patch_names(value, where):
+    """The patches to torch a value leaves out (core_ops.torch_patches checks the names)."""
+    from .torch_patches._patch import VARIABLE, switched_off
+    return ",".join(sorted(switched_off({VARIABLE: str(value)})))
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
     name: str  # the argument's name, in every route that takes it as an argument
@@ -184,7 +190,7 @@ SETTINGS = (
             "1: show the compiler's output"),
     Setting("autoload", "CORE_OPS_AUTOLOAD", _choice("0", "1"), "1", (CORE,),
             "0: the plugins do not load themselves when Lightning / Accelerate is imported", off="0"),
-    Setting("torch_patches_off", "CORE_OPS_TORCH_PATCHES_OFF", lambda v, w: str(v), None, (CORE,),
+    Setting("torch_patches_off", "CORE_OPS_TORCH_PATCHES_OFF", patch_names, None, (CORE,),
             "the patches to torch left out: their names, comma-separated, or all (docs/torch-patches.md)"),
     # the opt level and its options (amp.initialize, AmpLoop, both plugins)
     Setting("opt_level", "CORE_OPS_OPT_LEVEL", opt_level, "O1", (AMP,),

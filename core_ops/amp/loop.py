@@ -32,7 +32,7 @@ from .. import settings
 from .._forwarding import forwarded
 from ..multi_tensor_apply import clip_grad_norm_ as _clip_grads
 from ..torch_patches import ddp_init_broadcast
-from . import _state, opt_levels
+from . import opt_levels
 from .amp_optimizer import AmpOptimizer
 from .preparation import (check_half_supported, check_models, make_masters, make_state, prepare_model, publish,
                           remainder_seeds, uncompiled)
