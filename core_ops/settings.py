@@ -166,7 +166,7 @@ class Setting:
     readers: tuple  # CORE, AMP, PLUGINS, DDP, ACCELERATE: who reads it
     doc: str
     plugin_default: Any = _UNSET  # the plugins' default where it differs from Apex's
-    off: str = ""  # the value that means never / off, for the docs ("0: never")
+    off: str = ""  # the value that means never / off, for the docs
 
     def default_for(self, route):
         if route in ("lightning", "accelerate") and self.plugin_default is not _UNSET:
@@ -214,10 +214,10 @@ SETTINGS = (
             plugin_default=True, off="0"),
     Setting("max_consecutive_skips", "CORE_OPS_MAX_CONSECUTIVE_SKIPS", never_or_count, 0, (AMP,),
             "stop with NonFiniteTraining, naming the non-finite grads, after N skipped steps in a row",
-            plugin_default=50, off="0: never"),
+            plugin_default=50, off="0"),
     Setting("skip_report_seconds", "CORE_OPS_SKIP_REPORT_SECONDS", _number(float, 0, strict=False), 0.0, (AMP,),
             "rank 0 prints a line when steps were skipped: how many, the scale, the culprit; at most one "
-            "line each N seconds", plugin_default=60.0, off="0: never"),
+            "line each N seconds", plugin_default=60.0, off="0"),
     # the plugins'
     Setting("fused_optimizer", "CORE_OPS_FUSED_OPTIMIZER", fused_optimizer, None, (PLUGINS,),
             "step a torch.optim AdamW / Adam / SGD / Adagrad with its core_ops twin (default: when "
@@ -382,14 +382,14 @@ def describe(resolved, names_=None):
 
 def markdown_table():
     """docs/settings.md's table, made from SETTINGS."""
-    rows = ["| variable | argument | read by | default (plugins) | meaning |", "|---|---|---|---|---|"]
+    rows = ["| variable | argument | read by | default (the plugins') | off / never | meaning |",
+            "|---|---|---|---|---|---|"]
     for s in SETTINGS:
         default = "unset" if s.default is None else str(s.default)
         if s.plugin_default is not _UNSET:
             default += f" ({s.plugin_default})"
-        off = f" {s.off}." if s.off and ":" in s.off else ""
         readers = ", ".join(READERS[r] for r in s.readers)
-        rows.append(f"| `{s.env}` | `{s.name}` | {readers} | {default} | {s.doc}.{off} |")
+        rows.append(f"| `{s.env}` | `{s.name}` | {readers} | {default} | {s.off} | {s.doc} |")
     return "\n".join(rows) + "\n"
 
 
