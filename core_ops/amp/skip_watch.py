@@ -79,6 +79,10 @@ def describe_grads(state, amps):
     return describe(grad_report(named_amp_grads(state, amps)))
 
 
+def _to_stderr(line):
+    print(line, file=sys.stderr, flush=True)
+
+
 def _rank():
     import torch.distributed as dist
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -94,7 +98,7 @@ class SkipWatch:
     def __init__(self, limit=0, report_seconds=0.0, say=None):
         self.limit = limit or 0  # checked by settings.resolve
         self.report_seconds = report_seconds or 0.0
-        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.say = say or _to_stderr  # (a function of the module: a spawned rank gets the watch pickled)
         self._counts = None  # [skips in a row, skips in all], int64 on the device
         self._host = None  # their copy on the host (GPU), and the event that says it landed
         self._landed = None
