@@ -3,6 +3,8 @@ classes in a checkpoint (amp's and AmpLoop's state, the loss scaler, each fused
 optimizer's state in every layout), and what loads is what was saved."""
 
 import io
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +12,11 @@ from torch import nn
 
 from core_ops import amp
 from core_ops.amp import AmpLoop, LossScaler
-from core_ops.optimizers import FusedAdagrad, FusedAdam, FusedLAMB, FusedMixedPrecisionLamb, FusedNovoGrad, FusedSGD
+from core_ops.optimizers import FusedAdam
+
+sys.path.insert(0, str(Path(__file__).parent / "optimizers"))
+from optim_cases import DEVICES  # noqa: E402
+from optimizer_registry import cases  # noqa: E402
 
 
 def round_trip(obj):
@@ -22,7 +28,7 @@ def round_trip(obj):
 
 def same(a, b):
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
@@ -30,40 +36,28 @@ def same(a, b):
     return a == b or (a != a and b != b)
 
 
-OPTIMIZERS = {
-    "adam": (lambda ps: FusedAdam(ps, lr=1e-3, skip_nonfinite=True), torch.float32),
-    "adam-capturable": (lambda ps: FusedAdam(ps, lr=1e-3, capturable=True), torch.float32),
-    "adam-masters": (lambda ps: FusedAdam(ps, lr=1e-3, master_weights=True), torch.bfloat16),
-    "adam-remainders-8bit": (lambda ps: FusedAdam(ps, lr=1e-3, master_weights="remainder", state_dtype="int8",
-                                                  min_8bit_size=1), torch.bfloat16),
-    "adam-bf16-moments": (lambda ps: FusedAdam(ps, lr=1e-3, state_dtype=torch.bfloat16), torch.float32),
-    "sgd": (lambda ps: FusedSGD(ps, lr=0.1, momentum=0.9), torch.float32),
-    "lamb": (lambda ps: FusedLAMB(ps, lr=1e-3), torch.float32),
-    "mixed-lamb": (lambda ps: FusedMixedPrecisionLamb(ps, lr=1e-3, reduced_precision_dtype=torch.bfloat16),
-                   torch.bfloat16),
-    "novograd": (lambda ps: FusedNovoGrad(ps, lr=1e-3), torch.float32),
-    "adagrad": (lambda ps: FusedAdagrad(ps, lr=0.1), torch.float32),
-}
-
-
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_every_fused_optimizer_state_dict_loads_weights_only(name):
-    make, dtype = OPTIMIZERS[name]
+@pytest.mark.parametrize("info,config", cases("state_dict", variants=True))
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_fused_optimizer_state_dict_loads_weights_only(device, info, config):
+    """Each optimizer of the registry (optimizer_registry.py, generic test "state_dict")
+    in each of its variants, on each device; an optimizer that loads it resumes with
+    the same step."""
     g = torch.Generator().manual_seed(0)
-    ps = [torch.randn(n, generator=g).to(dtype).requires_grad_() for n in (300, 40)]
-    opt = make(ps)
+    ps = [torch.randn(n, generator=g).to(device, config.dtype).requires_grad_() for n in (300, 40)]
+    opt = info.make(ps, config, skip_nonfinite=True)  # the guard's count is no state: nothing pickled
     for _ in range(2):
         for p in ps:
-            p.grad = torch.randn(p.shape, generator=g).to(dtype)
+            p.grad = torch.randn(p.shape, generator=g).to(device, config.dtype)
         opt.step()
     saved = opt.state_dict()
     loaded = round_trip(saved)
     assert same(saved, loaded)
     twin_ps = [p.detach().clone().requires_grad_() for p in ps]
-    twin = make(twin_ps)
+    twin = info.make(twin_ps, config, skip_nonfinite=True)
     twin.load_state_dict(loaded)  # and it resumes: one more step of each is the same step
-    for p, q in zip(ps, twin_ps):
-        p.grad = q.grad = torch.randn(p.shape, generator=g).to(dtype)
+    for p, q in zip(ps, twin_ps):  # each its own: a step writes its grads back (unscaled, clipped)
+        p.grad = torch.randn(p.shape, generator=g).to(device, config.dtype)
+        q.grad = p.grad.clone()
     opt.step(), twin.step()
     for p, q in zip(ps, twin_ps):
         assert torch.equal(p, q)

@@ -65,13 +65,15 @@ class FusedLAMB(FusedOptimizer):
 class FusedMixedPrecisionLamb(FusedLAMB):
     """LAMB for reduced-precision params with float32 master weights, as Apex's
     ``FusedMixedPrecisionLamb``: the model's params stay in ``reduced_precision_dtype``
-    (fp16 or bf16), the optimizer updates float32 masters (saved in the state dict)."""
+    (fp16 or bf16), the optimizer updates float32 masters (saved in the state dict).
+    Beyond Apex, as every fused optimizer: ``maximize`` and ``skip_nonfinite``."""
 
     _pickled_attrs = (*FusedLAMB._pickled_attrs, "reduced_precision_dtype")
 
     def __init__(self, params, lr=1e-3, step=0, bias_correction=True, betas=(0.9, 0.999), eps=1e-6,
                  weight_decay=0.01, amsgrad=False, adam_w_mode=True, grad_averaging=True,
-                 max_grad_norm=1.0, use_nvlamb=False, reduced_precision_dtype=None, set_grad_none=True):
+                 max_grad_norm=1.0, use_nvlamb=False, reduced_precision_dtype=None, set_grad_none=True,
+                 maximize=False, skip_nonfinite=False):
         if reduced_precision_dtype not in (None, *HALF):
             raise ValueError(f"reduced_precision_dtype must be torch.float16 or torch.bfloat16, got "
                              f"{reduced_precision_dtype}")
@@ -80,8 +82,9 @@ class FusedMixedPrecisionLamb(FusedLAMB):
         defaults = dict(_lamb_defaults(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
                                        weight_decay=weight_decay, amsgrad=amsgrad, adam_w_mode=adam_w_mode,
                                        grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
-                                       use_nvlamb=use_nvlamb, maximize=False), step=step)
-        FusedOptimizer.__init__(self, params, defaults, set_grad_none=set_grad_none, master_weights=True)
+                                       use_nvlamb=use_nvlamb, maximize=maximize), step=step)
+        FusedOptimizer.__init__(self, params, defaults, set_grad_none=set_grad_none, master_weights=True,
+                                skip_nonfinite=skip_nonfinite)
 
     def _check_group(self, group, where):
         super()._check_group(group, where)

@@ -1,5 +1,7 @@
-"""Cases of tests/amp/test_compile.py: the fused optimizers and the six-step amp
-training runs compared eager / compiled. Run as a script, it runs the whole compiled
+"""Cases of tests/amp/test_compile.py: the six-step amp training runs compared eager /
+compiled, with every fused optimizer of the registry (tests/optimizers/optimizer_registry.py,
+generic test "amp_compile"; each optimizer's own compiled step:
+tests/optimizers/test_optimizer_compile.py). Run as a script, it runs the whole compiled
 train steps (``python compile_cases.py OUT``) and saves their results in OUT: the
 test runs them in a process of their own because torch 2.14's dynamo, after tracing
 an O2 ``scale_loss`` backward with ``trace_autograd_ops``, keeps a reference to that
@@ -7,27 +9,17 @@ frame's model that a later compile in the same process fails on ("'model' not in
 cell_and_freevars"; tools/upstream/dynamo_stale_frame_after_backward.py)."""
 
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from core_ops import amp
-from core_ops.optimizers import FusedAdagrad, FusedAdam, FusedLAMB, FusedNovoGrad, FusedSGD
 
-OPTIMIZERS = {
-    "adam": (lambda ps: FusedAdam(ps, lr=1e-3, weight_decay=0.01), torch.float32),
-    "adam-fp32-masters": (lambda ps: FusedAdam(ps, lr=1e-3, master_weights=True), torch.bfloat16),
-    "adam-remainders-8bit": (lambda ps: FusedAdam(ps, lr=1e-3, master_weights="remainder", state_dtype="int8",
-                                                  min_8bit_size=1), torch.bfloat16),
-    "sgd": (lambda ps: FusedSGD(ps, lr=0.1, momentum=0.9), torch.float32),
-    "lamb": (lambda ps: FusedLAMB(ps, lr=1e-3), torch.float32),
-    "novograd": (lambda ps: FusedNovoGrad(ps, lr=1e-3), torch.float32),
-    "adagrad": (lambda ps: FusedAdagrad(ps, lr=0.1), torch.float32),
-}
+sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers"))
+from optimizer_registry import cases  # noqa: E402
 
-
-TRAIN_OPTIMIZERS = {name: make for name, (make, _) in OPTIMIZERS.items() if name in ("adam", "sgd", "lamb",
-                                                                                "novograd", "adagrad")}
+TRAIN_OPTIMIZERS = {case.id: case.values[0].make for case in cases("amp_compile")}
 
 
 def amp_training(compile_what, make=TRAIN_OPTIMIZERS["adam"], level="O2", half=torch.bfloat16):
@@ -63,7 +55,6 @@ def amp_training(compile_what, make=TRAIN_OPTIMIZERS["adam"], level="O2", half=t
 TRAININGS = [(name, "O2", torch.bfloat16) for name in TRAIN_OPTIMIZERS] + [
     ("adam", "O2", torch.float16), ("adam", "O1", torch.float16), ("adam", "O1", torch.bfloat16),
     ("adam", "O3", torch.bfloat16), ("adam", "O0", torch.float16)]
-
 
 
 

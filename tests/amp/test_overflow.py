@@ -1,7 +1,12 @@
 """An inf or nan gradient skips the step: the scale halves, and params, masters and
-optimizer state (step counts included) are untouched, for fused and plain optimizers."""
+optimizer state (step counts included) are untouched, for every fused optimizer of the
+registry (tests/optimizers/optimizer_registry.py, generic test "amp_overflow"; Apex's
+BERT recipe is FusedLAMB under amp, which clips by norm inside step()) and for torch's,
+on each device."""
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,35 +15,42 @@ import torch.nn.functional as F
 from amp_cases import HALVES, batches, conv_net, inject, optimizer_state, train
 from conftest import dtype_id
 from core_ops import amp
-from core_ops.optimizers import FusedAdam, FusedLAMB, FusedNovoGrad, FusedSGD
+from core_ops.optimizers import FusedAdam, FusedSGD
 
-OPTIMIZERS = {
-    "FusedAdam": lambda ps: FusedAdam(ps, lr=1e-3),
-    "FusedSGD": lambda ps: FusedSGD(ps, lr=0.01, momentum=0.9),
-    # Apex's BERT recipe: FusedLAMB under amp (it clips by norm inside step()).
-    "FusedLAMB": lambda ps: FusedLAMB(ps, lr=1e-3),
-    "FusedNovoGrad": lambda ps: FusedNovoGrad(ps, lr=1e-3),
+sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers"))
+from optim_cases import DEVICES  # noqa: E402
+from optimizer_registry import cases  # noqa: E402
+
+TORCH_OPTIMIZERS = {
     "torch_SGD": lambda ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
     "torch_AdamW_fused": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
 }
+OPTIMIZERS = [*cases("amp_overflow"), *(pytest.param(make, id=name) for name, make in TORCH_OPTIMIZERS.items())]
 DATA = batches(4)
+
+
+def make_optimizer(case, params):
+    """A registry entry's typical optimizer, or a torch one."""
+    return case(params) if callable(case) else case.make(params)
 
 
 @pytest.mark.parametrize("bad", [-math.inf, math.nan], ids=["-inf", "nan"])
 @pytest.mark.parametrize("half", HALVES, ids=dtype_id)
-@pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("level", ["O1", "O2"])
-def test_overflow_skips_step(level, opt_name, half, bad):
-    model = conv_net()
-    opt = OPTIMIZERS[opt_name](model.parameters())
+@pytest.mark.parametrize("device", DEVICES)
+def test_overflow_skips_step(device, level, optimizer, half, bad):
+    model = conv_net().to(device)
+    opt = make_optimizer(optimizer, model.parameters())
     model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=half, verbosity=0)
-    train(model, opt, DATA[:2])
+    data = [(x.to(device), y.to(device)) for x, y in DATA]
+    train(model, opt, data[:2])
     params = [p.detach().clone() for p in model.parameters()]
     masters = [p.detach().clone() for p in amp.master_params(opt)]
     state = optimizer_state(opt)
     scale = amp.state_dict()["loss_scaler0"]["loss_scale"]
 
-    x, y = DATA[2]
+    x, y = data[2]
     opt.zero_grad()
     with amp.scale_loss(F.cross_entropy(model(x), y), opt) as scaled:
         scaled.backward()
@@ -55,7 +67,7 @@ def test_overflow_skips_step(level, opt_name, half, bad):
                                                                  if not torch.equal(after[k], state[k])]
     assert amp.state_dict()["loss_scaler0"]["loss_scale"] == scale / 2
     # The next clean step trains again.
-    train(model, opt, DATA[3:])
+    train(model, opt, data[3:])
     assert not torch.equal(params[0], model[0].weight)
 
 
@@ -99,12 +111,13 @@ def test_overflow_in_one_of_two_losses_skips_the_step():
         amp.loss_scale(loss_id=2)
 
 
-@pytest.mark.parametrize("opt_name", ["torch_SGD", "FusedSGD"])
-def test_overflow_in_one_optimizer_skips_all_of_that_loss(opt_name):
+@pytest.mark.parametrize("make", [TORCH_OPTIMIZERS["torch_SGD"], lambda ps: FusedSGD(ps, lr=0.01, momentum=0.9)],
+                         ids=["torch_SGD", "FusedSGD"])
+def test_overflow_in_one_optimizer_skips_all_of_that_loss(make):
     # Apex skipped every optimizer passed to scale_loss, not only the one whose grads
     # overflowed: the iteration is lost as a whole (the scale halves for both).
     a, b = conv_net(), conv_net(seed=1)
-    opts = [OPTIMIZERS[opt_name](a.parameters()), OPTIMIZERS[opt_name](b.parameters())]
+    opts = [make(a.parameters()), make(b.parameters())]
     [a, b], opts = amp.initialize([a, b], opts, opt_level="O1", verbosity=0)
     wa, wb = a[0].weight.detach().clone(), b[0].weight.detach().clone()
     x, y = DATA[0]

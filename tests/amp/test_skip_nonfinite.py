@@ -1,11 +1,14 @@
 """skip_nonfinite (Note [Skipping non-finite steps]): at O0 and O3, where Apex's static
 scale of 1 checks nothing, a NaN or inf grad skips the step (params and optimizer
 state untouched, counted in skipped_steps) and training goes on, through
-``amp.initialize`` + ``scale_loss`` and through ``AmpLoop``, with a fused optimizer
-(the flag read in its step, no host read) and with a torch one. Off (the default, as
-Apex), the NaN reaches the weights."""
+``amp.initialize`` + ``scale_loss`` and through ``AmpLoop``, on each device, with every
+fused optimizer of the registry (tests/optimizers/optimizer_registry.py, generic test
+"amp_skip_nonfinite": the flag read in its step, no host read) and with a torch one.
+Off (the default, as Apex), the NaN reaches the weights."""
 
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,22 +19,29 @@ from core_ops import amp
 from core_ops.amp import AmpLoop
 from core_ops.optimizers import FusedAdam
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers"))
+from optim_cases import DEVICES  # noqa: E402
+from optimizer_registry import OPTIMIZERS, cases  # noqa: E402
+
+OPTIMIZER_CASES = [*(case.values[0] for case in cases("amp_skip_nonfinite")), "torch_sgd"]
 CASES = [(level, half, opt) for level in ("O0", "O3") for half in (torch.bfloat16, torch.float16)
-         for opt in ("fused_adam", "torch_sgd")]
+         for opt in OPTIMIZER_CASES]
 BAD_STEP = 2
 
 
-def make(opt_name):
+def make(optimizer, device="cpu"):
+    """A small model on ``device`` and ``optimizer`` over it: a registry entry's typical
+    one, or "torch_sgd"."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    if opt_name == "fused_adam":
-        return model, FusedAdam(model.parameters(), lr=1e-2)
-    return model, torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)
+    if optimizer == "torch_sgd":
+        return model, torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    return model, optimizer.make(model.parameters())
 
 
-def batch(k):
+def batch(k, device="cpu"):
     g = torch.Generator().manual_seed(k)
-    return torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+    return torch.randn(4, 8, generator=g).to(device), torch.randn(4, 4, generator=g).to(device)
 
 
 def snapshot(model, opt):
@@ -55,10 +65,10 @@ def step(loss, opt, loop=None):
         loop.update()
 
 
-def train(route, level, half, opt_name, skip):
+def train(route, level, half, optimizer, skip, device="cpu"):
     """Four steps, the loss NaN at BAD_STEP: (params and state before and after it,
     whether the end is finite, skipped steps)."""
-    model, opt = make(opt_name)
+    model, opt = make(optimizer, device)
     loop = None
     if route == "initialize":
         model, opt = amp.initialize(model, opt, opt_level=level, half_dtype=half, verbosity=0,
@@ -69,7 +79,7 @@ def train(route, level, half, opt_name, skip):
         loop.attach(opt)
     around = {}
     for k in range(4):
-        x, y = batch(k)
+        x, y = batch(k, device)
         loss = F.mse_loss(model(x.to(next(model.parameters()).dtype)).float(), y)
         if k == BAD_STEP:
             loss = loss * float("nan")
@@ -84,10 +94,11 @@ def train(route, level, half, opt_name, skip):
 
 
 @pytest.mark.parametrize("route", ["initialize", "loop"])
-@pytest.mark.parametrize("level,half,opt_name", CASES,
-                         ids=[f"{lv}-{str(h)[6:]}-{o}" for lv, h, o in CASES])
-def test_a_nan_step_is_skipped_at_static_levels(route, level, half, opt_name):
-    around, finite, skipped = train(route, level, half, opt_name, skip=True)
+@pytest.mark.parametrize("level,half,optimizer", CASES,
+                         ids=[f"{lv}-{str(h)[6:]}-{getattr(o, 'name', o)}" for lv, h, o in CASES])
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_nan_step_is_skipped_at_static_levels(device, route, level, half, optimizer):
+    around, finite, skipped = train(route, level, half, optimizer, skip=True, device=device)
     assert same(around["before"][0], around["after"][0])  # params
     assert same(around["before"][1], around["after"][1])  # optimizer state, steps included
     assert finite and skipped == 1
@@ -95,12 +106,12 @@ def test_a_nan_step_is_skipped_at_static_levels(route, level, half, opt_name):
 
 @pytest.mark.parametrize("route", ["initialize", "loop"])
 def test_off_by_default_the_nan_reaches_the_weights_as_in_apex(route):
-    _, finite, skipped = train(route, "O3", torch.bfloat16, "fused_adam", skip=None)
+    _, finite, skipped = train(route, "O3", torch.bfloat16, OPTIMIZERS["adam"], skip=None)
     assert not finite and skipped == 0
 
 
 def test_skip_nonfinite_takes_only_a_switch():
-    model, opt = make("fused_adam")
+    model, opt = make(OPTIMIZERS["adam"])
     with pytest.raises(ValueError, match="skip_nonfinite='maybe': expected one of 1, true, yes, on, 0"):
         amp.initialize(model, opt, opt_level="O0", skip_nonfinite="maybe", verbosity=0)
 

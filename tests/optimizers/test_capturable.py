@@ -1,4 +1,5 @@
-"""FusedAdam(capturable=True), Apex's flag for CUDA graphs, on any device: each group's
+"""capturable=True, Apex's flag for CUDA graphs (FusedAdam's alone: the registry's generic
+test "capturable", optimizer_registry.py), on each device: each group's
 lr is held as a tensor on its params' device and read by the kernel there, so one
 captured (or compiled) step follows an LR schedule that torch's schedulers fill in
 place; the step count is already a device tensor. Tested here through
@@ -13,41 +14,47 @@ import io
 
 import pytest
 import torch
+from optim_cases import DEVICES
+from optimizer_registry import cases
 
-from core_ops.optimizers import FusedAdam
+CAPTURABLE = cases("capturable")
 
 
-def params(seed=0, dtype=torch.float32):
+def params(device, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, generator=g).to(dtype).requires_grad_() for n in (300, 40)]
+    return [torch.randn(n, generator=g).to(device, dtype).requires_grad_() for n in (300, 40)]
 
 
 def set_grads(ps, k):
     g = torch.Generator().manual_seed(100 + k)
     for p in ps:
-        p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+        p.grad = torch.randn(p.shape, generator=g).to(p.device, p.dtype)
 
 
-def test_capturable_holds_each_groups_lr_as_a_tensor_on_its_params_device():
-    a, b = params(), params(1, torch.float64)
-    opt = FusedAdam([{"params": a}, {"params": b, "lr": 0.5}], lr=1e-3, capturable=True)
+@pytest.mark.parametrize("info", CAPTURABLE)
+@pytest.mark.parametrize("device", DEVICES)
+def test_capturable_holds_each_groups_lr_as_a_tensor_on_its_params_device(device, info):
+    a, b = params(device), params(device, 1, torch.float64)
+    opt = info.make([{"params": a}, {"params": b, "lr": 0.5}], lr=1e-3, capturable=True)
     lrs = [g["lr"] for g in opt.param_groups]
     assert [(lr.dtype, lr.shape, lr.device.type, float(lr)) for lr in lrs] == [
-        (torch.float32, (), "cpu", float(torch.tensor(1e-3))), (torch.float64, (), "cpu", 0.5)]
-    opt.add_param_group({"params": params(2)})
+        (torch.float32, (), device, float(torch.tensor(1e-3))), (torch.float64, (), device, 0.5)]
+    opt.add_param_group({"params": params(device, 2)})
     assert isinstance(opt.param_groups[-1]["lr"], torch.Tensor)
-    assert isinstance(FusedAdam(params(), lr=1e-3).param_groups[0]["lr"], float)  # not capturable: as given
+    assert isinstance(info.make(params(device), lr=1e-3).param_groups[0]["lr"], float)  # not capturable: as given
 
 
 # The schedulers wrap opt.step after it was compiled: they cannot see it called.
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
-def test_a_compiled_capturable_step_follows_an_lr_schedule_with_one_graph():
+@pytest.mark.parametrize("info", CAPTURABLE)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_compiled_capturable_step_follows_an_lr_schedule_with_one_graph(device, info):
     from torch._dynamo.utils import counters
     schedule = lambda k: 1.0 / (1 + k)  # noqa: E731
-    eager_ps, compiled_ps = params(), params()
-    eager = FusedAdam(eager_ps, lr=1e-2, weight_decay=0.1, capturable=True)  # uncompiled
-    captured = FusedAdam(compiled_ps, lr=1e-2, weight_decay=0.1, capturable=True)
+    eager_ps, compiled_ps = params(device), params(device)
+    eager = info.make(eager_ps, lr=1e-2, weight_decay=0.1, capturable=True)  # uncompiled
+    captured = info.make(compiled_ps, lr=1e-2, weight_decay=0.1, capturable=True)
     lr_tensor = captured.param_groups[0]["lr"]
     for opt, ps in ((eager, eager_ps), (captured, compiled_ps)):
         set_grads(ps, 0)
@@ -68,8 +75,8 @@ def test_a_compiled_capturable_step_follows_an_lr_schedule_with_one_graph():
     assert counters["stats"]["unique_graphs"] == 1  # five lrs, one graph
     for p, q in zip(eager_ps, compiled_ps):
         assert torch.equal(p, q)
-    float_ps = params()  # the same schedule with a float lr
-    plain = FusedAdam(float_ps, lr=1e-2, weight_decay=0.1)
+    float_ps = params(device)  # the same schedule with a float lr
+    plain = info.make(float_ps, lr=1e-2, weight_decay=0.1)
     for k in range(6):
         set_grads(float_ps, k)
         plain.step()
@@ -81,22 +88,24 @@ def test_a_compiled_capturable_step_follows_an_lr_schedule_with_one_graph():
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7)
 
 
-def test_a_capturable_state_dict_loads_with_weights_only_and_keeps_the_lr_on_the_device():
-    ps = params()
-    opt = FusedAdam(ps, lr=1e-3, capturable=True)
+@pytest.mark.parametrize("info", CAPTURABLE)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_capturable_state_dict_loads_with_weights_only_and_keeps_the_lr_on_the_device(device, info):
+    ps = params(device)
+    opt = info.make(ps, lr=1e-3, capturable=True)
     set_grads(ps, 0)
     opt.step()
     buffer = io.BytesIO()
     torch.save(opt.state_dict(), buffer)
     buffer.seek(0)
     saved = torch.load(buffer, weights_only=True)
-    plain = FusedAdam(params(), lr=1e-1)
+    plain = info.make(params(device), lr=1e-1)
     plain_sd = plain.state_dict()  # a float lr, loaded into a capturable one
-    again = FusedAdam(params(), lr=1e-1, capturable=True)
+    again = info.make(params(device), lr=1e-1, capturable=True)
     again.load_state_dict(saved)
-    assert isinstance(again.param_groups[0]["lr"], torch.Tensor) and float(again.param_groups[0]["lr"]) == float(
-        torch.tensor(1e-3))
-    other = FusedAdam(params(), lr=1e-3, capturable=True)
+    lr = again.param_groups[0]["lr"]
+    assert isinstance(lr, torch.Tensor) and lr.device.type == device and float(lr) == float(torch.tensor(1e-3))
+    other = info.make(params(device), lr=1e-3, capturable=True)
     other.load_state_dict(plain_sd)
     assert isinstance(other.param_groups[0]["lr"], torch.Tensor) and float(other.param_groups[0]["lr"]) == float(
         torch.tensor(1e-1))

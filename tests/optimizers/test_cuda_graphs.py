@@ -1,5 +1,7 @@
-"""FusedAdam's step captured in a CUDA graph (GPU machines only; issue 35): replays step
-as eager steps do, bit for bit (the same kernels: a replay reruns what the capture
+"""A capturable step captured in a CUDA graph (GPU machines only; issue 35), for every
+optimizer of the registry that takes capturable=True (optimizer_registry.py, generic
+test "cuda_graphs": FusedAdam's configs, compact state included): replays step as
+eager steps do, bit for bit (the same kernels: a replay reruns what the capture
 recorded, with the step counts, lr tensor, grad scale and overflow flag read on the
 device), and an overflow flagged before a replay makes that replay change nothing.
 State is made by a step before the capture (on a side stream, as torch's CUDA-graph
@@ -7,16 +9,10 @@ recipe warms up), as a captured step cannot allocate it."""
 
 import pytest
 import torch
-
-from core_ops.optimizers import FusedAdam
+from optimizer_registry import cases
 
 pytestmark = pytest.mark.gpu
 
-KINDS = {
-    "fp32": (dict(), torch.float32),
-    "bf16-fp32-masters": (dict(master_weights=True), torch.bfloat16),
-    "bf16-remainders-8bit": (dict(master_weights="remainder", state_dtype="int8", min_8bit_size=1), torch.bfloat16),
-}
 SIZES = (1, 300, 65536 + 17)
 
 
@@ -33,13 +29,13 @@ def grads(k, dtype):
     return [torch.randn(n, generator=g).to("cuda", dtype) * 4 for n in SIZES]
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_a_captured_step_replays_as_eager_steps(kind):
-    options, dtype = KINDS[kind]
+@pytest.mark.parametrize("info,config", cases("cuda_graphs", variants=True))
+def test_a_captured_step_replays_as_eager_steps(info, config):
+    dtype = config.dtype
     eager_ps, graph_ps = params(dtype), params(dtype)
     lr = torch.tensor(1e-3, device="cuda")
-    eager = FusedAdam(eager_ps, lr=lr, capturable=True, **options)
-    captured = FusedAdam(graph_ps, lr=lr, capturable=True, **options)
+    eager = info.make(eager_ps, config, lr=lr, capturable=True)
+    captured = info.make(graph_ps, config, lr=lr, capturable=True)
     scale, found_inf = torch.tensor([4.0], device="cuda"), torch.zeros(1, device="cuda")
 
     def load(ps, k):

@@ -1,22 +1,26 @@
 """FusedAdam with compact state: master_weights="remainder" and state_dtype bfloat16 /
-"int8" (core_ops/optimizers/compact_state.py), on the native CPU kernel of
-fused_adam_compact_ against its reference, and against FusedAdam with fp32 masters
-and fp32 state.
+"int8" (core_ops/optimizers/compact_state.py): the native kernel of
+fused_adam_compact_ on each device against the one below it (on the CPU the
+reference, on a GPU the CPU kernel), for every state layout, and FusedAdam with
+compact state against FusedAdam with fp32 masters and fp32 state. The registry's
+"adam-compact" entry runs it through the generic tests.
 
-Tolerances: the native kernel and the reference agree bit for bit (one math, each +
-and * rounded once, the same float32 decision points for codes). Remainders against
-fp32 masters: params bit for bit every step; masters too, but where an update landed
-exactly on a rounding tie (Note [Master remainders]): there one float32 ulp.
+Tolerances: the native kernels and the reference agree bit for bit (one math, each +
+and * rounded once, the same float32 decision points for codes; the codes are the same
+count of midpoints, found by a table on the CPU and a binary search on the GPU).
+Remainders against fp32 masters: params bit for bit every step; masters too, but where
+an update landed exactly on a rounding tie (Note [Master remainders]): there one
+float32 ulp.
 """
 
 import copy
 
 import pytest
 import torch
-from optim_cases import make_params
+from optim_cases import DEVICES, make_params
+from optim_cases import native_kernels  # noqa: F401  (autouse)
 
 import core_ops  # noqa: F401
-from core_ops import _build
 from core_ops._library import op
 from core_ops.optimizers import FusedAdam
 from core_ops.optimizers.compact_state import full_precision_state_dict
@@ -24,14 +28,10 @@ from core_ops.reference import KERNELS as REF
 from core_ops.reference.compact_state import BLOCK, dequantize, dynamic_map, join_master, quantize
 
 # Straddling a block of 8-bit moments and a CPU chunk (16384); under 4096 elements a
-# tensor keeps float32 moments under "int8".
+# tensor keeps float32 moments under "int8". On a GPU: a block and a CUDA chunk.
 SIZES = (1, 255, 4096, 4097, 16383, 16385, 40000)
+SIZES_ON = {"cpu": SIZES, "cuda": (1, 255, 256, 257, 4097, 65535, 2 * 65536 + 5)}
 HYPER = dict(lr=2e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
-
-
-@pytest.fixture(autouse=True)
-def _native():
-    assert _build.ensure("cpu").native
 
 
 def grads_for(params, steps, seed=1):
@@ -100,6 +100,10 @@ def compact_lists(moments, weights, param_dtype, sizes=SIZES, channels_last=Fals
     return [ps, gs, ms, vs, ma, va, mp, steps]
 
 
+def on(lists, device):
+    return [[t.to(device) for t in ts] for ts in lists]
+
+
 @pytest.mark.parametrize("moments", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("weights,param_dtype", [("remainder", torch.bfloat16), ("master", torch.float16),
                                                  ("master", torch.bfloat16), ("none", torch.float32),
@@ -107,27 +111,33 @@ def compact_lists(moments, weights, param_dtype, sizes=SIZES, channels_last=Fals
                          ids=["remainder", "fp16-master", "bf16-master", "fp32", "bf16"])
 @pytest.mark.parametrize("scaled", [False, True], ids=["", "grad_scale"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["", "channels_last"])
-def test_native_kernel_is_the_reference_bit_for_bit(moments, weights, param_dtype, scaled, channels_last):
-    lists = compact_lists(moments, weights, param_dtype, channels_last=channels_last)
-    ours, ref = copy.deepcopy(lists), copy.deepcopy(lists)
-    maps = (dynamic_map(True), dynamic_map(False)) if moments == "int8" else (None, None)
-    grad_scale = torch.tensor([8.0]) if scaled else None
-    for kernel, ls in ((op("fused_adam_compact_"), ours), (REF["fused_adam_compact_"], ref)):
+@pytest.mark.parametrize("device", DEVICES)
+def test_native_kernel_is_the_one_below_bit_for_bit(device, moments, weights, param_dtype, scaled, channels_last):
+    """On the CPU the native kernel against the reference; on a GPU the CUDA kernel
+    against the CPU's."""
+    lists = compact_lists(moments, weights, param_dtype, sizes=SIZES_ON[device], channels_last=channels_last)
+    ours, below = on(lists, device), copy.deepcopy(lists)
+    kernels = ((op("fused_adam_compact_"), ours, device),
+               (REF["fused_adam_compact_"] if device == "cpu" else op("fused_adam_compact_"), below, "cpu"))
+    for kernel, ls, where in kernels:
+        maps = (dynamic_map(True).to(where), dynamic_map(False).to(where)) if moments == "int8" else (None, None)
+        grad_scale = torch.tensor([8.0], device=where) if scaled else None
         for _ in range(3):
             kernel(*ls, *maps, 1e-2, 0.9, 0.999, 1e-8, 0.01, True, True, False, None, grad_scale, None)
     for name, a_list, b_list in zip(("params", "grads", "exp_avgs", "exp_avg_sqs", "exp_avg_absmaxes",
-                                     "exp_avg_sq_absmaxes", "master_params", "steps"), ours, ref):
+                                     "exp_avg_sq_absmaxes", "master_params", "steps"), ours, below):
         for i, (a, b) in enumerate(zip(a_list, b_list)):
             assert a.dtype == b.dtype and a.stride() == b.stride(), (name, i)
-            assert equal_bits(a, b), (name, i)
+            assert equal_bits(a.cpu(), b), (name, i)
 
 
-def test_skipped_step_changes_nothing():
-    lists = compact_lists("int8", "remainder", torch.bfloat16)
+@pytest.mark.parametrize("device", DEVICES)
+def test_skipped_step_changes_nothing(device):
+    lists = on(compact_lists("int8", "remainder", torch.bfloat16, sizes=SIZES_ON[device]), device)
     before = copy.deepcopy(lists)
-    maps = dynamic_map(True), dynamic_map(False)
+    maps = dynamic_map(True).to(device), dynamic_map(False).to(device)
     op("fused_adam_compact_")(*lists, *maps, 1e-2, 0.9, 0.999, 1e-8, 0.01, True, True, False, None,
-                              torch.tensor([4.0]), torch.ones(1))
+                              torch.tensor([4.0], device=device), torch.ones(1, device=device))
     for a_list, b_list in zip(lists, before):
         assert all(equal_bits(a, b) for a, b in zip(a_list, b_list))
 
@@ -146,14 +156,15 @@ def master_gaps(opt_master, masters, opt_remainder, params):
     return differing, worst
 
 
-@pytest.mark.parametrize("step_kwargs", [{}, {"grad_scale": torch.tensor([1024.0]), "max_grad_norm": 50.0}],
-                         ids=["plain", "scaled-clipped"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "scaled-clipped"])
 @pytest.mark.parametrize("adam_w_mode", [True, False], ids=["adamw", "adam"])
-def test_remainders_step_as_fp32_masters_bit_for_bit(step_kwargs, adam_w_mode):
-    params = bf16_params()
-    ref, ours = clone(params), clone(params)
-    grads = grads_for(params, 60)
-    if "grad_scale" in step_kwargs:
+@pytest.mark.parametrize("device", DEVICES)
+def test_remainders_step_as_fp32_masters_bit_for_bit(device, adam_w_mode, scaled):
+    step_kwargs = dict(grad_scale=torch.tensor([1024.0], device=device), max_grad_norm=50.0) if scaled else {}
+    params = [p.detach().to(device).requires_grad_() for p in bf16_params(sizes=SIZES_ON[device])]
+    ref, ours, eight_bit = clone(params), clone(params), clone(params)
+    grads = [[g.to(device) for g in gs] for gs in grads_for(params, 60)]
+    if scaled:
         grads = [[g * 1024 for g in gs] for gs in grads]
     a = FusedAdam(ref, master_weights=True, adam_w_mode=adam_w_mode, **HYPER)
     b = FusedAdam(ours, master_weights="remainder", adam_w_mode=adam_w_mode, **HYPER)
@@ -165,6 +176,10 @@ def test_remainders_step_as_fp32_masters_bit_for_bit(step_kwargs, adam_w_mode):
     differing, worst = master_gaps(a, ref, b, ours)
     assert differing <= 0.002 * sum(p.numel() for p in params) and worst <= 4, (differing, worst)
     assert "master_param" not in b.state[ours[0]]
+    # With 8-bit moments too, on the tensors of 4096 elements and more.
+    c = FusedAdam(eight_bit, master_weights="remainder", state_dtype="int8", adam_w_mode=adam_w_mode, **HYPER)
+    stepped(c, eight_bit, grads[:3], **step_kwargs)
+    assert c.state[eight_bit[-1]]["exp_avg"].dtype == torch.uint8
 
 
 def test_remainders_on_the_reference_kernel_too(monkeypatch):

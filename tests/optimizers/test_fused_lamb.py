@@ -1,26 +1,36 @@
 """FusedLAMB against LAMB written from the paper (You et al. 2019, Algorithm 2, with
-Apex's options) in float64, and the native CPU kernel against the reference kernel.
+Apex's options) in float64; each device's kernels against the ones below them (on the
+CPU the reference kernels, on a GPU the CPU's: fused_lamb_stage1_ / fused_lamb_stage2_,
+GPU machines only), master weights, FusedMixedPrecisionLamb, clipping, and on a GPU
+many tensors, channels_last memory, no host sync. What every fused optimizer shares:
+the generic tests of optimizer_registry.py.
 
 Tolerances: float64 runs agree with the paper to 1e-12 (same operations, different
-order); the fp32 native kernel and the fp32 reference kernel round the same
-operations the same way, so they agree to a few ulps (8, Note [Optimizer tolerances]).
+order). Against the kernels below, in float32 ulps of the largest |expected| after the
+run (BELOW): the fp32 native kernel and the reference kernel round the same operations
+the same way but for the norms, which torch sums in its own order: 8 (Note [Optimizer
+tolerances]). The CUDA kernel runs the CPU kernel's math (core_ops/lamb_math.h) with the
+same roundings, but the per-tensor norms between the stages are summed in another order
+on the GPU (multi_tensor_l2norm), moving each per-tensor coefficient by a few ulps; a
+param then moves by about one ulp of its value per step, with a random sign: 12 against
+the CPU kernel, 8 for the moments (Note [CUDA optimizer tolerances] in test_fused_adam.py).
 """
 
 import copy
 
 import pytest
 import torch
-from optim_cases import clone_params, make_params, run, ulps_close
+from optim_cases import (DEVICE_SIZES, DEVICES, STEPS, clone_params, flat, make_grads, make_params, many_shapes,
+                         no_host_sync, place, run, runs_below, ulps_close)
+from optim_cases import native_kernels  # noqa: F401  (autouse)
 
-from core_ops import _build
+import core_ops.optimizers.fused_lamb
+from core_ops._library import op
 from core_ops.multi_tensor_apply import ops
 from core_ops.optimizers import FusedLAMB, FusedMixedPrecisionLamb
-from core_ops.reference import KERNELS as REF
 
-
-@pytest.fixture(autouse=True)
-def _native():
-    assert _build.ensure("cpu").native
+# The kernels below each device's: (sizes, steps, ulps of a param, ulps of a moment).
+BELOW = {"cpu": ((16385, 33), 10, 8, 8), "cuda": (DEVICE_SIZES, STEPS, 12, 8)}
 
 
 def lamb_paper(params, grad_steps, lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
@@ -74,17 +84,28 @@ def test_fp64_matches_the_paper(kw):
         torch.testing.assert_close(p.detach(), e, rtol=1e-12, atol=1e-12)
 
 
-def test_native_fp32_matches_reference_kernels(monkeypatch):
-    a = make_params(sizes=(16385, 33))
-    b = clone_params(a)
-    native = FusedLAMB(a, lr=1e-2)
-    run(native, a, steps=10)
-    monkeypatch.setattr("core_ops.optimizers.fused_lamb.op", lambda name: REF[name])
-    monkeypatch.setattr(ops, "op", lambda name: REF[name])
-    reference = FusedLAMB(b, lr=1e-2)
-    run(reference, b, steps=10)
-    for p, q in zip(a, b):
-        ulps_close(p.detach(), q.detach())
+CASES = {
+    "adamw": dict(lr=1e-2, weight_decay=0.05),
+    "l2": dict(lr=1e-2, weight_decay=0.05, adam_w_mode=False, max_grad_norm=0.0),
+    "nvlamb_no_wd": dict(lr=1e-2, weight_decay=0.0, use_nvlamb=True, grad_averaging=False),
+    "no_wd_no_bc": dict(lr=1e-2, weight_decay=0.0, bias_correction=False),
+    "maximize": dict(lr=1e-2, weight_decay=0.01, maximize=True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp32_matches_the_kernels_below(device, case, monkeypatch):
+    kw = CASES[case]
+    sizes, steps, param_ulps, state_ulps = BELOW[device]
+    (opt, ours), (ref, theirs) = runs_below(device, monkeypatch, lambda ps: FusedLAMB(ps, **kw),
+                                            [core_ops.optimizers.fused_lamb, ops], sizes, steps)
+    for a, c in zip(ours, theirs):
+        ulps_close(a, c, param_ulps)
+        for key in ("exp_avg", "exp_avg_sq"):
+            ulps_close(opt.state[a][key], ref.state[c][key], state_ulps)
+        assert opt.state[a]["step"].device == a.device
+        assert opt.state[a]["step"].item() == ref.state[c]["step"].item() == steps
 
 
 def test_mixed_precision_lamb_keeps_fp32_masters():
@@ -174,6 +195,26 @@ def test_mixed_precision_lamb_starts_from_the_given_step():
         FusedMixedPrecisionLamb(ours, step=-1)
 
 
+def test_mixed_precision_lamb_takes_maximize_and_skip_nonfinite():
+    """As every fused optimizer (Apex's took neither): maximize steps as FusedLAMB's on
+    the masters, and skip_nonfinite skips a step with a nan grad, counted."""
+    ours = make_params(torch.bfloat16, sizes=(300, 17))
+    fp32 = clone_params(ours, torch.float32)
+    opt = FusedMixedPrecisionLamb(ours, lr=1e-2, maximize=True, skip_nonfinite=True)
+    ref = FusedLAMB(fp32, lr=1e-2, maximize=True)
+    grads = make_grads(sizes=(300, 17), steps=4, dtype=torch.bfloat16)
+    run(opt, ours, grads)
+    run(ref, fp32, grads, dtype=torch.float32)
+    for a, b in zip(ours, fp32):
+        assert torch.equal(opt.state[a]["master_param"], b.detach())
+    assert opt.param_groups[0]["maximize"] is True
+    ours[1].grad[3] = float("nan")
+    before = [opt.state[p]["master_param"].clone() for p in ours]
+    opt.step()
+    assert opt.skipped_steps == 1
+    assert all(torch.equal(m, opt.state[p]["master_param"]) for m, p in zip(before, ours))
+
+
 def test_mixed_precision_lamb_checks_the_dtype_of_added_groups():
     opt = FusedMixedPrecisionLamb(make_params(torch.bfloat16, sizes=(3,)), reduced_precision_dtype=torch.bfloat16)
     for dtype in (torch.float16, torch.float64):
@@ -183,3 +224,86 @@ def test_mixed_precision_lamb_checks_the_dtype_of_added_groups():
     opt.add_param_group({"params": make_params(torch.float32, sizes=(2,))})
     opt.add_param_group({"params": make_params(torch.bfloat16, sizes=(2,))})
     assert len(opt.param_groups) == 3
+
+
+@pytest.mark.parametrize("scaler", ["torch.amp.GradScaler", "LossScaler"])
+def test_compiled_scaler_step_with_clipping_matches_eager(scaler):
+    """torch.compile of scaler.step(opt) where the step clips by global norm (FusedLAMB's
+    default): the overflow report to torch's GradScaler walks the stack (Note
+    [Overflowing norms]), which broke the compiled step, so it is skipped when compiling;
+    the norm is kept without setting an attribute, which broke it on torch 2.6."""
+    from core_ops.amp import LossScaler
+
+    def train(compiled):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = FusedLAMB(model.parameters(), lr=0.01)
+        s = (torch.amp.GradScaler("cpu", init_scale=128.0) if scaler.startswith("torch")
+             else LossScaler("cpu", init_scale=128.0))
+
+        def step():
+            s.step(opt)
+            s.update()
+
+        step = torch.compile(step) if compiled else step
+        x, y = torch.randn(8, 4), torch.randn(8, 2)
+        for _ in range(2):
+            opt.zero_grad()
+            s.scale(((model(x) - y) ** 2).mean()).backward()
+            step()
+        return [p.detach() for p in model.parameters()] + [opt.last_grad_norm]
+
+    for a, b in zip(train(True), train(False)):  # the params, then the norm kept
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+# ---- the ops on a GPU: many tensors, odd memory, no host sync ---------------------
+
+def stage2_lists(device, seed=0):
+    """fused_lamb_stage2_'s lists for bf16 params with masters (optim_cases.many_shapes);
+    norms with zeros (ratio 1)."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = many_shapes()
+    lists = {k: [] for k in ("params", "masters", "updates")}
+    for shape in shapes:
+        p = torch.randn(shape, generator=g)
+        lists["params"].append(place(p.to(torch.bfloat16), device))
+        lists["masters"].append(place(p.clone(), device))
+        lists["updates"].append(place(torch.randn(shape, generator=g), device))
+    n = len(shapes)
+    pn, un = torch.rand(n, generator=g) + 0.5, torch.rand(n, generator=g) + 0.5
+    pn[::7], un[::11] = 0.0, 0.0
+    lists["param_norms"], lists["update_norms"] = pn.to(device), un.to(device)
+    return lists
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weight_decay,use_nvlamb", [(0.01, False), (0.0, False), (0.0, True)])
+def test_stage2_reads_norms_on_the_device(weight_decay, use_nvlamb):
+    gpu, cpu = stage2_lists("cuda"), stage2_lists("cpu")
+    for lists, device in ((gpu, "cuda"), (cpu, "cpu")):
+        for _ in range(2):
+            op("fused_lamb_stage2_")(lists["params"], lists["masters"], lists["updates"], lists["param_norms"],
+                                     lists["update_norms"], 1e-3, weight_decay, use_nvlamb,
+                                     torch.tensor([2e-2], dtype=torch.float64, device=device),
+                                     torch.zeros(1, dtype=torch.int32, device=device))
+    assert all(a.stride() == c.stride() for a, c in zip(gpu["masters"], cpu["masters"]))
+    ulps_close(flat(gpu["masters"]), flat(cpu["masters"]), 2)  # one fused multiply-add a step
+    for a, m in zip(gpu["params"], gpu["masters"]):
+        assert torch.equal(a, m.to(torch.bfloat16))
+
+
+@pytest.mark.gpu
+def test_no_host_sync():
+    l2 = stage2_lists("cuda")
+    ps = [m.clone() for m in l2["masters"]]
+    gs = [torch.randn_like(p) for p in ps]
+    state = [[torch.zeros_like(p) for p in ps] for _ in range(3)]  # exp_avgs, exp_avg_sqs, updates
+    steps = [torch.zeros((), device="cuda") for _ in ps]
+    scale, flag, lr = torch.ones(1, device="cuda"), torch.zeros(1, device="cuda"), torch.full((1,), 1e-2, device="cuda")
+    with no_host_sync():
+        op("fused_lamb_stage1_")(ps, gs, state[0], state[1], [], steps, state[2], 0.9, 0.999, 1e-6, 0.01,
+                                 True, True, True, False, scale, flag)
+        op("fused_lamb_stage2_")(l2["params"], l2["masters"], l2["updates"], l2["param_norms"],
+                                 l2["update_norms"], 1e-2, 0.01, False, lr, flag)
+    assert all(s.item() == 1 for s in steps)

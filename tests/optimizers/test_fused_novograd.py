@@ -1,5 +1,9 @@
-"""FusedNovoGrad against Apex's NovoGrad written here in float64, the reference kernel
-against the native CPU kernel, and the behaviour shared with the other fused optimizers.
+"""FusedNovoGrad against Apex's NovoGrad written here in float64, each device's kernel
+against the ones below it (on the CPU the reference kernel, on a GPU the CPU's; GPU
+machines only), master weights, both norm types and moment modes, grad_scale and
+skipped steps (a skipped first step leaves the first step to come), state dicts, and on
+a GPU many tensors, channels_last memory, no host sync. What every fused optimizer
+shares: the generic tests of optimizer_registry.py.
 
 The float64 formula (``apex_novograd``) follows NVIDIA/apex: apex/optimizers/fused_novograd.py
 (state init, moment_mode = 0 if reg_inside_moment else 1), csrc/multi_tensor_novograd.cu (the
@@ -17,6 +21,15 @@ in float32 (~1e-7 relative, entering the update, not the param directly). The er
 of 20 steps are independent and mostly cancel: measured at most 4 ulps over all the
 cases (3.9 with init_zero, L2; the others 3.2 or less). exp_avg_sq is a
 float32-accumulated norm (squared for L2): 1e-5 relative (measured 1.4e-7).
+
+Against the kernels below (BELOW), in float32 ulps of the largest |expected|: the
+reference runs torch's ops (Note [Test tolerances]) and sums the norms in torch's order,
+moving the second moment by a few ulps (measured 6.2); the CUDA kernel runs the CPU
+kernel's math (core_ops/novograd_math.h) with the same roundings, but the grad norms are
+summed in another order on the GPU (multi_tensor_l2norm), moving each per-tensor
+coefficient by a few ulps: a param then moves by about one ulp of its value per step,
+with a random sign: 12 against the CPU kernel, 8 for the moments (Note [CUDA optimizer
+tolerances] in test_fused_adam.py).
 """
 
 import copy
@@ -24,25 +37,24 @@ import math
 
 import pytest
 import torch
-from optim_cases import STEPS, clone_params, make_params, ulps_close
+from optim_cases import (DEVICE_SIZES, DEVICES, STEPS, clone_params, flat, make_grads, make_params, many_shapes,
+                         no_host_sync, place, run, runs_below, ulps_close)
+from optim_cases import native_kernels  # noqa: F401  (autouse)
 
 import core_ops
-from core_ops import _build
+import core_ops.optimizers.fused_novograd
 from core_ops._library import op
-from core_ops.optimizers import FusedNovoGrad
+from core_ops.multi_tensor_apply import ops
+from core_ops.optimizers import FusedAdam, FusedNovoGrad
 from core_ops.reference import KERNELS as REF
 
 LR, BETAS = 0.05, (0.95, 0.98)
-
-
-@pytest.fixture(autouse=True)
-def _native():
-    assert _build.ensure("cpu").native
+# The kernels below each device's: (ulps of a param, ulps of a moment).
+BELOW = {"cpu": (8, 8), "cuda": (12, 8)}
 
 
 def grads_for(params, steps=STEPS, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return [[torch.randn(p.shape, generator=g).to(p.dtype) for p in params] for _ in range(steps)]
+    return make_grads([p.numel() for p in params], steps, seed)
 
 
 def apex_novograd(p, grads, lr=LR, betas=BETAS, eps=1e-8, weight_decay=0.0, reg_inside_moment=False,
@@ -73,13 +85,6 @@ def apex_novograd(p, grads, lr=LR, betas=BETAS, eps=1e-8, weight_decay=0.0, reg_
     return p, m, gn ** 2 if norm_type == 2 else gn
 
 
-def run_steps(opt, params, grads, **step_kwargs):
-    for gs in grads:
-        for p, g in zip(params, gs):
-            p.grad = g.clone()
-        opt.step(**step_kwargs)
-
-
 CASES = [dict(), dict(weight_decay=0.1), dict(weight_decay=0.1, reg_inside_moment=True),
          dict(norm_type=0), dict(norm_type=0, weight_decay=0.1),
          dict(norm_type=0, weight_decay=0.1, reg_inside_moment=True), dict(reg_inside_moment=True),
@@ -99,7 +104,7 @@ def test_fp32_matches_the_formula_in_fp64(kw):
     start = [p.detach().clone() for p in params]
     grads = grads_for(params)
     opt = FusedNovoGrad(params, lr=LR, betas=BETAS, **kw)
-    run_steps(opt, params, grads)
+    run(opt, params, grads)
     for i, (p, p0) in enumerate(zip(params, start)):
         want_p, want_m, want_v = apex_novograd(p0, [gs[i] for gs in grads], **kw)
         state = opt.state[p]
@@ -117,7 +122,7 @@ def test_fp64_matches_the_formula(kw):
     start = [p.detach().clone() for p in params]
     grads = grads_for(params)
     opt = FusedNovoGrad(params, lr=LR, betas=BETAS, **kw)
-    run_steps(opt, params, grads)
+    run(opt, params, grads)
     for i, (p, p0) in enumerate(zip(params, start)):
         want_p, _, _ = apex_novograd(p0, [gs[i] for gs in grads], **kw)
         torch.testing.assert_close(p.detach(), want_p, rtol=1e-12, atol=1e-12)
@@ -168,7 +173,7 @@ def test_decoupled_momentum_is_of_the_raw_grad(norm_type):
     params = make_params(sizes=(300, 7))
     grads = grads_for(params, steps=5)
     opt = FusedNovoGrad(params, lr=LR, betas=BETAS, weight_decay=0.1, norm_type=norm_type)
-    run_steps(opt, params, grads)
+    run(opt, params, grads)
     beta1 = BETAS[0]
     for i, p in enumerate(params):
         m = torch.zeros_like(p)
@@ -182,77 +187,104 @@ def test_the_moment_modes_differ_without_weight_decay_from_the_second_step():
     the decoupled momentum mixes grads that other denominators will divide."""
     def final(steps, **kw):
         params = make_params(sizes=(300,))
-        run_steps(FusedNovoGrad(params, lr=LR, **kw), params, grads_for(params, steps=steps))
+        run(FusedNovoGrad(params, lr=LR, **kw), params, grads_for(params, steps=steps))
         return params[0].detach()
 
     ulps_close(final(1), final(1, reg_inside_moment=True), n=2)
     assert not torch.allclose(final(5), final(5, reg_inside_moment=True), rtol=1e-4, atol=0)
 
 
-def test_bf16_master_weights_follow_the_fp32_run():
-    ours = make_params(torch.bfloat16)
+def assert_match(opt, params, ref, ref_params, param_ulps, state_ulps, param_key=None):
+    """``opt`` over ``params`` against ``ref`` over ``ref_params``: params (or ``param_key``
+    of the state), moments and steps; the second moments one value per tensor, on the
+    params' device."""
+    for a, c in zip(params, ref_params):
+        sa, sc = opt.state[a], ref.state[c]
+        ulps_close(sa[param_key] if param_key else a, sc[param_key] if param_key else c, param_ulps)
+        ulps_close(sa["exp_avg"], sc["exp_avg"], state_ulps)
+        assert sa["exp_avg_sq"].device == a.device and sa["exp_avg_sq"].numel() == 1
+        ulps_close(sa["exp_avg_sq"], sc["exp_avg_sq"], state_ulps)
+        assert sa["step"].device == a.device
+        assert sa["step"].item() == sc["step"].item()
+
+
+KERNEL_CASES = {  # (kwargs, grad_scale): 3, a rounding in every division
+    "l2": (dict(lr=5e-2, betas=(0.95, 0.98), weight_decay=0.05), None),
+    "max": (dict(lr=5e-2, betas=(0.95, 0.98), weight_decay=0.05, norm_type=0), None),
+    "reg_inside": (dict(lr=5e-2, weight_decay=0.05, reg_inside_moment=True), None),
+    "init_zero": (dict(lr=5e-2, init_zero=True, grad_averaging=False), None),
+    "no_bc_maximize": (dict(lr=5e-2, bias_correction=False, maximize=True, norm_type=0), None),
+    "l2_grad_scale": (dict(lr=5e-2, weight_decay=0.05), 3.0),
+    "max_grad_scale": (dict(lr=5e-2, weight_decay=0.05, norm_type=0), 3.0),
+}
+
+
+@pytest.mark.parametrize("case", list(KERNEL_CASES))
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp32_matches_the_kernels_below(device, case, monkeypatch):
+    kw, grad_scale = KERNEL_CASES[case]
+    (opt, ours), (ref, theirs) = runs_below(device, monkeypatch, lambda ps: FusedNovoGrad(ps, **kw),
+                                            [core_ops.optimizers.fused_novograd, ops], grad_scale=grad_scale)
+    assert_match(opt, ours, ref, theirs, *BELOW[device])
+    assert all(opt.state[p]["step"].item() == STEPS for p in ours)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_max_norm_master_weights_follow_the_fp32_run(device, dtype):
+    """With norm_type=0 (the L2 norm's: test_optimizer_device_contract.py), the masters of
+    half params step as the float32 params of the same values (2 ulps: norms of half and
+    float32 lists may be summed in another order; on a GPU the CUDA budget of BELOW), and
+    on a GPU as the CPU kernel's masters (BELOW)."""
+    kw = dict(lr=LR, weight_decay=0.01, norm_type=0)
+    ours = make_params(dtype, sizes=DEVICE_SIZES, device=device)
     fp32 = clone_params(ours, torch.float32)
-    opt = FusedNovoGrad(ours, lr=LR, weight_decay=0.01, master_weights=True)
-    ref = FusedNovoGrad(fp32, lr=LR, weight_decay=0.01)
-    grads = grads_for(ours)  # bf16 grads; the fp32 run sees the same values
-    run_steps(opt, ours, grads)
-    run_steps(ref, fp32, [[g.float() for g in gs] for gs in grads])
+    grads = make_grads(sizes=DEVICE_SIZES, dtype=dtype)  # the fp32 run sees the same values
+    opt, ref = FusedNovoGrad(ours, master_weights=True, **kw), FusedNovoGrad(fp32, **kw)
+    run(opt, ours, grads)
+    run(ref, fp32, grads, dtype=torch.float32)
     for a, b in zip(ours, fp32):
         master = opt.state[a]["master_param"]
         assert master.dtype == opt.state[a]["exp_avg"].dtype == opt.state[a]["exp_avg_sq"].dtype == torch.float32
-        ulps_close(master, b.detach(), n=2)  # norms of bf16 / fp32 lists may sum in another order
-        assert torch.equal(a.detach(), master.to(torch.bfloat16))
+        assert master.device == a.device
+        ulps_close(master, b.detach(), 2 if device == "cpu" else BELOW[device][0])
+        assert torch.equal(a.detach(), master.to(dtype))  # the param is the master, rounded
+    if device != "cpu":
+        cpu = [p.detach().cpu().requires_grad_() for p in make_params(dtype, sizes=DEVICE_SIZES)]
+        on_cpu = FusedNovoGrad(cpu, master_weights=True, **kw)
+        run(on_cpu, cpu, grads)
+        assert_match(opt, ours, on_cpu, cpu, *BELOW[device], param_key="master_param")
 
 
-def snapshot(opt, params):
-    return [p.detach().clone() for p in params], copy.deepcopy(opt.state_dict())
-
-
-def assert_unchanged(before, opt, params):
-    ps, sd = before
-    assert all(torch.equal(a, b.detach()) for a, b in zip(ps, params))
-    now = opt.state_dict()
-    for k, st in sd["state"].items():
-        for key, value in st.items():
-            assert torch.equal(value, now["state"][k][key]), key
-
-
-def test_found_inf_skips_everything():
-    params = make_params(torch.bfloat16, sizes=(17, 300))
-    opt = FusedNovoGrad(params, lr=LR, master_weights=True, weight_decay=0.1)
-    run_steps(opt, params, grads_for(params, steps=2))
-    before = snapshot(opt, params)
-    for flag in (torch.ones(1), torch.ones(1, dtype=torch.int32)):
-        run_steps(opt, params, grads_for(params, steps=1, seed=4), found_inf=flag)
-        assert_unchanged(before, opt, params)
-
-
-def test_a_skipped_first_step_leaves_the_first_step_to_come():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_skipped_first_step_leaves_the_first_step_to_come(device):
     """Not even the fresh v_1 = ||g_1||^2 is taken from a skipped step."""
-    a = make_params(sizes=(100,))
+    a = make_params(sizes=(100,), device=device)
     b = clone_params(a)
     oa, ob = FusedNovoGrad(a, lr=LR), FusedNovoGrad(b, lr=LR)
-    a[0].grad = torch.full((100,), 1e4)
-    oa.step(found_inf=torch.ones(1))
-    grads = grads_for(a, steps=3)
-    run_steps(oa, a, grads)
-    run_steps(ob, b, grads)
+    a[0].grad = torch.full((100,), 1e4, device=device)
+    oa.step(found_inf=torch.ones(1, device=device))
+    grads = make_grads(sizes=(100,), steps=3)
+    run(oa, a, grads)
+    run(ob, b, grads)
     assert torch.equal(a[0].detach(), b[0].detach())
     assert torch.equal(oa.state[a[0]]["exp_avg_sq"], ob.state[b[0]]["exp_avg_sq"])
 
 
 @pytest.mark.parametrize("norm_type", [2, 0])
-def test_grad_scale_divides_grads_and_norms_inside(norm_type):
-    a = make_params(sizes=(1000, 3))
+@pytest.mark.parametrize("device", DEVICES)
+def test_grad_scale_divides_grads_and_norms_on_the_device(device, norm_type):
+    sizes = (1000, 70000)
+    a = make_params(sizes=sizes, device=device)
     b = clone_params(a)
     oa, ob = FusedNovoGrad(a, lr=LR, norm_type=norm_type), FusedNovoGrad(b, lr=LR, norm_type=norm_type)
-    grads = grads_for(a, steps=3)
-    run_steps(oa, a, [[g * 1024 for g in gs] for gs in grads], grad_scale=torch.tensor([1024.0]))
-    run_steps(ob, b, grads)
+    grads = make_grads(sizes=sizes, steps=3)
+    run(oa, a, [[g * 1024 for g in gs] for gs in grads], grad_scale=torch.tensor([1024.0], device=device))
+    run(ob, b, grads)
     for p, q in zip(a, b):
         assert torch.equal(p.detach(), q.detach())
         assert torch.equal(oa.state[p]["exp_avg_sq"], ob.state[q]["exp_avg_sq"])  # norms of unscaled grads
-    assert torch.equal(a[1].grad, grads[-1][1])  # written back unscaled, exactly (a power of two)
+    assert torch.equal(a[1].grad.cpu(), grads[-1][1])  # written back unscaled, exactly (a power of two)
 
 
 def test_max_grad_norm_is_the_step_on_clipped_grads():
@@ -274,7 +306,7 @@ def test_state_dict_round_trip_is_exact(dtype):
     a = make_params(dtype, sizes=(129, 3))
     kw = dict(lr=LR, weight_decay=0.01, master_weights=dtype != torch.float32)
     opt = FusedNovoGrad(a, **kw)
-    run_steps(opt, a, grads_for(a, steps=3))
+    run(opt, a, grads_for(a, steps=3))
     sd = copy.deepcopy(opt.state_dict())
     b = clone_params(a)
     resumed = FusedNovoGrad(b, lr=1.0, master_weights=kw["master_weights"])  # the state dict's lr wins
@@ -283,18 +315,29 @@ def test_state_dict_round_trip_is_exact(dtype):
     assert state["exp_avg_sq"].dtype == torch.float32 and state["exp_avg_sq"].shape == ()
     assert resumed.param_groups[0]["lr"] == LR
     more = grads_for(a, steps=4, seed=9)
-    run_steps(opt, a, more)
-    run_steps(resumed, b, more)
+    run(opt, a, more)
+    run(resumed, b, more)
     for p, q in zip(a, b):
         assert torch.equal(p, q)
         for key, value in opt.state[p].items():
             assert torch.equal(value, resumed.state[q][key]), key
 
 
+def test_a_state_dict_with_per_element_exp_avg_sq_is_rejected_before_loading():
+    a = make_params(sizes=(15,))
+    src = FusedAdam(a, lr=1.0)  # exp_avg_sq per element, NovoGrad's is one value per tensor
+    run(src, a, steps=1)
+    b = clone_params(a)
+    dst = FusedNovoGrad(b, lr=5e-4)
+    with pytest.raises(ValueError, match="not from FusedNovoGrad"):
+        dst.load_state_dict(src.state_dict())
+    assert dst.param_groups[0]["lr"] == 5e-4 and not dst.state
+
+
 def test_state_dict_of_another_optimizer_is_refused():
     a = make_params(sizes=(8,))
     adam = torch.optim.Adam(a)
-    run_steps(adam, a, grads_for(a, steps=1))
+    run(adam, a, grads_for(a, steps=1))
     with pytest.raises(ValueError, match="not from FusedNovoGrad"):
         FusedNovoGrad(a).load_state_dict(adam.state_dict())
 
@@ -322,3 +365,57 @@ def test_bad_input():
         with pytest.raises(ValueError, match="norm_type"):
             kernel([p.detach()], [torch.ones(3)], [torch.zeros(3)], [torch.zeros(())], [], [torch.zeros(())],
                    torch.ones(1), 1, 0.1, 0.9, 0.9, 1e-8, 0.0, True, False, True, False, False, None, None, None)
+
+
+# ---- the op on a GPU: many tensors, odd memory, no host sync ----------------------
+
+def op_lists(device, seed=0):
+    """fused_novograd_'s lists for bf16 params with masters (optim_cases.many_shapes),
+    step counts that differ per tensor (0: a fresh second moment), given grad norms."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = many_shapes()
+    lists = {k: [] for k in ("params", "grads", "exp_avgs", "exp_avg_sqs", "masters", "steps")}
+    for i, shape in enumerate(shapes):
+        p = torch.randn(shape, generator=g)
+        lists["params"].append(place(p.to(torch.bfloat16), device))
+        lists["masters"].append(place(p.clone(), device))
+        lists["grads"].append(torch.randn(shape, generator=g).to(torch.bfloat16).to(device))
+        lists["exp_avgs"].append(place(torch.randn(shape, generator=g) * 0.1, device))
+        lists["exp_avg_sqs"].append(torch.rand((), generator=g).to(device))
+        lists["steps"].append(torch.full((), float(i % 5), device=device))
+    lists["norms"] = (torch.rand(len(shapes), generator=g) * 10).to(device)
+    return lists
+
+
+def call_op(lists, norm_type=2, **kw):
+    op("fused_novograd_")(lists["params"], lists["grads"], lists["exp_avgs"], lists["exp_avg_sqs"],
+                          lists["masters"], lists["steps"], lists["norms"], norm_type, 1e-2, 0.95, 0.98,
+                          1e-8, 0.01, True, False, True, False, False, kw.get("lr_tensor"),
+                          kw.get("grad_scale"), kw.get("found_inf"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("norm_type", [2, 0])
+def test_many_tensors_channels_last_lr_tensor_match_cpu(norm_type):
+    gpu, cpu = op_lists("cuda"), op_lists("cpu")
+    for lists, device in ((gpu, "cuda"), (cpu, "cpu")):
+        for _ in range(3):
+            call_op(lists, norm_type, lr_tensor=torch.tensor([2e-2], dtype=torch.float64, device=device),
+                    grad_scale=torch.tensor([3.0], device=device),
+                    found_inf=torch.zeros(1, dtype=torch.int32, device=device))
+    for key in ("masters", "exp_avgs"):
+        assert all(a.stride() == c.stride() for a, c in zip(gpu[key], cpu[key]))
+        ulps_close(flat(gpu[key]), flat(cpu[key]), BELOW["cuda"][0])
+    for a, c in zip(gpu["exp_avg_sqs"], cpu["exp_avg_sqs"]):
+        ulps_close(a, c, 2)  # the same norms given: one blend in double, rounded once
+    for a, m in zip(gpu["params"], gpu["masters"]):
+        assert torch.equal(a, m.to(torch.bfloat16))
+    assert [s.item() for s in gpu["steps"]] == [s.item() for s in cpu["steps"]]
+
+
+@pytest.mark.gpu
+def test_no_host_sync():
+    lists = op_lists("cuda")
+    with no_host_sync():
+        call_op(lists, grad_scale=torch.ones(1, device="cuda"), found_inf=torch.zeros(1, device="cuda"),
+                lr_tensor=torch.full((1,), 1e-2, device="cuda"))

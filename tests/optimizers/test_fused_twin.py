@@ -1,47 +1,47 @@
 """fused_twin: a torch.optim optimizer's core_ops twin takes over mid-run with the same
 groups and state, and continues as torch's would (a few float32 ulps: the same
-formula, Note [Adam as torch.optim computes it])."""
+formula, Note [Adam as torch.optim computes it]), for every optimizer of the registry
+with a torch.optim counterpart (optimizer_registry.py, generic test "twin"), in each
+variant that torch's optimizer takes, on each device."""
 
 import copy
 
 import pytest
 import torch
+from optim_cases import DEVICES
+from optimizer_registry import cases
 
-from core_ops.optimizers import FusedAdagrad, FusedAdam, FusedSGD, fused_twin
-
-CASES = {
-    "AdamW": (lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.05, amsgrad=True), FusedAdam),
-    "Adam-L2": (lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.05), FusedAdam),
-    "SGD": (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3), FusedSGD),
-    "Adagrad": (lambda ps: torch.optim.Adagrad(ps, lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1), FusedAdagrad),
-}
+from core_ops.optimizers import fused_twin
 
 
-def params(seed=0):
+def params(device, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, generator=g).requires_grad_() for n in (300, 17)]
+    return [torch.randn(n, generator=g).to(device).requires_grad_() for n in (300, 17)]
 
 
 def steps(opt, ps, seeds):
     for s in seeds:
         g = torch.Generator().manual_seed(s)
         for p in ps:
-            p.grad = torch.randn(p.shape, generator=g)
+            p.grad = torch.randn(p.shape, generator=g).to(p.device)
         opt.step()
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_the_twin_continues_as_torch_would(name):
-    make, cls = CASES[name]
-    ours, theirs = params(), params()
-    a = make([{"params": ours[:1]}, {"params": ours[1:], "lr": 0.05}])
-    b = make([{"params": theirs[:1]}, {"params": theirs[1:], "lr": 0.05}])
+@pytest.mark.parametrize("info,config", cases("twin", "torch_counterpart", variants=True))
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_twin_continues_as_torch_would(device, info, config):
+    ours, theirs = params(device), params(device)
+
+    def make(ps):
+        return info.torch_optimizer([{"params": ps[:1]}, {"params": ps[1:], "lr": 0.05}], **config.kwargs)
+
+    a, b = make(ours), make(theirs)
     sched = torch.optim.lr_scheduler.StepLR(a, 1, 0.5)  # puts initial_lr into the groups
     torch.optim.lr_scheduler.StepLR(b, 1, 0.5)
     steps(a, ours, [1, 2])
     steps(b, theirs, [1, 2])
     twin = fused_twin(a)
-    assert type(twin) is cls and twin.param_groups[1]["params"][0] is ours[1]
+    assert type(twin) is info.cls and twin.param_groups[1]["params"][0] is ours[1]
     assert [g["lr"] for g in twin.param_groups] == [g["lr"] for g in a.param_groups]
     assert all(g["initial_lr"] == h["initial_lr"] for g, h in zip(twin.param_groups, a.param_groups))
     sched.optimizer = twin
@@ -52,7 +52,7 @@ def test_the_twin_continues_as_torch_would(name):
 
 
 def test_no_twin_for_other_optimizers():
-    ps = params()
+    ps = params("cpu")
     assert fused_twin(torch.optim.RMSprop(ps)) is None
     assert fused_twin(torch.optim.SGD(ps, lr=0.1, differentiable=True)) is None
     assert fused_twin(type("MyAdam", (torch.optim.Adam,), {})(ps)) is None

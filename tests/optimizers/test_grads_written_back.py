@@ -2,9 +2,12 @@
 as torch's fused optimizers leave them (Note [Grads written back unscaled] in
 csrc/include/core_ops/optimizer_args.h); a skipped step leaves them as they were.
 
-Every fused optimizer on the native kernels (CPU, and CUDA when present) and on the
-reference kernels; torch.amp.GradScaler against torch's own fused=True optimizers;
-core_ops' LossScaler; and the amp_C kernels that take a grad scale.
+Every fused optimizer of the registry (optimizer_registry.py, generic test
+"grads_written_back", with its every_path kwargs: no clipping, so the written grads
+are the unscaled ones), in every param dtype it takes, on the native kernels of each
+device and on the reference kernels; torch.amp.GradScaler against torch's own
+fused=True optimizers; core_ops' LossScaler; and the amp_C kernels that take a grad
+scale.
 
 Expected grads are computed as the kernels compute them: the scaled grad in the state
 dtype, divided by the scale, rounded to the grad's dtype, so the comparisons are exact."""
@@ -13,28 +16,13 @@ import copy
 
 import pytest
 import torch
-from conftest import DEVICES, dtype_id
+from optim_cases import DEVICES, assert_native
+from optimizer_registry import cases, dtype_cases
 
-import core_ops.optimizers.fused_adagrad
-import core_ops.optimizers.fused_adam
-import core_ops.optimizers.fused_lamb
-import core_ops.optimizers.fused_novograd
-import core_ops.optimizers.fused_sgd
-from core_ops import _build
 from core_ops.amp import LossScaler
 from core_ops.multi_tensor_apply import amp_C
-from core_ops.optimizers import FusedAdagrad, FusedAdam, FusedLAMB, FusedNovoGrad, FusedSGD
+from core_ops.optimizers import FusedAdam
 from core_ops.reference import KERNELS as REF
-
-MAKERS = {
-    "adam": (core_ops.optimizers.fused_adam, lambda ps, **kw: FusedAdam(ps, lr=1e-2, weight_decay=0.01, **kw)),
-    "sgd": (core_ops.optimizers.fused_sgd, lambda ps, **kw: FusedSGD(ps, lr=0.1, momentum=0.9, **kw)),
-    "adagrad": (core_ops.optimizers.fused_adagrad, lambda ps, **kw: FusedAdagrad(ps, lr=0.1, **kw)),
-    # max_grad_norm=0: no clipping, so the written grads are the unscaled ones.
-    "lamb": (core_ops.optimizers.fused_lamb, lambda ps, **kw: FusedLAMB(ps, lr=1e-2, max_grad_norm=0, **kw)),
-    "novograd": (core_ops.optimizers.fused_novograd, lambda ps, **kw: FusedNovoGrad(ps, lr=1e-2, **kw)),
-}
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 
 def make_params(device, dtype):
@@ -60,24 +48,22 @@ def unscaled(grad, scale):
     return (grad.cpu().to(math) / scale).to(grad.dtype).to(grad.device)
 
 
-def backend(kind, which, monkeypatch):
-    module, make = MAKERS[kind]
+def backend(info, which, device, monkeypatch):
+    """``info``'s every_path optimizer, on the native kernels of ``device`` or on the
+    reference kernels."""
     if which == "reference":
-        monkeypatch.setattr(module, "op", lambda name: REF[name])
+        monkeypatch.setattr(info.module, "op", lambda name: REF[name])
     else:
-        assert _build.ensure("cpu").native
-    return make
+        assert_native(device)
+    return lambda ps, **kw: info.make(ps, info.every_path, **kw)
 
 
 @pytest.mark.parametrize("maximize", [False, True], ids=["min", "max"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["native", "reference"])
-@pytest.mark.parametrize("kind", list(MAKERS))
-def test_grads_hold_the_unscaled_values_after_the_step(kind, which, device, dtype, maximize, monkeypatch):
-    if device == "cuda" and which == "native":
-        assert _build.ensure("cuda").native
-    make = backend(kind, which, monkeypatch)
+@pytest.mark.parametrize("info,dtype", dtype_cases("grads_written_back"))
+def test_grads_hold_the_unscaled_values_after_the_step(info, dtype, which, device, maximize, monkeypatch):
+    make = backend(info, which, device, monkeypatch)
     params = make_params(device, dtype)
     opt = make(params, maximize=maximize)
     for seed, scale in ((1, 3.0), (2, 1024.0)):  # 3: a rounding in every dtype; 1024: exact
@@ -90,18 +76,19 @@ def test_grads_hold_the_unscaled_values_after_the_step(kind, which, device, dtyp
             assert torch.equal(p.grad, unscaled(g, scale))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["native", "reference"])
-@pytest.mark.parametrize("kind", list(MAKERS))
-def test_a_skipped_step_and_a_scale_of_one_leave_the_grads_alone(kind, which, monkeypatch):
-    make = backend(kind, which, monkeypatch)
-    params = make_params("cpu", torch.float32)
+@pytest.mark.parametrize("info", cases("grads_written_back"))
+def test_a_skipped_step_and_a_scale_of_one_leave_the_grads_alone(info, which, device, monkeypatch):
+    make = backend(info, which, device, monkeypatch)
+    params = make_params(device, info.typical.dtype)
     opt = make(params)
     grads = scaled_grads(params, 1024.0)
     for p, g in zip(params, grads):
         p.grad = g.clone()
-    opt.step(grad_scale=torch.tensor([1024.0]), found_inf=torch.ones(1))
+    opt.step(grad_scale=torch.tensor([1024.0], device=device), found_inf=torch.ones(1, device=device))
     assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
-    opt.step(grad_scale=torch.tensor([1.0]))
+    opt.step(grad_scale=torch.tensor([1.0], device=device))
     assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
 
 
@@ -123,26 +110,16 @@ def test_clipping_leaves_the_grads_clipped_as_clip_grad_norm_does():
 
 # torch's fused=True optimizers write the unscaled grads back too: the same run under
 # torch.amp.GradScaler leaves the same grads, and an overflowed step leaves both alone.
-TWINS = {
-    "adam": (lambda ps: FusedAdam(ps, lr=1e-2, adam_w_mode=False),
-             lambda ps: torch.optim.Adam(ps, lr=1e-2, fused=True)),
-    "adamw": (lambda ps: FusedAdam(ps, lr=1e-2, weight_decay=0.01),
-              lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01, fused=True)),
-    "sgd": (lambda ps: FusedSGD(ps, lr=0.1, momentum=0.9),
-            lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True)),
-    "adagrad": (lambda ps: FusedAdagrad(ps, lr=0.1),
-                lambda ps: torch.optim.Adagrad(ps, lr=0.1, fused=True)),
-}
-
-
-@pytest.mark.parametrize("kind", list(TWINS))
-def test_grad_scaler_leaves_the_grads_as_torch_fused_leaves_them(kind):
+@pytest.mark.parametrize("info,config", cases("grads_written_back", "torch_counterpart", variants=True))
+@pytest.mark.parametrize("device", DEVICES)
+def test_grad_scaler_leaves_the_grads_as_torch_fused_leaves_them(device, info, config):
     torch.manual_seed(0)
-    models = [torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))]
+    models = [torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(device)]
     models.append(copy.deepcopy(models[0]))
-    opts = [make(list(m.parameters())) for make, m in zip(TWINS[kind], models)]
-    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**10) for _ in models]
-    x, y = torch.randn(16, 32), torch.randn(16, 4)
+    opts = [info.make(list(models[0].parameters()), config),
+            info.torch_optimizer(list(models[1].parameters()), **config.kwargs, fused=True)]
+    scalers = [torch.amp.GradScaler(device, init_scale=2.0**10) for _ in models]
+    x, y = torch.randn(16, 32, device=device), torch.randn(16, 4, device=device)
     for step in range(4):
         kept = []
         for model, opt, scaler in zip(models, opts, scalers):
@@ -158,7 +135,7 @@ def test_grad_scaler_leaves_the_grads_as_torch_fused_leaves_them(kind):
         for a, b, was_a, was_b in zip(ours, theirs, ours_before, theirs_before):
             if step == 2:  # both skip and keep the scaled grads (torch 2.7's fused
                 assert torch.equal(a, was_a)  # Adagrad unscaled them even then; 2.14's does not)
-                assert torch.equal(b, was_b) or kind == "adagrad"
+                assert torch.equal(b, was_b) or info.name == "adagrad"
             else:
                 assert not torch.equal(a, was_a)  # unscaled
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)  # params a few ulps apart

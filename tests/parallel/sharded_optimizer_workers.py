@@ -1,21 +1,23 @@
 """Rank functions for test_sharded_optimizers.py: models sharded by FSDP2's fully_shard
-(params are DTensors), trained by core_ops' fused optimizers and by torch.optim."""
+(params are DTensors), trained by core_ops' fused optimizers (the registry's,
+tests/optimizers/optimizer_registry.py, generic test "sharded") and by torch.optim."""
 
+import functools
 import itertools
+import sys
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from core_ops.optimizers import FusedAdagrad, FusedAdam, FusedLAMB, FusedNovoGrad, FusedSGD
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "optimizers"))
+from optimizer_registry import cases  # noqa: E402
 
-PAIRS = {
-    "adam": (lambda ps: FusedAdam(ps, lr=0.01, weight_decay=0.01),
-             lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.01)),
-    "sgd": (lambda ps: FusedSGD(ps, lr=0.05, momentum=0.9, nesterov=True),
-            lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True)),
-    "adagrad": (lambda ps: FusedAdagrad(ps, lr=0.1, weight_decay=0.01),
-                lambda ps: torch.optim.Adagrad(ps, lr=0.1, weight_decay=0.01)),
-}
+# Elementwise on the shards, each against the torch.optim optimizer of its kwargs:
+# {name: (ours, torch's)}.
+PAIRS = {case.id: (case.values[0].make,
+                   functools.partial(case.values[0].torch_optimizer, **case.values[0].typical.kwargs))
+         for case in cases("sharded", "torch_counterpart")}
 
 
 def sharded_mlp(mesh=None):
@@ -55,11 +57,15 @@ def elementwise_optimizers(rank, world):
     return out
 
 
-WHOLE_NORMS = {  # optimizers and options that need each whole tensor's norm, or the global one
-    "lamb": (lambda ps: FusedLAMB(ps, lr=0.01, weight_decay=0.01, max_grad_norm=0.5), {}),
-    "novograd_l2": (lambda ps: FusedNovoGrad(ps, lr=0.01, weight_decay=0.01), {}),
-    "novograd_max": (lambda ps: FusedNovoGrad(ps, lr=0.01, norm_type=0), {}),
-    "adam_clipped": (lambda ps: FusedAdam(ps, lr=0.01), {"max_grad_norm": 0.5}),
+# Optimizers and options that need each whole tensor's norm, or the global one: {name:
+# (make, step kwargs, all_reduce calls a step makes)}. Each entry that takes norms, in
+# every variant (one all_reduce a norm pass for all tensors: LAMB's clipping norm, then
+# its weights' and updates' norms together; NovoGrad's grad norms); and the elementwise
+# ones clipped by step(max_grad_norm=): one for the global norm.
+WHOLE_NORMS = {
+    **{case.id: (functools.partial(case.values[0].make, config=case.values[1]), {}, case.values[0].collectives)
+       for case in cases("sharded", variants=True) if case.values[0].collectives},
+    **{f"{name}_clipped": (ours, {"max_grad_norm": 0.5}, 1) for name, (ours, _) in PAIRS.items()},
 }
 
 
@@ -80,7 +86,7 @@ def whole_norm_optimizers(rank, world):
         from torch.distributed.device_mesh import init_device_mesh
         meshes["hsdp"] = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     out = {}
-    for (name, (make, step_kwargs)), (layout, mesh) in itertools.product(WHOLE_NORMS.items(), meshes.items()):
+    for (name, (make, step_kwargs, _)), (layout, mesh) in itertools.product(WHOLE_NORMS.items(), meshes.items()):
         model = sharded_mlp(mesh)
         torch.manual_seed(0)
         whole = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
@@ -114,12 +120,12 @@ def under_loss_scalers(rank, world):
     core_ops' LossScaler, on sharded params, with an inf in rank 0's shard of a grad
     at step 1: every rank skips that step."""
     from core_ops.amp import LossScaler
-    cases = {"torch": (PAIRS["adam"][1], torch.amp.GradScaler),
-             "ours_grad_scaler": (PAIRS["adam"][0], torch.amp.GradScaler),
-             "ours_loss_scaler": (PAIRS["adam"][0], LossScaler),
-             "torch_loss_scaler": (PAIRS["adam"][1], LossScaler)}  # unscale_ on the shards
+    runs = {"torch": (PAIRS["adam"][1], torch.amp.GradScaler),
+            "ours_grad_scaler": (PAIRS["adam"][0], torch.amp.GradScaler),
+            "ours_loss_scaler": (PAIRS["adam"][0], LossScaler),
+            "torch_loss_scaler": (PAIRS["adam"][1], LossScaler)}  # unscale_ on the shards
     out = {}
-    for name, (make, make_scaler) in cases.items():
+    for name, (make, make_scaler) in runs.items():
         model = sharded_mlp()
         opt = make(model.parameters())
         scaler = make_scaler("cpu", init_scale=2.0 ** 8)

@@ -1,9 +1,13 @@
 """Apex's opt levels on FSDP2 over NCCL at world size 1 (run by tests/gpu/run.sh on a GPU
 machine; skipped here): the CUDA kernels on the float32 shards (Note [Opt levels on
-FSDP2]), LAMB's whole-tensor norms through an NCCL all_reduce, an overflow skipped,
-and an exact resume from a torch.distributed.checkpoint folder."""
+FSDP2]) for every fused optimizer of the registry (tests/optimizers/optimizer_registry.py,
+generic test "sharded"; LAMB's and NovoGrad's whole-tensor norms through an NCCL
+all_reduce), an overflow skipped, and an exact resume from a
+torch.distributed.checkpoint folder."""
 
 import datetime
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +17,10 @@ from torch import nn
 
 from _launch import free_port
 from core_ops import amp
-from core_ops.optimizers import FusedAdam, FusedLAMB
+from core_ops.optimizers import FusedAdam
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "optimizers"))
+from optimizer_registry import cases  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -53,10 +60,10 @@ def train(model, opt, start, steps, inf_at=None):
 
 
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("make", [FusedAdam, FusedLAMB], ids=["adam", "lamb"])
-def test_o2_on_fsdp2_over_nccl(nccl, half, make):
+@pytest.mark.parametrize("info", cases("sharded"))
+def test_o2_on_fsdp2_over_nccl(nccl, half, info):
     model = sharded()
-    model, opt = amp.initialize(model, make(model.parameters(), lr=1e-2), opt_level="O2", half_dtype=half,
+    model, opt = amp.initialize(model, info.make(model.parameters(), lr=1e-2), opt_level="O2", half_dtype=half,
                                 verbosity=0)
     seen = []
     model[0][0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))

@@ -1,11 +1,13 @@
-"""core_ops' fused optimizers on params sharded by FSDP2 (DTensors), 2 gloo ranks (Note
-[Sharded params] in core_ops/_sharded.py)."""
+"""core_ops' fused optimizers (every one of the registry, tests/optimizers/optimizer_registry.py,
+generic test "sharded") on params sharded by FSDP2 (DTensors), 2 and 4 gloo ranks (Note
+[Sharded params] in core_ops/_sharded.py). On a GPU: test_fsdp_cuda.py, over NCCL."""
 
 import torch
 from _launch import run_ranks
+from sharded_optimizer_workers import WHOLE_NORMS
 
 
-def test_adam_sgd_adagrad_on_sharded_params_match_torch_optim():
+def test_elementwise_optimizers_on_sharded_params_match_torch_optim():
     # Tolerance: the same float32 formulas over 4 steps; core_ops may fuse a*b + c into
     # one FMA where torch rounds twice (a few ulps).
     for result in run_ranks("sharded_optimizer_workers:elementwise_optimizers", timeout=180):
@@ -25,15 +27,13 @@ def test_lamb_novograd_and_clipping_take_whole_tensor_norms_in_one_collective():
     # dim only, so the replicas are not counted twice.
     for world in (2, 4):
         results = run_ranks("sharded_optimizer_workers:whole_norm_optimizers", world_size=world, timeout=180)
-        assert len(results[0]) == 4 * (1 if world == 2 else 2)
+        assert len(results[0]) == len(WHOLE_NORMS) * (1 if world == 2 else 2)
         for result in results:
             for key, r in result.items():
                 name = key.split()[0]
                 for ours, theirs in zip(r["sharded"], r["whole"]):
                     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6, msg=f"{key} on {world}")
-                # One all_reduce a norm pass for all tensors: LAMB's clipping norm, then its
-                # weights' and updates' norms together; NovoGrad's grad norms; the clip.
-                expected = {"lamb": 2, "novograd_l2": 1, "novograd_max": 1, "adam_clipped": 1}[name]
+                expected = WHOLE_NORMS[name][2]  # all_reduce calls a step (sharded_optimizer_workers.py)
                 assert r["all_reduces"] == [expected] * 4, (key, r["all_reduces"])
                 if r["whole_grad_norm"] is not None:
                     torch.testing.assert_close(r["grad_norm"], r["whole_grad_norm"], rtol=1e-5, atol=0)
