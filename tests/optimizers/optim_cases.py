@@ -66,6 +66,22 @@ def runs_below(device, monkeypatch, make, modules, sizes=DEVICE_SIZES, steps=STE
     return ours, one(below(device, monkeypatch, *modules))
 
 
+def assert_like_the_kernels_below(device, monkeypatch, make, modules, param_ulps, state_ulps, **kwargs):
+    """``runs_below``'s two runs agree: params within ``param_ulps``, every state tensor
+    within ``state_ulps``, the step counts equal and on the params' device. Returns
+    the device's (optimizer, params)."""
+    (opt, ours), (ref, theirs) = runs_below(device, monkeypatch, make, modules, **kwargs)
+    for a, c in zip(ours, theirs):
+        ulps_close(a, c, param_ulps)
+        assert opt.state[a].keys() == ref.state[c].keys()
+        for key, value in opt.state[a].items():
+            if key == "step":
+                assert value.device == a.device and value.item() == ref.state[c][key].item()
+            else:
+                ulps_close(value, ref.state[c][key], state_ulps)
+    return opt, ours
+
+
 def torch_cases(cpu_cases, cuda_cases):
     """pytest params (device, kwargs, dtype) of a comparison with torch.optim: each CPU
     case in float32 and float64, each CUDA case in float32 (marked gpu)."""
@@ -214,6 +230,40 @@ def no_host_sync():
 
 
 def device_scalars(device):
-    """(lr tensor, grad_scale, found_inf) as the ops take them, on ``device``."""
-    return (torch.full((1,), 1e-2, device=device), torch.ones(1, device=device),
-            torch.zeros(1, device=device))
+    """lr_tensor, grad_scale and found_inf as the ops take them, on ``device``."""
+    return dict(lr_tensor=torch.full((1,), 1e-2, device=device), grad_scale=torch.ones(1, device=device),
+                found_inf=torch.zeros(1, device=device))
+
+
+def assert_no_host_sync(lists, call_op):
+    """``call_op(lists, **scalars)`` on the GPU never syncs the host."""
+    with no_host_sync():
+        call_op(lists, **device_scalars("cuda"))
+
+
+def op_on_gpu_and_cpu(op_lists, call_op, calls=3):
+    """The lists ``op_lists(device)`` makes, on the GPU and on the CPU, after ``calls``
+    calls ``call_op(lists, i, **scalars)``: a float64 lr tensor, a grad_scale of 3 (a
+    rounding in every division), an int32 found_inf left clear."""
+    out = []
+    for device in ("cuda", "cpu"):
+        lists = op_lists(device)
+        for i in range(calls):
+            call_op(lists, i, lr_tensor=torch.tensor([2e-2], dtype=torch.float64, device=device),
+                    grad_scale=torch.tensor([3.0], device=device),
+                    found_inf=torch.zeros(1, dtype=torch.int32, device=device))
+        out.append(lists)
+    return out
+
+
+def assert_lists_match(gpu, cpu, ulps):
+    """The lists of ``op_on_gpu_and_cpu``: each of ``ulps`` (key: n) within n ulps of the
+    CPU's, laid out as the CPU's; the bfloat16 params their masters, rounded; the step
+    counts, where there are any, the CPU's."""
+    for key, n in ulps.items():
+        assert all(a.stride() == c.stride() for a, c in zip(gpu[key], cpu[key])), key
+        ulps_close(flat(gpu[key]), flat(cpu[key]), n)
+    for a, m in zip(gpu["params"], gpu["masters"]):
+        assert torch.equal(a, m.to(torch.bfloat16))
+    if "steps" in gpu:
+        assert [s.item() for s in gpu["steps"]] == [s.item() for s in cpu["steps"]]

@@ -12,8 +12,9 @@ roundings: bit for bit)."""
 
 import pytest
 import torch
-from optim_cases import (DEVICES, assert_runs_as_torch, assert_state_dict_round_trip, flat, make_params, many_shapes,
-                         no_host_sync, place, runs_below, torch_cases, ulps_close)
+from optim_cases import (DEVICES, assert_like_the_kernels_below, assert_lists_match, assert_no_host_sync,
+                         assert_runs_as_torch, assert_state_dict_round_trip, make_params, many_shapes,
+                         op_on_gpu_and_cpu, place, torch_cases, ulps_close)
 from optim_cases import native_kernels  # noqa: F401  (autouse)
 from optimizer_registry import OPTIMIZERS
 
@@ -41,14 +42,10 @@ def test_matches_torch(device, kw, dtype):
 @pytest.mark.parametrize("device", DEVICES)
 def test_fp32_matches_the_kernels_below(device, case, monkeypatch):
     kw = CUDA_CASES.get(case, dict(lr=1e-2, weight_decay=0.05, adagrad_w_mode=True, lr_decay=0.01))
-    (opt, ours), (ref, theirs) = runs_below(device, monkeypatch, lambda ps: FusedAdagrad(ps, **kw),
-                                            [core_ops.optimizers.fused_adagrad])
     info = OPTIMIZERS["adagrad"]
-    n = (info.across_devices if device != "cpu" else info.against_reference).ulps
-    for a, c in zip(ours, theirs):
-        ulps_close(a, c, n)
-        ulps_close(opt.state[a]["sum"], ref.state[c]["sum"], n)
-        assert opt.state[a]["step"].device == a.device
+    tolerance = (info.across_devices if device != "cpu" else info.against_reference).ulps
+    assert_like_the_kernels_below(device, monkeypatch, lambda ps: FusedAdagrad(ps, **kw),
+                                  [core_ops.optimizers.fused_adagrad], tolerance, tolerance)
 
 
 def test_adagrad_w_mode_decouples_weight_decay():
@@ -103,23 +100,10 @@ def call_op(lists, **kw):
 
 @pytest.mark.gpu
 def test_many_tensors_channels_last_lr_tensor_match_cpu():
-    gpu, cpu = op_lists("cuda"), op_lists("cpu")
-    for lists, device in ((gpu, "cuda"), (cpu, "cpu")):
-        for _ in range(3):
-            call_op(lists, lr_tensor=torch.tensor([2e-2], dtype=torch.float64, device=device),
-                    grad_scale=torch.tensor([3.0], device=device),
-                    found_inf=torch.zeros(1, dtype=torch.int32, device=device))
-    for key in ("masters", "sums"):
-        assert all(a.stride() == c.stride() for a, c in zip(gpu[key], cpu[key]))
-        ulps_close(flat(gpu[key]), flat(cpu[key]), 0)
-    for a, m in zip(gpu["params"], gpu["masters"]):
-        assert torch.equal(a, m.to(torch.bfloat16))
-    assert [s.item() for s in gpu["steps"]] == [s.item() for s in cpu["steps"]]
+    gpu, cpu = op_on_gpu_and_cpu(op_lists, lambda lists, i, **kw: call_op(lists, **kw))
+    assert_lists_match(gpu, cpu, {"masters": 0, "sums": 0})
 
 
 @pytest.mark.gpu
 def test_no_host_sync():
-    lists = op_lists("cuda")
-    with no_host_sync():
-        call_op(lists, grad_scale=torch.ones(1, device="cuda"), found_inf=torch.zeros(1, device="cuda"),
-                lr_tensor=torch.full((1,), 1e-2, device="cuda"))
+    assert_no_host_sync(op_lists("cuda"), call_op)

@@ -20,8 +20,8 @@ import copy
 
 import pytest
 import torch
-from optim_cases import (DEVICE_SIZES, DEVICES, STEPS, clone_params, flat, make_grads, make_params, many_shapes,
-                         no_host_sync, place, run, runs_below, ulps_close)
+from optim_cases import (DEVICE_SIZES, DEVICES, STEPS, assert_like_the_kernels_below, clone_params, flat, make_grads,
+                         make_params, many_shapes, no_host_sync, place, run, ulps_close)
 from optim_cases import native_kernels  # noqa: F401  (autouse)
 
 import core_ops.optimizers.fused_lamb
@@ -98,14 +98,10 @@ CASES = {
 def test_fp32_matches_the_kernels_below(device, case, monkeypatch):
     kw = CASES[case]
     sizes, steps, param_ulps, state_ulps = BELOW[device]
-    (opt, ours), (ref, theirs) = runs_below(device, monkeypatch, lambda ps: FusedLAMB(ps, **kw),
-                                            [core_ops.optimizers.fused_lamb, ops], sizes, steps)
-    for a, c in zip(ours, theirs):
-        ulps_close(a, c, param_ulps)
-        for key in ("exp_avg", "exp_avg_sq"):
-            ulps_close(opt.state[a][key], ref.state[c][key], state_ulps)
-        assert opt.state[a]["step"].device == a.device
-        assert opt.state[a]["step"].item() == ref.state[c]["step"].item() == steps
+    opt, ours = assert_like_the_kernels_below(device, monkeypatch, lambda ps: FusedLAMB(ps, **kw),
+                                              [core_ops.optimizers.fused_lamb, ops], param_ulps, state_ulps,
+                                              sizes=sizes, steps=steps)
+    assert all(opt.state[p]["step"].item() == steps for p in ours)
 
 
 def test_mixed_precision_lamb_keeps_fp32_masters():

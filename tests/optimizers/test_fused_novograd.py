@@ -37,8 +37,8 @@ import math
 
 import pytest
 import torch
-from optim_cases import (DEVICE_SIZES, DEVICES, STEPS, clone_params, flat, make_grads, make_params, many_shapes,
-                         no_host_sync, place, run, runs_below, ulps_close)
+from optim_cases import (DEVICE_SIZES, DEVICES, STEPS, assert_lists_match, assert_no_host_sync, clone_params,
+                         make_grads, make_params, many_shapes, op_on_gpu_and_cpu, place, run, runs_below, ulps_close)
 from optim_cases import native_kernels  # noqa: F401  (autouse)
 
 import core_ops
@@ -98,15 +98,19 @@ def case_id(kw):
     return "-".join(f"{k}={v}" for k, v in kw.items()) or "default"
 
 
-@pytest.mark.parametrize("kw", CASES, ids=case_id)
-def test_fp32_matches_the_formula_in_fp64(kw):
-    params = make_params()
+@pytest.mark.parametrize("kw,dtype", [(kw, torch.float32) for kw in CASES] + [(kw, torch.float64) for kw in FP64_CASES],
+                         ids=[f"{case_id(kw)}-fp32" for kw in CASES] + [f"{case_id(kw)}-fp64" for kw in FP64_CASES])
+def test_matches_the_formula_in_fp64(kw, dtype):
+    params = make_params(dtype)
     start = [p.detach().clone() for p in params]
     grads = grads_for(params)
     opt = FusedNovoGrad(params, lr=LR, betas=BETAS, **kw)
     run(opt, params, grads)
     for i, (p, p0) in enumerate(zip(params, start)):
         want_p, want_m, want_v = apex_novograd(p0, [gs[i] for gs in grads], **kw)
+        if dtype == torch.float64:
+            torch.testing.assert_close(p.detach(), want_p, rtol=1e-12, atol=1e-12)
+            continue
         state = opt.state[p]
         ulps_close(p.detach(), want_p.float())
         ulps_close(state["exp_avg"], want_m.float())
@@ -114,18 +118,6 @@ def test_fp32_matches_the_formula_in_fp64(kw):
                                    rtol=1e-5, atol=0)
         assert state["exp_avg_sq"].shape == () and state["exp_avg_sq"].dtype == torch.float32
         assert state["step"].item() == STEPS
-
-
-@pytest.mark.parametrize("kw", FP64_CASES, ids=case_id)
-def test_fp64_matches_the_formula(kw):
-    params = make_params(torch.float64)
-    start = [p.detach().clone() for p in params]
-    grads = grads_for(params)
-    opt = FusedNovoGrad(params, lr=LR, betas=BETAS, **kw)
-    run(opt, params, grads)
-    for i, (p, p0) in enumerate(zip(params, start)):
-        want_p, _, _ = apex_novograd(p0, [gs[i] for gs in grads], **kw)
-        torch.testing.assert_close(p.detach(), want_p, rtol=1e-12, atol=1e-12)
 
 
 def op_args(dtype, masters, seed=0, **kw):
@@ -397,25 +389,12 @@ def call_op(lists, norm_type=2, **kw):
 @pytest.mark.gpu
 @pytest.mark.parametrize("norm_type", [2, 0])
 def test_many_tensors_channels_last_lr_tensor_match_cpu(norm_type):
-    gpu, cpu = op_lists("cuda"), op_lists("cpu")
-    for lists, device in ((gpu, "cuda"), (cpu, "cpu")):
-        for _ in range(3):
-            call_op(lists, norm_type, lr_tensor=torch.tensor([2e-2], dtype=torch.float64, device=device),
-                    grad_scale=torch.tensor([3.0], device=device),
-                    found_inf=torch.zeros(1, dtype=torch.int32, device=device))
-    for key in ("masters", "exp_avgs"):
-        assert all(a.stride() == c.stride() for a, c in zip(gpu[key], cpu[key]))
-        ulps_close(flat(gpu[key]), flat(cpu[key]), BELOW["cuda"][0])
+    gpu, cpu = op_on_gpu_and_cpu(op_lists, lambda lists, i, **kw: call_op(lists, norm_type, **kw))
+    assert_lists_match(gpu, cpu, {"masters": BELOW["cuda"][0], "exp_avgs": BELOW["cuda"][0]})
     for a, c in zip(gpu["exp_avg_sqs"], cpu["exp_avg_sqs"]):
         ulps_close(a, c, 2)  # the same norms given: one blend in double, rounded once
-    for a, m in zip(gpu["params"], gpu["masters"]):
-        assert torch.equal(a, m.to(torch.bfloat16))
-    assert [s.item() for s in gpu["steps"]] == [s.item() for s in cpu["steps"]]
 
 
 @pytest.mark.gpu
 def test_no_host_sync():
-    lists = op_lists("cuda")
-    with no_host_sync():
-        call_op(lists, grad_scale=torch.ones(1, device="cuda"), found_inf=torch.zeros(1, device="cuda"),
-                lr_tensor=torch.full((1,), 1e-2, device="cuda"))
+    assert_no_host_sync(op_lists("cuda"), call_op)

@@ -11,8 +11,9 @@ the same roundings: bit for bit)."""
 
 import pytest
 import torch
-from optim_cases import (DEVICES, assert_runs_as_torch, assert_same_run, assert_state_dict_round_trip, flat,
-                         make_params, many_shapes, no_host_sync, place, runs_below, torch_cases, ulps_close)
+from optim_cases import (DEVICES, assert_like_the_kernels_below, assert_lists_match, assert_no_host_sync,
+                         assert_runs_as_torch, assert_same_run, assert_state_dict_round_trip, make_params, many_shapes,
+                         op_on_gpu_and_cpu, place, torch_cases, ulps_close)
 from optim_cases import native_kernels  # noqa: F401  (autouse)
 from optimizer_registry import OPTIMIZERS
 
@@ -49,14 +50,10 @@ def test_sgd_fused_baseline_too():
 @pytest.mark.parametrize("device", DEVICES)
 def test_fp32_matches_the_kernels_below(device, case, monkeypatch):
     kw = CUDA_CASES.get(case, dict(lr=1e-2, momentum=0.9, weight_decay=0.05, wd_after_momentum=True))
-    (opt, ours), (ref, theirs) = runs_below(device, monkeypatch, lambda ps: FusedSGD(ps, **kw),
-                                            [core_ops.optimizers.fused_sgd])
     info = OPTIMIZERS["sgd"]
-    n = (info.across_devices if device != "cpu" else info.against_reference).ulps
-    for a, c in zip(ours, theirs):
-        ulps_close(a, c, n)
-        if kw.get("momentum"):
-            ulps_close(opt.state[a]["momentum_buffer"], ref.state[c]["momentum_buffer"], n)
+    tolerance = (info.across_devices if device != "cpu" else info.against_reference).ulps
+    assert_like_the_kernels_below(device, monkeypatch, lambda ps: FusedSGD(ps, **kw), [core_ops.optimizers.fused_sgd],
+                                  tolerance, tolerance)
 
 
 def test_wd_after_momentum_matches_reference_formula():
@@ -170,22 +167,10 @@ def call_op(lists, first_step=False, **kw):
 
 @pytest.mark.gpu
 def test_many_tensors_channels_last_lr_tensor_match_cpu():
-    gpu, cpu = op_lists("cuda"), op_lists("cpu")
-    for lists, device in ((gpu, "cuda"), (cpu, "cpu")):
-        for i in range(3):
-            call_op(lists, first_step=i == 0, lr_tensor=torch.tensor([2e-2], dtype=torch.float64, device=device),
-                    grad_scale=torch.tensor([3.0], device=device),
-                    found_inf=torch.zeros(1, dtype=torch.int32, device=device))
-    for key in ("masters", "bufs"):
-        assert all(a.stride() == c.stride() for a, c in zip(gpu[key], cpu[key]))
-        ulps_close(flat(gpu[key]), flat(cpu[key]), 0)
-    for a, m in zip(gpu["params"], gpu["masters"]):
-        assert torch.equal(a, m.to(torch.bfloat16))
+    gpu, cpu = op_on_gpu_and_cpu(op_lists, lambda lists, i, **kw: call_op(lists, first_step=i == 0, **kw))
+    assert_lists_match(gpu, cpu, {"masters": 0, "bufs": 0})
 
 
 @pytest.mark.gpu
 def test_no_host_sync():
-    lists = op_lists("cuda")
-    with no_host_sync():
-        call_op(lists, grad_scale=torch.ones(1, device="cuda"), found_inf=torch.zeros(1, device="cuda"),
-                lr_tensor=torch.full((1,), 1e-2, device="cuda"))
+    assert_no_host_sync(op_lists("cuda"), call_op)
