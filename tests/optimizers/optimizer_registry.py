@@ -1,13 +1,15 @@
 """One entry per fused optimizer: what the generic tests need to know of it, as torch's
 ``optim_db`` (torch/testing/_internal/common_optim.py) drives torch's optimizer tests.
-Every generic test takes its optimizers from here (``cases``), and is parametrized by
-device (``optim_cases.DEVICES``: the CUDA case skips cleanly without a GPU).
+Every generic test takes its optimizers from here (``cases``), and each that steps is
+parametrized by device (``optim_cases.DEVICES``: the CUDA case skips cleanly without a
+GPU; FSDP2 runs on gloo on the CPU and over NCCL on a GPU, CUDA graphs on a GPU alone).
 
 To add an optimizer (its op, kernels and class first: core_ops/csrc/README.md):
   1. one ``OptimizerInfo`` in ``OPTIMIZERS`` below: its class, the kwargs of a typical
-     run (and of one that takes every path of its kernel), the torch.optim optimizer
-     that steps as it does (or None), its Apex alias, its tolerance across devices
-     with the reason, and for each generic test that does not apply, why not;
+     run, of one that takes every path of its kernel and of its other variants, the
+     torch.optim optimizer that steps as it does (or None), its Apex alias, its
+     tolerances (CUDA against CPU, native against reference) with their reasons, and
+     for each generic test that does not apply, why not;
   2. its own special cases (its numerics against a formula or torch, options only it
      has) in ``test_fused_<name>.py``.
 Nothing else: test_optimizer_registry.py fails until every class in
@@ -34,8 +36,8 @@ from core_ops.optimizers import (FusedAdagrad, FusedAdam, FusedLAMB, FusedMixedP
 GENERIC_TESTS = {
     "contract": "test_optimizer_contract.py: what a fused optimizer promises as a torch.optim.Optimizer "
                 "(param groups, copies, skipped steps, checks before updates, load hooks, masters)",
-    "device_contract": "test_optimizer_device_contract.py: found_inf and grad_scale read on the device, and "
-                       "the CUDA kernel against the CPU kernel over 20 steps",
+    "device_contract": "test_optimizer_device_contract.py: found_inf and grad_scale read on the device, "
+                       "masters step as float32 params, each device's kernel against its oracle over 20 steps",
     "float64": "test_optimizer_device_contract.py: steps on float64 params against its oracle",
     "grads_written_back": "test_grads_written_back.py: after a scaled step the grads hold the unscaled values",
     "norm_overflow": "test_optimizer_contract.py: a norm of finite grads that overflows float32 skips the "
@@ -129,9 +131,9 @@ adam = OptimizerInfo(
         ps, **kw),
     apex_alias="apex.optimizers.fused_adam.FusedAdam",
     across_devices=BIT_EXACT, against_reference=REFERENCE,
-    not_applicable={"apex_attributes": "Apex's FusedAdam kept only adam_w_mode out of its groups, as torch 2.6's "
-                                       "Adam did: test_fused_adam.py's test_a_torch_2_6_state_dict_keeps_the_"
-                                       "constructor_s_mode_and_says_so",
+    not_applicable={"apex_attributes": "of the options in its groups, Apex's FusedAdam kept only adam_w_mode out, "
+                                       "as torch 2.6's Adam did: test_fused_adam.py's test_a_torch_2_6_state_"
+                                       "dict_keeps_the_constructor_s_mode_and_says_so",
                     "norm_overflow": NO_GRAD_NORM},
     variants={
         "l2": Config(dict(lr=1e-2, weight_decay=0.05, adam_w_mode=False)),
