@@ -398,56 +398,43 @@ void compact_chunk(const CompactPtrs& t, const CompactKinds& k, int64_t begin, i
   }
 }
 
-void fused_adam_compact_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                         at::TensorList exp_avg_sqs, at::TensorList exp_avg_absmaxes,
-                         at::TensorList exp_avg_sq_absmaxes, at::TensorList master_params,
-                         at::TensorList steps, const std::optional<at::Tensor>& exp_avg_map,
-                         const std::optional<at::Tensor>& exp_avg_sq_map, double lr, double beta1,
-                         double beta2, double eps, double weight_decay, bool adam_w_mode,
-                         bool bias_correction, bool maximize, const std::optional<at::Tensor>& lr_tensor,
-                         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  const auto layout = check_compact_adam(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
-                                         exp_avg_sq_absmaxes, master_params, steps, exp_avg_map,
-                                         exp_avg_sq_map, lr_tensor, grad_scale, found_inf);
-  if (!layout.has_value()) return;
-  const MomentKind moments = layout->moments;
-  const WeightKind weights = layout->weights;
-  const bool quantized = layout->quantized();
-  if (flag_is_set(found_inf)) return;  // a skipped step changes nothing, steps included
+void adam_compact_step(const AdamCompactArgs& a) {
+  if (flag_is_set(a.found_inf)) return;  // a skipped step changes nothing, steps included
+  const bool quantized = a.layout.quantized();
+  const WeightKind weights = a.layout.weights;
+  const double lr = value_or(a.lr_tensor, a.lr);
+  const GradUnscale unscale(a.grad_scale, a.maximize);
+  const std::vector<double> step = advance_steps(a.steps);
+  const CompactKinds kinds{a.layout.moments, weights, quantized ? &quantizer_for(*a.exp_avg_map) : nullptr,
+                           quantized ? &quantizer_for(*a.exp_avg_sq_map) : nullptr};
 
-  lr = value_or(lr_tensor, lr);
-  const GradUnscale unscale(grad_scale, maximize);
-  const std::vector<double> step = advance_steps(steps);
-  const CompactKinds kinds{moments, weights, quantized ? &quantizer_for(*exp_avg_map) : nullptr,
-                           quantized ? &quantizer_for(*exp_avg_sq_map) : nullptr};
-
-  const std::vector<at::Tensor> gs = grads_like_params(params, grads);
-  std::vector<CompactPtrs> ptrs(params.size());
-  std::vector<AdamCoeffs<float>> coeffs(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    ptrs[i] = {params[i].data_ptr(), gs[i].data_ptr(), exp_avgs[i].data_ptr(), exp_avg_sqs[i].data_ptr(),
-               quantized ? exp_avg_absmaxes[i].data_ptr<float>() : nullptr,
-               quantized ? exp_avg_sq_absmaxes[i].data_ptr<float>() : nullptr,
-               weights == WeightKind::kParam ? nullptr : master_params[i].data_ptr()};
-    coeffs[i] = adam_coeffs<float>(lr, beta1, beta2, eps, weight_decay, step[i], bias_correction);
+  const std::vector<at::Tensor> gs = grads_like_params(a.params, a.grads);
+  std::vector<CompactPtrs> ptrs(a.params.size());
+  std::vector<AdamCoeffs<float>> coeffs(a.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    ptrs[i] = {a.params[i].data_ptr(), gs[i].data_ptr(), a.exp_avgs[i].data_ptr(), a.exp_avg_sqs[i].data_ptr(),
+               quantized ? a.exp_avg_absmaxes[i].data_ptr<float>() : nullptr,
+               quantized ? a.exp_avg_sq_absmaxes[i].data_ptr<float>() : nullptr,
+               weights == WeightKind::kParam ? nullptr : a.master_params[i].data_ptr()};
+    coeffs[i] = adam_coeffs<float>(lr, a.beta1, a.beta2, a.eps, a.weight_decay, step[i], a.bias_correction);
   }
-  const auto chunks = make_chunks(params);
-  bool_switch(adam_w_mode, [&](auto adamw) {
+  const auto chunks = make_chunks(a.params);
+  bool_switch(a.adam_w_mode, [&](auto adamw) {
     bool_switch(unscale.div() != 1.0, [&](auto divide) {
-      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(params[0].scalar_type(), "params", param_t,
+      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(a.params[0].scalar_type(), "params", param_t,
         parallel_chunks(chunks, [&](const Chunk& ch) {
           compact_chunk<decltype(adamw)::value, decltype(divide)::value, param_t>(
               ptrs[ch.tensor], kinds, ch.begin, ch.end, coeffs[ch.tensor], unscale);
         }));
     });
   });
-  if (unscale.write) copy_back_grads(grads, gs);
+  if (unscale.write) copy_back_grads(a.grads, gs);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("fused_adam_compact_", &fused_adam_compact_);
+  m.impl("fused_adam_compact_", &fused_adam_compact_<adam_compact_step>);
 }
 
 }  // namespace core_ops::cpu

@@ -1,5 +1,5 @@
-// CPU kernels of fused_lamb_stage1_ and fused_lamb_stage2_: the math is
-// core_ops/lamb_math.h; the per-tensor norms between the stages come from
+// CPU kernels of fused_lamb_stage1_ and fused_lamb_stage2_: the checks are
+// core_ops/optimizer_ops.h, the math core_ops/lamb_math.h; the per-tensor norms between the stages come from
 // multi_tensor_l2norm (called by core_ops/optimizers/fused_lamb.py).
 #include <torch/library.h>
 
@@ -43,39 +43,25 @@ void stage1_chunk(const void* param, void* grad, void* exp_avg, void* exp_avg_sq
   }
 }
 
-void fused_lamb_stage1_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                        at::TensorList exp_avg_sqs, at::TensorList master_params,
-                        at::TensorList steps, at::TensorList updates, double beta1, double beta2,
-                        double eps, double weight_decay, bool adam_w_mode, bool bias_correction,
-                        bool grad_averaging, bool maximize,
-                        const std::optional<at::Tensor>& grad_scale,
-                        const std::optional<at::Tensor>& found_inf) {
-  if (!check_optimizer_group(params, grads, steps, std::nullopt, grad_scale, found_inf)) return;
-  check_state_list(params, exp_avgs, "exp_avgs", false);
-  check_state_list(params, exp_avg_sqs, "exp_avg_sqs", false);
-  check_state_list(params, updates, "updates", false);
-  check_masters(params, master_params);
-  check_layouts(params, {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"},
-                         {updates, "updates"}, {master_params, "master_params"}});
-  if (flag_is_set(found_inf)) return;
-
-  const GradUnscale unscale(grad_scale, maximize);
-  const std::vector<double> step = advance_steps(steps);
-  const bool master = !master_params.empty();
-  const std::vector<at::Tensor> gs = grads_like_params(params, grads);
-  bool_switch(adam_w_mode, [&](auto adamw) {
-    for_each_param_chunk(params, master, [&](auto tag, auto has_master, const Chunk& ch) {
+void lamb_stage1_step(const LambStage1Args& a) {
+  if (flag_is_set(a.found_inf)) return;
+  const GradUnscale unscale(a.grad_scale, a.maximize);
+  const std::vector<double> step = advance_steps(a.steps);
+  const bool master = !a.master_params.empty();
+  const std::vector<at::Tensor> gs = grads_like_params(a.params, a.grads);
+  bool_switch(a.adam_w_mode, [&](auto adamw) {
+    for_each_param_chunk(a.params, master, [&](auto tag, auto has_master, const Chunk& ch) {
       using param_t = decltype(tag);
       const int64_t t = ch.tensor;
-      const auto c = lamb_coeffs<state_t<param_t>>(beta1, beta2, eps, weight_decay, step[t],
-                                                   bias_correction, grad_averaging);
+      const auto c = lamb_coeffs<state_t<param_t>>(a.beta1, a.beta2, a.eps, a.weight_decay, step[t],
+                                                   a.bias_correction, a.grad_averaging);
       stage1_chunk<adamw, has_master, param_t>(
-          params[t].data_ptr(), gs[t].data_ptr(), exp_avgs[t].data_ptr(), exp_avg_sqs[t].data_ptr(),
-          master ? master_params[t].data_ptr() : nullptr, updates[t].data_ptr(), ch.begin, ch.end,
+          a.params[t].data_ptr(), gs[t].data_ptr(), a.exp_avgs[t].data_ptr(), a.exp_avg_sqs[t].data_ptr(),
+          master ? a.master_params[t].data_ptr() : nullptr, a.updates[t].data_ptr(), ch.begin, ch.end,
           c, unscale);
     });
   });
-  if (unscale.write) copy_back_grads(grads, gs);
+  if (unscale.write) copy_back_grads(a.grads, gs);
 }
 
 template <bool kMaster, typename param_t>
@@ -105,46 +91,28 @@ void stage2_chunk(void* param, void* master, const void* update, int64_t begin, 
   }
 }
 
-void fused_lamb_stage2_(at::TensorList params, at::TensorList master_params,
-                        at::TensorList updates, const at::Tensor& param_norms,
-                        const at::Tensor& update_norms, double lr, double weight_decay,
-                        bool use_nvlamb, const std::optional<at::Tensor>& lr_tensor,
-                        const std::optional<at::Tensor>& found_inf) {
-  if (params.empty()) return;
-  const auto device = params[0].device();
-  check_list(params, "params", device);
-  check_state_list(params, updates, "updates", false);
-  check_masters(params, master_params);
-  check_layouts(params, {{updates, "updates"}, {master_params, "master_params"}});
-  const int64_t n = static_cast<int64_t>(params.size());
-  for (const auto* norms : {&param_norms, &update_norms}) {
-    TORCH_CHECK_VALUE(norms->numel() == n && norms->device() == device &&
-                          norms->scalar_type() == state_dtype(params[0].scalar_type()),
-                      "param_norms and update_norms must hold one ",
-                      dtype_name(state_dtype(params[0].scalar_type())), " norm per param on ", device);
-  }
-  if (found_inf.has_value()) check_flag(*found_inf, device);
-  if (flag_is_set(found_inf)) return;
-  lr = value_or(lr_tensor, lr);
-  const at::Tensor pn = param_norms.contiguous(), un = update_norms.contiguous();
-  const bool master = !master_params.empty();
-  for_each_param_chunk(params, master, [&](auto tag, auto has_master, const Chunk& ch) {
+void lamb_stage2_step(const LambStage2Args& a) {
+  if (flag_is_set(a.found_inf)) return;
+  const double lr = value_or(a.lr_tensor, a.lr);
+  const at::Tensor pn = a.param_norms.contiguous(), un = a.update_norms.contiguous();
+  const bool master = !a.master_params.empty();
+  for_each_param_chunk(a.params, master, [&](auto tag, auto has_master, const Chunk& ch) {
     using param_t = decltype(tag);
     using acc_t = state_t<param_t>;
     const int64_t t = ch.tensor;
     const acc_t neg_step = lamb_neg_step<acc_t>(lr, pn.data_ptr<acc_t>()[t], un.data_ptr<acc_t>()[t],
-                                                weight_decay, use_nvlamb);
-    stage2_chunk<has_master, param_t>(params[t].data_ptr(),
-                                      master ? master_params[t].data_ptr() : nullptr,
-                                      updates[t].data_ptr(), ch.begin, ch.end, neg_step);
+                                                a.weight_decay, a.use_nvlamb);
+    stage2_chunk<has_master, param_t>(a.params[t].data_ptr(),
+                                      master ? a.master_params[t].data_ptr() : nullptr,
+                                      a.updates[t].data_ptr(), ch.begin, ch.end, neg_step);
   });
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("fused_lamb_stage1_", &fused_lamb_stage1_);
-  m.impl("fused_lamb_stage2_", &fused_lamb_stage2_);
+  m.impl("fused_lamb_stage1_", &fused_lamb_stage1_<lamb_stage1_step>);
+  m.impl("fused_lamb_stage2_", &fused_lamb_stage2_<lamb_stage2_step>);
 }
 
 }  // namespace core_ops::cpu

@@ -2,12 +2,15 @@
 // scalars, skipping on found_inf, advancing the per-tensor step counts.
 #pragma once
 
+#include <array>
+#include <initializer_list>
 #include <optional>
 #include <type_traits>
 #include <vector>
 
 #include <core_ops/bool_switch.h>
-#include <core_ops/optimizer_args.h>
+#include <core_ops/dispatch.h>
+#include <core_ops/optimizer_ops.h>
 
 #include "multi_tensor_apply.h"
 
@@ -40,14 +43,8 @@ inline std::vector<double> advance_steps(at::TensorList steps) {
 template <typename F>
 void for_each_param_chunk(at::TensorList params, bool master, F&& f) {
   const auto chunks = make_chunks(params);
-  if (params[0].scalar_type() == at::kDouble) {
-    TORCH_INTERNAL_ASSERT(!master);  // check_masters
-    parallel_chunks(chunks, [&](const Chunk& c) { f(double{}, std::false_type{}, c); });
-    return;
-  }
-  bool_switch(master, [&](auto has_master) {
-    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(params[0].scalar_type(), "params", param_t,
-      parallel_chunks(chunks, [&](const Chunk& c) { f(param_t{}, has_master, c); }));
+  for_param_types(params[0].scalar_type(), master, [&](auto param, auto, auto has_master) {
+    parallel_chunks(chunks, [&](const Chunk& c) { f(param, has_master, c); });
   });
 }
 
@@ -101,5 +98,89 @@ struct GradReader {
     return v;
   }
 };
+
+// The float or the double one of a pair (coefficients), by the params' type.
+template <typename param_t, typename F, typename D>
+const auto& for_type(const F& for_float, const D& for_double) {
+  if constexpr (std::is_same_v<param_t, double>) {
+    return for_double;
+  } else {
+    return for_float;
+  }
+}
+
+// Note [One loop moves a CPU optimizer's memory]: the CPU twin of the CUDA
+// ElementwiseStep for the optimizers that update their weights in place from their
+// grads and kSlots state slots (Adam, SGD, Adagrad, NovoGrad). Per element it reads
+// the weights (the fp32 master when there is one, else the param, in the state type),
+// the grad through GradReader, and the slots; calls math(x, g, slots) (x and the
+// slots updated in place, slots a std::array); writes back the slots and the weights
+// (master and param). math is a generic lambda: the vector loop calls it with fVec
+// (float / half / bfloat16 params, two vectors a step), the tail loop with the state
+// type, so both run the same *_math.h template (Note [Math written once]).
+// kUnscale = false reads the grads as they are: for a step that divides by 1 (g / 1
+// == g exactly), where a vector division is the loop's costliest instruction.
+template <typename param_t, size_t kSlots>
+struct StepPtrs {
+  param_t* param;
+  param_t* grad;
+  state_t<param_t>* master;  // nullptr: no master weights
+  std::array<state_t<param_t>*, kSlots> slots;
+};
+
+template <bool kMaster, bool kUnscale, typename param_t, size_t kSlots, typename Math>
+void step_chunk(const StepPtrs<param_t, kSlots>& t, int64_t begin, int64_t end,
+                const GradReader<state_t<param_t>>& grads, const Math& math) {
+  using acc_t = state_t<param_t>;
+  int64_t i = begin;
+  if constexpr (!std::is_same_v<param_t, double>) {
+    for (; i + kWidth <= end; i += kWidth) {
+      fVec x0, x1, g0, g1;
+      std::array<fVec, kSlots> s0, s1;
+      if constexpr (kMaster) load2(t.master + i, x0, x1); else load2(t.param + i, x0, x1);
+      if constexpr (kUnscale) grads.load(t.grad + i, g0, g1); else load2(t.grad + i, g0, g1);
+      for (size_t j = 0; j < kSlots; ++j) load2(t.slots[j] + i, s0[j], s1[j]);
+      math(x0, g0, s0);
+      math(x1, g1, s1);
+      for (size_t j = 0; j < kSlots; ++j) store2(t.slots[j] + i, s0[j], s1[j]);
+      if constexpr (kMaster) store2(t.master + i, x0, x1);
+      store2(t.param + i, x0, x1);
+    }
+  }
+  for (; i < end; ++i) {
+    acc_t x = kMaster ? t.master[i] : static_cast<acc_t>(t.param[i]);
+    const acc_t g = kUnscale ? grads.load(t.grad + i) : static_cast<acc_t>(t.grad[i]);
+    std::array<acc_t, kSlots> s;
+    for (size_t j = 0; j < kSlots; ++j) s[j] = t.slots[j][i];
+    math(x, g, s);
+    for (size_t j = 0; j < kSlots; ++j) t.slots[j][i] = s[j];
+    if constexpr (kMaster) t.master[i] = x;
+    t.param[i] = static_cast<param_t>(x);
+  }
+}
+
+// step_chunk over every chunk of params, in parallel: `slots` in math's order (an
+// absent optional list passed empty is left out), grads already in the params'
+// layout (grads_like_params). make_math(param_t{}, has_master, tensor) returns the
+// math for one tensor (its coefficients bound).
+template <size_t kSlots, bool kUnscale = true, typename MakeMath>
+void step_params(at::TensorList params, at::TensorList grads, at::TensorList masters,
+                 std::initializer_list<at::TensorList> slots, const GradUnscale& unscale, const MakeMath& make_math) {
+  std::vector<at::TensorList> present;
+  for (const at::TensorList ts : slots) {
+    if (!ts.empty()) present.push_back(ts);
+  }
+  TORCH_INTERNAL_ASSERT(present.size() == kSlots, "expected ", kSlots, " state lists, got ", present.size());
+  for_each_param_chunk(params, !masters.empty(), [&](auto tag, auto has_master, const Chunk& ch) {
+    using param_t = decltype(tag);
+    using acc_t = state_t<param_t>;
+    const int64_t t = ch.tensor;
+    StepPtrs<param_t, kSlots> ptrs{static_cast<param_t*>(params[t].data_ptr()),
+                                   static_cast<param_t*>(grads[t].data_ptr()),
+                                   has_master ? static_cast<acc_t*>(masters[t].data_ptr()) : nullptr, {}};
+    for (size_t j = 0; j < kSlots; ++j) ptrs.slots[j] = static_cast<acc_t*>(present[j][t].data_ptr());
+    step_chunk<has_master, kUnscale>(ptrs, ch.begin, ch.end, GradReader<acc_t>(unscale), make_math(tag, has_master, t));
+  });
+}
 
 }  // namespace core_ops::cpu

@@ -21,9 +21,9 @@
 #include <core_ops/adam_math.h>
 #include <core_ops/compact_state_args.h>
 #include <core_ops/dispatch.h>
+#include <core_ops/optimizer_ops.h>
 
-#include "multi_tensor_apply.cuh"
-#include "optimizer_step.cuh"
+#include "optimizer_launch.cuh"
 
 namespace core_ops::cuda {
 namespace {
@@ -35,11 +35,10 @@ constexpr int kWarpsPerQuantBlock = kQuantBlock / kILP / 32;
 
 struct CompactScalars {
   double lr, beta1, beta2, eps, weight_decay;
-  DeviceScalar lr_tensor, grad_scale;
-  FoundInf found_inf;
+  StepScalars step;
   const float* maps[2];  // exp_avg's and exp_avg_sq's maps (8-bit moments)
   WeightKind weights;
-  bool bias_correction, maximize;
+  bool bias_correction;
 };
 
 template <MomentKind kKind>
@@ -64,9 +63,9 @@ __device__ __forceinline__ uint8_t code_of(float x, const float* mid) {
 // Lists: params, grads, exp_avgs, exp_avg_sqs, then the masters (fp32 or int16
 // remainders) when kMaster; scalars: the step count, then (8-bit moments) the
 // addresses of the two lists of block maxima.
-template <typename param_t, MomentKind kMoments, bool kAdamW, bool kMaster>
+template <typename param_t, MomentKind kMoments, bool kAdamW, bool kMaster_>
 struct CompactAdamOp {
-  static constexpr bool kCodes = kMoments == MomentKind::kCodes;
+  static constexpr bool kCodes = kMoments == MomentKind::kCodes, kGrads = true, kMaster = kMaster_;
   static constexpr int kDepth = 4 + int(kMaster), kScalars = kCodes ? 3 : 1;
   using Meta = TensorListMeta<kDepth, kScalars>;
   using state_t = moment_t<kMoments>;
@@ -76,9 +75,9 @@ struct CompactAdamOp {
   __device__ void operator()(const Meta& meta, int t, int64_t begin, int len, int64_t) const {
     __shared__ float map[2][kMapSize], mid[2][kMapSize];
     __shared__ float tops[2][kBlockSize / 32];
-    if (flag_is_set(s.found_inf)) return;
+    if (flag_is_set(s.step.found_inf)) return;
     const TensorScalars<Meta> scalars{meta, kDepth, t};
-    const auto c = adam_coeffs<float>(s.lr_tensor.get(s.lr), s.beta1, s.beta2, s.eps, s.weight_decay,
+    const auto c = adam_coeffs<float>(s.step.lr.get(s.lr), s.beta1, s.beta2, s.eps, s.weight_decay,
                                       next_step(scalars), s.bias_correction);
     if constexpr (kCodes) {
       for (int j = threadIdx.x; j < kMapSize; j += blockDim.x) {
@@ -101,7 +100,7 @@ struct CompactAdamOp {
       absmax[0] = static_cast<float*>(meta.addresses[kDepth + 1][t]) + begin / kQuantBlock;
       absmax[1] = static_cast<float*>(meta.addresses[kDepth + 2][t]) + begin / kQuantBlock;
     }
-    const auto grads = GradReader<float>(s.grad_scale, s.maximize);
+    const auto grads = GradReader<float>(s.step.grad_scale, s.step.maximize);
     const bool vec = pack_aligned(p) && pack_aligned(g) && pack_aligned(ms) && pack_aligned(vs) &&
                      (!kMaster || (s.weights == WeightKind::kMaster ? pack_aligned(master) : pack_aligned(remainder)));
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -208,88 +207,51 @@ struct CompactAdamOp {
   }
 };
 
-struct CompactLists {
-  at::TensorList params, grads, exp_avgs, exp_avg_sqs, master_params, steps;
-  std::vector<at::Tensor> first_maxima[2];  // one-element views: each tensor's maxima's address
-};
-
-template <typename param_t, MomentKind kMoments, bool kAdamW, bool kMaster>
-void launch_compact(const CompactLists& l, const CompactScalars& s) {
-  using Op = CompactAdamOp<param_t, kMoments, kAdamW, kMaster>;
-  std::vector<at::TensorList> lists{l.params, l.grads, l.exp_avgs, l.exp_avg_sqs};
-  if constexpr (kMaster) lists.push_back(l.master_params);
-  if constexpr (Op::kCodes) {
-    multi_tensor_apply<Op::kDepth, 3>(to_array<Op::kDepth>(lists), {l.steps, l.first_maxima[0], l.first_maxima[1]},
-                                      Op{s});
-  } else {
-    multi_tensor_apply<Op::kDepth, 1>(to_array<Op::kDepth>(lists), {l.steps}, Op{s});
-  }
-}
-
-void fused_adam_compact_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                         at::TensorList exp_avg_sqs, at::TensorList exp_avg_absmaxes,
-                         at::TensorList exp_avg_sq_absmaxes, at::TensorList master_params,
-                         at::TensorList steps, const std::optional<at::Tensor>& exp_avg_map,
-                         const std::optional<at::Tensor>& exp_avg_sq_map, double lr, double beta1,
-                         double beta2, double eps, double weight_decay, bool adam_w_mode,
-                         bool bias_correction, bool maximize, const std::optional<at::Tensor>& lr_tensor,
-                         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  const auto layout = check_compact_adam(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
-                                         exp_avg_sq_absmaxes, master_params, steps, exp_avg_map,
-                                         exp_avg_sq_map, lr_tensor, grad_scale, found_inf);
-  if (!layout.has_value()) return;
-  const MomentKind moments = layout->moments;
-  const WeightKind weights = layout->weights;
-  const bool quantized = layout->quantized();
-  const auto device = params[0].device();
-  check_cuda(device);
-  const c10::cuda::CUDAGuard guard(device);
-
-  at::Tensor lr_keep, scale_keep;
-  CompactScalars s{lr, beta1, beta2, eps, weight_decay, device_scalar_arg(lr_tensor, lr_keep),
-                   device_scalar_arg(grad_scale, scale_keep), optional_flag(found_inf),
-                   {quantized ? exp_avg_map->const_data_ptr<float>() : nullptr,
-                    quantized ? exp_avg_sq_map->const_data_ptr<float>() : nullptr},
-                   weights, bias_correction, maximize};
-
-  const std::vector<at::Tensor> gs = grads_like_params(params, grads);
-  bool strided = false;
-  for (const auto& p : params) strided = strided || !p.is_contiguous();
-  FlatLists flat;
-  flat.storage.reserve(5);  // the TensorLists below point into it: no reallocation
-  CompactLists lists{flat(params, strided), flat(gs, strided), flat(exp_avgs, strided),
-                     flat(exp_avg_sqs, strided), flat(master_params, strided), steps, {}};
+void adam_compact_step(const AdamCompactArgs& a) {
+  const bool quantized = a.layout.quantized();
+  OptimizerLaunch launch(a.params, a.grads, a.lr_tensor, a.grad_scale, a.found_inf, a.maximize);
+  const CompactScalars s{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, launch.step(),
+                         {quantized ? a.exp_avg_map->const_data_ptr<float>() : nullptr,
+                          quantized ? a.exp_avg_sq_map->const_data_ptr<float>() : nullptr},
+                         a.layout.weights, a.bias_correction};
+  // Per-tensor scalars: the step count, then (8-bit moments) one-element views of each
+  // tensor's first block maxima.
+  std::vector<at::Tensor> first_maxima[2];
+  std::vector<at::TensorList> scalars{a.steps};
   if (quantized) {
     for (int which = 0; which < 2; ++which) {
-      const at::TensorList maxima = which == 0 ? exp_avg_absmaxes : exp_avg_sq_absmaxes;
+      const at::TensorList maxima = which == 0 ? a.exp_avg_absmaxes : a.exp_avg_sq_absmaxes;
       for (size_t i = 0; i < maxima.size(); ++i) {
         // An empty tensor has no maxima and no chunk that would read them.
-        lists.first_maxima[which].push_back(maxima[i].numel() > 0 ? maxima[i].narrow(0, 0, 1) : steps[i]);
+        first_maxima[which].push_back(maxima[i].numel() > 0 ? maxima[i].narrow(0, 0, 1) : a.steps[i]);
       }
+      scalars.push_back(first_maxima[which]);
     }
   }
-  const bool master = weights != WeightKind::kParam;
+  const bool master = a.layout.weights != WeightKind::kParam;
 
-  bool_switch(adam_w_mode, [&](auto adamw) {
+  bool_switch(a.adam_w_mode, [&](auto adamw) {
     bool_switch(master, [&](auto has_master) {
-      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(params[0].scalar_type(), "params", param_t, ([&] {
+      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(a.params[0].scalar_type(), "params", param_t, ([&] {
         constexpr bool kW = decltype(adamw)::value, kM = decltype(has_master)::value;
-        switch (moments) {
-          case MomentKind::kFloat: launch_compact<param_t, MomentKind::kFloat, kW, kM>(lists, s); break;
-          case MomentKind::kBFloat16: launch_compact<param_t, MomentKind::kBFloat16, kW, kM>(lists, s); break;
-          case MomentKind::kCodes: launch_compact<param_t, MomentKind::kCodes, kW, kM>(lists, s); break;
+        const auto run = [&](const auto& op) {
+          launch.run(op, {a.exp_avgs, a.exp_avg_sqs}, a.master_params, scalars);
+        };
+        switch (a.layout.moments) {
+          case MomentKind::kFloat: run(CompactAdamOp<param_t, MomentKind::kFloat, kW, kM>{s}); break;
+          case MomentKind::kBFloat16: run(CompactAdamOp<param_t, MomentKind::kBFloat16, kW, kM>{s}); break;
+          case MomentKind::kCodes: run(CompactAdamOp<param_t, MomentKind::kCodes, kW, kM>{s}); break;
         }
       }()));
     });
   });
-  if (grad_scale.has_value()) copy_back_grads(grads, gs);  // values the kernel wrote, or the same
-  advance_steps(steps, s.found_inf);
+  launch.finish(a.steps);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
-  m.impl("fused_adam_compact_", &fused_adam_compact_);
+  m.impl("fused_adam_compact_", &fused_adam_compact_<adam_compact_step>);
 }
 
 }  // namespace core_ops::cuda

@@ -84,6 +84,15 @@ struct GradReader {
   }
 };
 
+// What every optimizer step reads on the device besides its hyperparameters: lr as a
+// tensor (absent: the double the schema gave), grad_scale, found_inf and maximize.
+// OptimizerLaunch (optimizer_launch.cuh) fills it in.
+struct StepScalars {
+  DeviceScalar lr, grad_scale;
+  FoundInf found_inf;
+  bool maximize;
+};
+
 // Note [One functor moves an optimizer's memory]: every elementwise optimizer kernel
 // reads the weights (the fp32 master when there is one, else the param), maybe the
 // grads (unscaled by GradReader), its state slots, read-only inputs; runs its math per
@@ -93,9 +102,9 @@ struct GradReader {
 // has and does:
 //   param_t, acc_t               the params' dtype and the state's / math's
 //   kGrads, kSlots, kInputs, kOutputs, kMaster, kWritesWeights, kScalars
-//   flag()                       found_inf: when set, the chunk is left alone (a skipped
-//                                step changes nothing)
-//   grads()                      its GradReader (when kGrads)
+//   s.step                       its StepScalars: found_inf, when set, leaves the chunk
+//                                alone (a skipped step changes nothing); the grads are
+//                                read through a GradReader of grad_scale and maximize
 //   coeffs(scalars)              the chunk's coefficients, from the tensor's scalars
 //   math(x, g, slots, inputs, outputs, coeffs)   one element, on acc_t arrays
 // Lists, in this order: params, grads (kGrads), the slots, the inputs, the outputs, the
@@ -136,7 +145,8 @@ struct ElementwiseStep {
   using acc_t = typename Policy::acc_t;
   static constexpr int kS = Policy::kSlots, kI = Policy::kInputs, kO = Policy::kOutputs;
   static constexpr bool kG = Policy::kGrads, kM = Policy::kMaster, kW = Policy::kWritesWeights;
-  static constexpr int kDepth = 1 + int(kG) + kS + kI + kO + int(kM);
+  static constexpr bool kGrads = kG, kMaster = kM;  // as OptimizerLaunch::run reads them
+  static constexpr int kDepth = 1 + int(kG) + kS + kI + kO + int(kM), kScalars = Policy::kScalars;
   using Meta = TensorListMeta<kDepth, Policy::kScalars>;
 
   Policy policy;
@@ -147,7 +157,8 @@ struct ElementwiseStep {
   }
 
   __device__ void operator()(const Meta& meta, int t, int64_t begin, int len, int64_t) const {
-    if (flag_is_set(policy.flag())) return;
+    const StepScalars& step = policy.s.step;
+    if (flag_is_set(step.found_inf)) return;
     const auto c = policy.coeffs(TensorScalars<Meta>{meta, kDepth, t});
 
     constexpr int kFirstSlot = 1 + int(kG), kFirstInput = kFirstSlot + kS, kFirstOutput = kFirstInput + kI;
@@ -176,7 +187,7 @@ struct ElementwiseStep {
 
     const auto reader = [&] {
       if constexpr (kG) {
-        return policy.grads();
+        return GradReader<acc_t>(step.grad_scale, step.maximize);
       } else {
         return 0;  // no grads read
       }
@@ -260,24 +271,5 @@ inline void advance_steps(at::TensorList steps, const FoundInf& found_inf) {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
-
-// Note [Optimizer memory layout]: a dense tensor that is not contiguous (channels_last)
-// still fills numel elements from its data pointer, laid out as its param (the checks
-// made sure), so the launcher walks a flat alias of it. Contiguous lists, the usual
-// case, are passed as they are: no new tensor per element.
-struct FlatLists {
-  std::vector<std::vector<at::Tensor>> storage;
-
-  at::TensorList operator()(at::TensorList ts, bool needed) {
-    if (!needed || ts.empty()) return ts;
-    std::vector<at::Tensor> flat;
-    flat.reserve(ts.size());
-    for (const auto& t : ts) {
-      flat.push_back(t.is_contiguous() ? t : t.as_strided({t.numel()}, {1}));
-    }
-    storage.push_back(std::move(flat));
-    return storage.back();
-  }
-};
 
 }  // namespace core_ops::cuda

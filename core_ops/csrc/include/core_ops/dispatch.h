@@ -9,6 +9,9 @@
 #include <c10/util/Half.h>
 
 #include <string>
+#include <type_traits>
+
+#include <core_ops/bool_switch.h>
 
 namespace core_ops {
 
@@ -35,3 +38,23 @@ inline std::string dtype_name(c10::ScalarType t) {
     default:                                                                        \
       TORCH_CHECK_TYPE(false, ARG, ": expected float32, float16, bfloat16 or float64 tensors, got ", core_ops::dtype_name(TYPE)); \
   }
+
+namespace core_ops {
+
+// f(param_t{}, acc_t{}, has_master) for the params' dtype, the way every fused
+// optimizer's CPU and CUDA launcher picks its kernel: float64 params compute in double
+// and have no masters (check_masters), float32 / float16 / bfloat16 params in float,
+// with or without fp32 masters; has_master is a std::bool_constant.
+template <typename F>
+void for_param_types(c10::ScalarType dtype, bool master, F&& f) {
+  if (dtype == c10::ScalarType::Double) {
+    TORCH_INTERNAL_ASSERT(!master, "float64 params take no master_params");
+    f(double{}, double{}, std::false_type{});
+    return;
+  }
+  bool_switch(master, [&](auto has_master) {
+    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype, "params", param_t, f(param_t{}, float{}, has_master));
+  });
+}
+
+}  // namespace core_ops
