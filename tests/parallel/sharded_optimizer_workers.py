@@ -13,11 +13,11 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "optimizers"))
 from optimizer_registry import cases  # noqa: E402
 
-# Elementwise on the shards, each against the torch.optim optimizer of its kwargs:
-# {name: (ours, torch's)}.
-PAIRS = {case.id: (case.values[0].make,
-                   functools.partial(case.values[0].torch_optimizer, **case.values[0].typical.kwargs))
-         for case in cases("sharded", "torch_counterpart")}
+# Elementwise on the shards, each variant against the torch.optim optimizer of its
+# kwargs: {name: (ours, torch's)}.
+PAIRS = {case.id: (functools.partial(case.values[0].make, config=case.values[1]),
+                   functools.partial(case.values[0].torch_optimizer, **case.values[1].kwargs))
+         for case in cases("sharded", "torch_counterpart", variants=True)}
 
 
 def sharded_mlp(mesh=None):
@@ -65,7 +65,8 @@ def elementwise_optimizers(rank, world):
 WHOLE_NORMS = {
     **{case.id: (functools.partial(case.values[0].make, config=case.values[1]), {}, case.values[0].collectives)
        for case in cases("sharded", variants=True) if case.values[0].collectives},
-    **{f"{name}_clipped": (ours, {"max_grad_norm": 0.5}, 1) for name, (ours, _) in PAIRS.items()},
+    **{f"{case.id}_clipped": (case.values[0].make, {"max_grad_norm": 0.5}, 1)
+       for case in cases("sharded", "torch_counterpart")},
 }
 
 
