@@ -56,6 +56,7 @@ class Patch:
     when_off: str
 
     def __post_init__(self):
+        object.__setattr__(self, "name", self.name.rpartition(".")[2])  # a module's __name__ names its patch
         if self.name not in NAMES:
             raise ValueError(f"Patch name {self.name!r} must be one of {NAMES} (torch_patches._patch.NAMES)")
         if len(self.torch) != 2 or not _release(self.torch[0]) < _release(self.torch[1]):

@@ -28,13 +28,10 @@ import torch
 
 from ._patch import Patch
 
-PATCH = Patch(
-    name="fsdp_policy_slots",
-    torch=("2.9", "2.16"),
-    upstream="tools/upstream/fsdp2_no_policy_setter.py",
-    when_off="amp.initialize cannot give an FSDP2 unit sharded without one a mixed-precision policy, "
-             "so O2 refuses it: shard it with fully_shard(..., mp_policy=core_ops.amp.fsdp_policy(opt_level, "
-             "half_dtype)), as the Lightning and Accelerate plugins do.")
+WHEN_OFF = ("amp.initialize cannot give an FSDP2 unit sharded without one a mixed-precision policy, so O2 refuses "
+            "it: shard it with fully_shard(..., mp_policy=core_ops.amp.fsdp_policy(opt_level, half_dtype)), as "
+            "the Lightning and Accelerate plugins do.")
+PATCH = Patch(__name__, ("2.9", "2.16"), "tools/upstream/fsdp2_no_policy_setter.py", WHEN_OFF)
 
 
 class LayoutError(RuntimeError):

@@ -18,13 +18,10 @@ import torch
 
 from ._patch import Patch
 
-PATCH = Patch(
-    name="grad_scaler_flags",
-    torch=("2.9", "2.16"),
-    upstream="tools/upstream/grad_scaler_misses_step_overflow.py",
-    when_off="a step that torch.amp.GradScaler runs and that is skipped for a norm overflowing float32 "
-             "(LAMB's clipping norm, NovoGrad's layer norms) leaves GradScaler's scale growing; "
-             "core_ops.amp.LossScaler (or step(grad_scale=, found_inf=)) sees the skip without it.")
+WHEN_OFF = ("a step that torch.amp.GradScaler runs and that is skipped for a norm overflowing float32 (LAMB's "
+            "clipping norm, NovoGrad's layer norms) leaves GradScaler's scale growing; core_ops.amp.LossScaler "
+            "(or step(grad_scale=, found_inf=)) sees the skip without it.")
+PATCH = Patch(__name__, ("2.9", "2.16"), "tools/upstream/grad_scaler_misses_step_overflow.py", WHEN_OFF)
 
 
 def found_inf_of_calling_scaler(optimizer, depth=16):

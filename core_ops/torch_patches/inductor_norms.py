@@ -18,13 +18,10 @@ import torch
 from ._on_import import when_imported
 from ._patch import Patch
 
-PATCH = Patch(
-    name="inductor_norms",
-    torch=("2.9", "2.16"),
-    upstream="tools/upstream/inductor_custom_op_opaque.py",
-    when_off="inductor calls the norm ops' native kernels as opaque calls, unfused with the ops around them "
-             "(a compiled CPU transformer step with FusedRMSNorm took 1.05x the step with nn.RMSNorm); "
-             "results are eager's bit for bit.")
+WHEN_OFF = ("inductor calls the norm ops' native kernels as opaque calls, unfused with the ops around them (a "
+            "compiled CPU transformer step with FusedRMSNorm took 1.05x the step with nn.RMSNorm); results are "
+            "eager's bit for bit.")
+PATCH = Patch(__name__, ("2.9", "2.16"), "tools/upstream/inductor_custom_op_opaque.py", WHEN_OFF)
 
 _MODULE = "torch._inductor.decomposition"
 

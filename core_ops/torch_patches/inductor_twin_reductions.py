@@ -22,13 +22,10 @@ import functools
 from ._on_import import when_imported
 from ._patch import Patch
 
-PATCH = Patch(
-    name="inductor_twin_reductions",
-    torch=("2.9", "2.16"),
-    upstream="tools/upstream/inductor_cpu_twin_reduction.py",
-    when_off="inductor fails to compile, on a CPU, a half model with two outputs that are one reduction "
-             "(two Linear biases fed one gradient, as GPT-NeoX's parallel residual): compile it in float32, "
-             "or with another backend (aot_eager).")
+WHEN_OFF = ("inductor fails to compile, on a CPU, a half model with two outputs that are one reduction (two "
+            "Linear biases fed one gradient, as GPT-NeoX's parallel residual): compile it in float32, or with "
+            "another backend (aot_eager).")
+PATCH = Patch(__name__, ("2.9", "2.16"), "tools/upstream/inductor_cpu_twin_reduction.py", WHEN_OFF)
 
 _MARK = "_core_ops_scoped_reduction_stores"
 _MODULE = "torch._inductor.codegen.cpp"
