@@ -11,7 +11,7 @@ from collections import OrderedDict, defaultdict
 import torch
 from torch.optim import Optimizer
 
-from .. import _build, _validate
+from .. import _build, _validate, settings
 from ..multi_tensor_apply.ops import global_l2norm, multi_tensor_check_finite
 from ._checks import (check_dense, check_given, check_group_keys, check_hyperparameters,
                       check_scale_args)
@@ -50,9 +50,7 @@ class FusedOptimizer(Optimizer):
     def __init__(self, params, defaults, *, set_grad_none, master_weights=False, capturable=False,
                  skip_nonfinite=False):
         self.set_grad_none = set_grad_none
-        if not isinstance(skip_nonfinite, bool):
-            raise ValueError(f"skip_nonfinite must be True or False, got {skip_nonfinite!r}")
-        self.skip_nonfinite = skip_nonfinite
+        self.skip_nonfinite = settings.BY_NAME["skip_nonfinite"].parse(skip_nonfinite, "skip_nonfinite")
         self._skips = [None]  # steps the guard skipped, a device tensor (a list: see _grad_norm)
         self.master_weights = check_master_weights(master_weights, self._supports_remainder, type(self).__name__)
         self.capturable = capturable

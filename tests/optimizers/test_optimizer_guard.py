@@ -95,6 +95,8 @@ def test_the_guarded_step_compiles_as_one_graph_and_skips_as_eager(device, info)
 
 
 @pytest.mark.parametrize("info", cases("skip_nonfinite"))
-def test_skip_nonfinite_takes_a_bool(info):
-    with pytest.raises(ValueError, match="skip_nonfinite must be True or False, got 1"):
-        info.make(params(info.typical, "cpu"), skip_nonfinite=1)
+def test_skip_nonfinite_takes_a_switch(info):
+    """The setting's one parser (core_ops.settings): a bool, 0 / 1, or a switch's text."""
+    with pytest.raises(ValueError, match="skip_nonfinite='maybe': expected one of 1, true, yes, on, 0"):
+        info.make(params(info.typical, "cpu"), skip_nonfinite="maybe")
+    assert info.make(params(info.typical, "cpu"), skip_nonfinite=1).skip_nonfinite is True
