@@ -255,6 +255,17 @@ CUDA_ENTRY_CHECKS = textwrap.dedent("""
            "rstd must hold 4 torch.float32 values")
     raises(lambda: bwd.redispatch(CUDA, torch.ones(4, 8), x, ClaimsCuda((4,)), None, 8, False, torch.float32),
            "grad_out has 32 elements on cpu")
+    # The fused optimizers' checks are written once (csrc/include/core_ops/optimizer_ops.h):
+    # the CUDA kernel refuses a call in the CPU kernel's words.
+    def adam_args(T):  # no exp_avgs
+        return [T(4)], [T(4)], [], [T(4)], [], [], [T(1)], 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True, False, False, None, None, None
+    adam, cuda = op("fused_adam_"), lambda *shape: ClaimsCuda(shape)
+    raises(lambda: adam(*adam_args(torch.zeros)), "exp_avgs has 0 tensors but params has 1")
+    raises(lambda: adam.redispatch(CUDA, *adam_args(cuda)), "exp_avgs has 0 tensors but params has 1")
+    raises(lambda: op("fused_sgd_").redispatch(CUDA, [cuda(4)], [cuda(4)], [], [], 0.1, 0.0, 0.0, 0.0, True, False,
+                                               False, False, None, None, None), "nesterov needs momentum > 0")
+    raises(lambda: op("fused_lamb_stage2_").redispatch(CUDA, [cuda(4)], [], [cuda(4)], cuda(2), cuda(1), 1e-3, 0.0, False,
+                                                       None, None), "param_norms and update_norms must hold one")
     print("CHECKED")
 """)
 
@@ -262,10 +273,11 @@ CUDA_ENTRY_CHECKS = textwrap.dedent("""
 @needs_cuda_build
 def test_cuda_library_checks_bad_input_before_device_code():
     """Note [Norm checks before dispatch]: the CUDA library's norm entry points (its C++
-    autograd and its kernels) reject bad input before any device code, exercised with
-    no GPU through a tensor that only claims to be on CUDA. On the H200, a bad weight
-    reached the CUDA path and the process died. Loads the library the test above built
-    (the default arch list; on a GPU machine, its own arch, which tests/gpu/run.sh built)."""
+    autograd and its kernels), and its fused optimizers', reject bad input before any
+    device code, exercised with no GPU through a tensor that only claims to be on CUDA.
+    On the H200, a bad weight reached the CUDA path and the process died. Loads the
+    library the test above built (the default arch list; on a GPU machine, its own arch,
+    which tests/gpu/run.sh built)."""
     env = {k: v for k, v in os.environ.items() if k != "TORCH_CUDA_ARCH_LIST"}  # an earlier build's
     proc = subprocess.run([PY, "-c", CUDA_ENTRY_CHECKS], capture_output=True, text=True, timeout=1800, env=env)
     assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stdout + proc.stderr[-5000:]

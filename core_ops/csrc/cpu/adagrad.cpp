@@ -11,23 +11,15 @@ namespace {
 
 void adagrad_step(const AdagradArgs& a) {
   if (flag_is_set(a.found_inf)) return;
-  const double lr = value_or(a.lr_tensor, a.lr);
-  const GradUnscale unscale(a.grad_scale, a.maximize);
-  const std::vector<double> step = advance_steps(a.steps);
-  const std::vector<at::Tensor> gs = grads_like_params(a.params, a.grads);
-  std::vector<AdagradCoeffs<float>> cf(a.params.size());
-  std::vector<AdagradCoeffs<double>> cd(a.params.size());
-  for (size_t i = 0; i < a.params.size(); ++i) {
-    cf[i] = adagrad_coeffs<float>(lr, a.lr_decay, a.eps, a.weight_decay, step[i]);
-    cd[i] = adagrad_coeffs<double>(lr, a.lr_decay, a.eps, a.weight_decay, step[i]);
-  }
-  bool_switch(a.adagrad_w_mode, [&](auto wmode) {
-    step_params<1>(a.params, gs, a.master_params, {a.state_sums}, unscale, [&](auto tag, auto, int64_t t) {
-      const auto& c = for_type<decltype(tag)>(cf, cd)[t];
-      return [&](auto& x, auto g, auto& s) { adagrad_math<wmode>(x, g, s[0], c); };
-    });
+  const CpuStep st(a.params, a.grads, a.steps, a.lr, a.lr_tensor, a.grad_scale, a.maximize);
+  const auto coeffs = coeffs_per_tensor(a.params.size(), [&](auto acc, size_t i) {
+    return adagrad_coeffs<decltype(acc)>(st.lr, a.lr_decay, a.eps, a.weight_decay, st.step[i]);
   });
-  if (unscale.write) copy_back_grads(a.grads, gs);
+  bool_switch(a.adagrad_w_mode, [&](auto wmode) {
+    step_params<1>(a.params, st, a.master_params, {a.state_sums}, coeffs,
+                   [&](auto& x, auto g, auto& s, const auto& c, auto) { adagrad_math<wmode>(x, g, s[0], c); });
+  });
+  st.finish(a.grads);
 }
 
 }  // namespace

@@ -11,39 +11,30 @@ namespace {
 
 void adam_step(const AdamArgs& a) {
   if (flag_is_set(a.found_inf)) return;  // a skipped step changes nothing, steps included
-  const double lr = value_or(a.lr_tensor, a.lr);
-  const GradUnscale unscale(a.grad_scale, a.maximize);
-  const std::vector<double> step = advance_steps(a.steps);
-  const std::vector<at::Tensor> gs = grads_like_params(a.params, a.grads);
-  std::vector<AdamCoeffs<float>> cf(a.params.size());
-  std::vector<AdamCoeffs<double>> cd(a.params.size());
-  for (size_t i = 0; i < a.params.size(); ++i) {
-    cf[i] = adam_coeffs<float>(lr, a.beta1, a.beta2, a.eps, a.weight_decay, step[i], a.bias_correction);
-    cd[i] = adam_coeffs<double>(lr, a.beta1, a.beta2, a.eps, a.weight_decay, step[i], a.bias_correction);
-  }
+  const CpuStep st(a.params, a.grads, a.steps, a.lr, a.lr_tensor, a.grad_scale, a.maximize);
+  const auto coeffs = coeffs_per_tensor(a.params.size(), [&](auto acc, size_t i) {
+    return adam_coeffs<decltype(acc)>(st.lr, a.beta1, a.beta2, a.eps, a.weight_decay, st.step[i], a.bias_correction);
+  });
   const at::TensorList max_exp_avg_sqs = a.amsgrad ? a.max_exp_avg_sqs : at::TensorList();
   bool_switch(a.adam_w_mode, [&](auto adamw) {
     bool_switch(a.amsgrad, [&](auto ams) {
       // Grads divided by 1 are read as they are (step_chunk's kUnscale): bf16 params
       // leave the loop compute-bound, the division its costliest instruction.
-      bool_switch(unscale.div() != 1.0, [&](auto divide) {
+      bool_switch(st.unscale.div() != 1.0, [&](auto divide) {
         step_params<ams ? 3 : 2, divide>(
-            a.params, gs, a.master_params, {a.exp_avgs, a.exp_avg_sqs, max_exp_avg_sqs}, unscale,
-            [&](auto tag, auto, int64_t t) {
-              const auto& c = for_type<decltype(tag)>(cf, cd)[t];
-              return [&](auto& x, auto g, auto& s) {
-                if constexpr (decltype(ams)::value) {
-                  adam_math<adamw, true>(x, g, s[0], s[1], s[2], c);
-                } else {
-                  auto unused = g;
-                  adam_math<adamw, false>(x, g, s[0], s[1], unused, c);
-                }
-              };
+            a.params, st, a.master_params, {a.exp_avgs, a.exp_avg_sqs, max_exp_avg_sqs}, coeffs,
+            [&](auto& x, auto g, auto& s, const auto& c, auto) {
+              if constexpr (decltype(ams)::value) {
+                adam_math<adamw, true>(x, g, s[0], s[1], s[2], c);
+              } else {
+                auto unused = g;
+                adam_math<adamw, false>(x, g, s[0], s[1], unused, c);
+              }
             });
       });
     });
   });
-  if (unscale.write) copy_back_grads(a.grads, gs);
+  st.finish(a.grads);
 }
 
 }  // namespace

@@ -402,33 +402,30 @@ void adam_compact_step(const AdamCompactArgs& a) {
   if (flag_is_set(a.found_inf)) return;  // a skipped step changes nothing, steps included
   const bool quantized = a.layout.quantized();
   const WeightKind weights = a.layout.weights;
-  const double lr = value_or(a.lr_tensor, a.lr);
-  const GradUnscale unscale(a.grad_scale, a.maximize);
-  const std::vector<double> step = advance_steps(a.steps);
+  const CpuStep st(a.params, a.grads, a.steps, a.lr, a.lr_tensor, a.grad_scale, a.maximize);
   const CompactKinds kinds{a.layout.moments, weights, quantized ? &quantizer_for(*a.exp_avg_map) : nullptr,
                            quantized ? &quantizer_for(*a.exp_avg_sq_map) : nullptr};
 
-  const std::vector<at::Tensor> gs = grads_like_params(a.params, a.grads);
   std::vector<CompactPtrs> ptrs(a.params.size());
   std::vector<AdamCoeffs<float>> coeffs(a.params.size());
   for (size_t i = 0; i < a.params.size(); ++i) {
-    ptrs[i] = {a.params[i].data_ptr(), gs[i].data_ptr(), a.exp_avgs[i].data_ptr(), a.exp_avg_sqs[i].data_ptr(),
+    ptrs[i] = {a.params[i].data_ptr(), st.grads[i].data_ptr(), a.exp_avgs[i].data_ptr(), a.exp_avg_sqs[i].data_ptr(),
                quantized ? a.exp_avg_absmaxes[i].data_ptr<float>() : nullptr,
                quantized ? a.exp_avg_sq_absmaxes[i].data_ptr<float>() : nullptr,
                weights == WeightKind::kParam ? nullptr : a.master_params[i].data_ptr()};
-    coeffs[i] = adam_coeffs<float>(lr, a.beta1, a.beta2, a.eps, a.weight_decay, step[i], a.bias_correction);
+    coeffs[i] = adam_coeffs<float>(st.lr, a.beta1, a.beta2, a.eps, a.weight_decay, st.step[i], a.bias_correction);
   }
   const auto chunks = make_chunks(a.params);
   bool_switch(a.adam_w_mode, [&](auto adamw) {
-    bool_switch(unscale.div() != 1.0, [&](auto divide) {
+    bool_switch(st.unscale.div() != 1.0, [&](auto divide) {
       CORE_OPS_DISPATCH_FLOAT_HALF_BF16(a.params[0].scalar_type(), "params", param_t,
         parallel_chunks(chunks, [&](const Chunk& ch) {
           compact_chunk<decltype(adamw)::value, decltype(divide)::value, param_t>(
-              ptrs[ch.tensor], kinds, ch.begin, ch.end, coeffs[ch.tensor], unscale);
+              ptrs[ch.tensor], kinds, ch.begin, ch.end, coeffs[ch.tensor], st.unscale);
         }));
     });
   });
-  if (unscale.write) copy_back_grads(a.grads, gs);
+  st.finish(a.grads);
 }
 
 }  // namespace

@@ -45,23 +45,21 @@ void stage1_chunk(const void* param, void* grad, void* exp_avg, void* exp_avg_sq
 
 void lamb_stage1_step(const LambStage1Args& a) {
   if (flag_is_set(a.found_inf)) return;
-  const GradUnscale unscale(a.grad_scale, a.maximize);
-  const std::vector<double> step = advance_steps(a.steps);
+  const CpuStep st(a.params, a.grads, a.steps, /*lr=*/0.0, std::nullopt, a.grad_scale, a.maximize);
   const bool master = !a.master_params.empty();
-  const std::vector<at::Tensor> gs = grads_like_params(a.params, a.grads);
   bool_switch(a.adam_w_mode, [&](auto adamw) {
     for_each_param_chunk(a.params, master, [&](auto tag, auto has_master, const Chunk& ch) {
       using param_t = decltype(tag);
       const int64_t t = ch.tensor;
-      const auto c = lamb_coeffs<state_t<param_t>>(a.beta1, a.beta2, a.eps, a.weight_decay, step[t],
+      const auto c = lamb_coeffs<state_t<param_t>>(a.beta1, a.beta2, a.eps, a.weight_decay, st.step[t],
                                                    a.bias_correction, a.grad_averaging);
       stage1_chunk<adamw, has_master, param_t>(
-          a.params[t].data_ptr(), gs[t].data_ptr(), a.exp_avgs[t].data_ptr(), a.exp_avg_sqs[t].data_ptr(),
+          a.params[t].data_ptr(), st.grads[t].data_ptr(), a.exp_avgs[t].data_ptr(), a.exp_avg_sqs[t].data_ptr(),
           master ? a.master_params[t].data_ptr() : nullptr, a.updates[t].data_ptr(), ch.begin, ch.end,
-          c, unscale);
+          c, st.unscale);
     });
   });
-  if (unscale.write) copy_back_grads(a.grads, gs);
+  st.finish(a.grads);
 }
 
 template <bool kMaster, typename param_t>

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -93,6 +94,18 @@ struct VecIO<float> {
     b.store(p + fVec::size());
   }
 };
+
+// What the kernels compute in for elements of T: double for double, float for float,
+// half and bfloat16, which (not double) also take the fVec loops, kWidth at a time.
+template <typename T>
+using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
+template <typename T>
+constexpr bool kVectorized = !std::is_same_v<T, double>;
+
+template <typename T>
+inline void load2(const T* p, fVec& a, fVec& b) { VecIO<T>::load(p, a, b); }
+template <typename T>
+inline void store2(T* p, const fVec& a, const fVec& b) { VecIO<T>::store(p, a, b); }
 
 inline float horizontal_sum(const fVec& v) {
   return at::vec::vec_reduce_all<float>([](fVec& x, fVec& y) { return x + y; }, v);

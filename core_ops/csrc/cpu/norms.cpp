@@ -28,22 +28,12 @@
 namespace core_ops::cpu::norms {
 namespace {
 
-template <typename T>
-using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
-template <typename T>
-constexpr bool kVec = !std::is_same_v<T, double>;
-
-template <typename T>
-inline void load2(const T* p, fVec& a, fVec& b) {
-  VecIO<T>::load(p, a, b);
-}
-
 // Sum of (x - mean)^2 over a row.
 template <typename in_t, typename acc_t = acc_of<in_t>>
 acc_t centered_squares(const in_t* x, int64_t n, acc_t mean) {
   acc_t sq = 0;
   int64_t j = 0;
-  if constexpr (kVec<in_t>) {
+  if constexpr (kVectorized<in_t>) {
     const fVec m(mean);
     fVec q0(0.f), q1(0.f);
     for (; j + kWidth <= n; j += kWidth) {
@@ -72,7 +62,7 @@ template <bool rms, typename in_t, typename acc_t = acc_of<in_t>>
 void row_stats(const in_t* x, int64_t n, double eps, acc_t& mean, acc_t& rstd) {
   acc_t sum = 0, sq = 0;
   int64_t j = 0;
-  if constexpr (kVec<in_t>) {
+  if constexpr (kVectorized<in_t>) {
     fVec s0(0.f), s1(0.f), q0(0.f), q1(0.f);
     for (; j + kWidth <= n; j += kWidth) {
       fVec a, b;
@@ -105,7 +95,7 @@ template <bool rms, typename in_t, typename out_t, typename acc_t = acc_of<in_t>
 void row_out(const in_t* x, out_t* y, const acc_t* w, const acc_t* b, int64_t n, acc_t mean, acc_t rstd,
              bool stream) {
   int64_t j = 0;
-  if constexpr (kVec<in_t> && kVec<out_t>) {
+  if constexpr (kVectorized<in_t> && kVectorized<out_t>) {
     const fVec m(mean), r(rstd);
     for (; j + kWidth <= n; j += kWidth) {
       fVec a0, a1, w0, w1, b0, b1;
@@ -202,7 +192,7 @@ void row_backward(const out_t* dy, const saved_t* s, in_t* dx, const acc_t* w, c
   constexpr bool needs_b = from_out && affine && !rms;
   acc_t sum_g = 0, sum_gx = 0;
   int64_t j = 0;
-  constexpr bool vec = kVec<in_t> && kVec<out_t> && kVec<saved_t>;
+  constexpr bool vec = kVectorized<in_t> && kVectorized<out_t> && kVectorized<saved_t>;
   if constexpr (vec) {
     fVec g0(0.f), g1(0.f), h0(0.f), h1(0.f), b0(0.f), b1(0.f);
     for (; j + kWidth <= n; j += kWidth) {
@@ -325,7 +315,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
 template <typename in_t>
 void add_row(const in_t* x, const in_t* r, in_t* h, int64_t n) {
   int64_t j = 0;
-  if constexpr (kVec<in_t>) {
+  if constexpr (kVectorized<in_t>) {
     for (; j + kWidth <= n; j += kWidth) {
       fVec a0, a1, b0, b1;
       load2(x + j, a0, a1);
@@ -340,7 +330,7 @@ void add_row(const in_t* x, const in_t* r, in_t* h, int64_t n) {
 template <typename T>
 void stream_row(const T* src, T* dst, int64_t n) {
   int64_t j = 0;
-  if constexpr (kVec<T>) {
+  if constexpr (kVectorized<T>) {
     for (; j + kWidth <= n; j += kWidth) {
       fVec a, b;
       load2(src + j, a, b);

@@ -50,13 +50,7 @@ void for_each_param_chunk(at::TensorList params, bool master, F&& f) {
 
 // State and compute type for params of type param_t.
 template <typename param_t>
-using state_t = std::conditional_t<std::is_same_v<param_t, double>, double, float>;
-
-// The float-vector loads used by the optimizer loops, for the float/half/bf16 path.
-template <typename T>
-inline void load2(const T* p, fVec& a, fVec& b) { VecIO<T>::load(p, a, b); }
-template <typename T>
-inline void store2(T* p, const fVec& a, const fVec& b) { VecIO<T>::store(p, a, b); }
+using state_t = acc_of<param_t>;
 
 // How a step reads its grads: divided by grad_scale (by -grad_scale for maximize, which
 // also negates, exactly) and, when the scale is not 1, written back unscaled
@@ -99,14 +93,52 @@ struct GradReader {
   }
 };
 
-// The float or the double one of a pair (coefficients), by the params' type.
-template <typename param_t, typename F, typename D>
-const auto& for_type(const F& for_float, const D& for_double) {
-  if constexpr (std::is_same_v<param_t, double>) {
-    return for_double;
-  } else {
-    return for_float;
+// What every CPU fused optimizer step does around its loop, the twin of the CUDA
+// OptimizerLaunch; made once found_inf was found clear (a skipped step changes
+// nothing, steps included).
+struct CpuStep {
+  const double lr;                      // lr_tensor's value when given
+  const GradUnscale unscale;
+  const std::vector<double> step;       // the counts this step advanced to (steps[i] += 1)
+  const std::vector<at::Tensor> grads;  // in their params' layout (grads_like_params)
+
+  CpuStep(at::TensorList params, at::TensorList grads_, at::TensorList steps, double lr_,
+          const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale, bool maximize)
+      : lr(value_or(lr_tensor, lr_)), unscale(grad_scale, maximize), step(advance_steps(steps)),
+        grads(grads_like_params(params, grads_)) {}
+
+  // The caller's grads get the unscaled values the loop wrote into copies made for
+  // their layout (Note [Grads written back unscaled]).
+  void finish(at::TensorList user_grads) const {
+    if (unscale.write) copy_back_grads(user_grads, grads);
   }
+};
+
+// Each tensor's coefficients in both scalar types: the float ones serve float, half
+// and bfloat16 params, the double ones double params. make(float{} or double{}, i).
+template <typename F, typename D>
+struct CoeffsByType {
+  std::vector<F> for_float;
+  std::vector<D> for_double;
+
+  template <typename param_t>
+  const auto& get(int64_t t) const {
+    if constexpr (std::is_same_v<param_t, double>) {
+      return for_double[t];
+    } else {
+      return for_float[t];
+    }
+  }
+};
+
+template <typename Make>
+auto coeffs_per_tensor(size_t n, const Make& make) {
+  CoeffsByType<decltype(make(float{}, size_t{})), decltype(make(double{}, size_t{}))> out;
+  for (size_t i = 0; i < n; ++i) {
+    out.for_float.push_back(make(float{}, i));
+    out.for_double.push_back(make(double{}, i));
+  }
+  return out;
 }
 
 // Note [One loop moves a CPU optimizer's memory]: the CPU twin of the CUDA
@@ -159,13 +191,20 @@ void step_chunk(const StepPtrs<param_t, kSlots>& t, int64_t begin, int64_t end,
   }
 }
 
-// step_chunk over every chunk of params, in parallel: `slots` in math's order (an
-// absent optional list passed empty is left out), grads already in the params'
-// layout (grads_like_params). make_math(param_t{}, has_master, tensor) returns the
-// math for one tensor (its coefficients bound).
-template <size_t kSlots, bool kUnscale = true, typename MakeMath>
-void step_params(at::TensorList params, at::TensorList grads, at::TensorList masters,
-                 std::initializer_list<at::TensorList> slots, const GradUnscale& unscale, const MakeMath& make_math) {
+// The element types of one chunk's loop, for a math that depends on them (SGD's
+// roundings of a half param without masters).
+template <typename param_t_, bool kMaster_>
+struct StepTypes {
+  using param_t = param_t_;
+  static constexpr bool kMaster = kMaster_;
+};
+
+// step_chunk over every chunk of params, in parallel, with the grads st read (in the
+// params' layout) and each tensor's coefficients: math(x, g, slots, coeffs, StepTypes).
+// `slots` in math's order; an absent optional list passed empty is left out.
+template <size_t kSlots, bool kUnscale = true, typename Coeffs, typename Math>
+void step_params(at::TensorList params, const CpuStep& st, at::TensorList masters,
+                 std::initializer_list<at::TensorList> slots, const Coeffs& coeffs, const Math& math) {
   std::vector<at::TensorList> present;
   for (const at::TensorList ts : slots) {
     if (!ts.empty()) present.push_back(ts);
@@ -176,10 +215,13 @@ void step_params(at::TensorList params, at::TensorList grads, at::TensorList mas
     using acc_t = state_t<param_t>;
     const int64_t t = ch.tensor;
     StepPtrs<param_t, kSlots> ptrs{static_cast<param_t*>(params[t].data_ptr()),
-                                   static_cast<param_t*>(grads[t].data_ptr()),
+                                   static_cast<param_t*>(st.grads[t].data_ptr()),
                                    has_master ? static_cast<acc_t*>(masters[t].data_ptr()) : nullptr, {}};
     for (size_t j = 0; j < kSlots; ++j) ptrs.slots[j] = static_cast<acc_t*>(present[j][t].data_ptr());
-    step_chunk<has_master, kUnscale>(ptrs, ch.begin, ch.end, GradReader<acc_t>(unscale), make_math(tag, has_master, t));
+    const auto& c = coeffs.template get<param_t>(t);
+    const StepTypes<param_t, decltype(has_master)::value> types;
+    step_chunk<has_master, kUnscale>(ptrs, ch.begin, ch.end, GradReader<acc_t>(st.unscale),
+                                     [&](auto& x, auto g, auto& s) { math(x, g, s, c, types); });
   });
 }
 

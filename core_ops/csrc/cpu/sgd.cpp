@@ -13,36 +13,31 @@ namespace {
 
 void sgd_step(const SgdArgs& a) {
   if (flag_is_set(a.found_inf)) return;
-  const double lr = value_or(a.lr_tensor, a.lr);
-  const GradUnscale unscale(a.grad_scale, a.maximize);
-  const std::vector<at::Tensor> gs = grads_like_params(a.params, a.grads);
-  const auto cf = sgd_coeffs<float>(lr, a.momentum, a.dampening, a.weight_decay, a.first_step,
-                                    a.wd_after_momentum);
-  const auto cd = sgd_coeffs<double>(lr, a.momentum, a.dampening, a.weight_decay, a.first_step,
+  const CpuStep st(a.params, a.grads, {}, a.lr, a.lr_tensor, a.grad_scale, a.maximize);
+  const auto coeffs = coeffs_per_tensor(a.params.size(), [&](auto acc, size_t) {
+    return sgd_coeffs<decltype(acc)>(st.lr, a.momentum, a.dampening, a.weight_decay, a.first_step,
                                      a.wd_after_momentum);
+  });
   const bool has_momentum = a.has_momentum();
   bool_switch(has_momentum, [&](auto mom) {
     bool_switch(a.nesterov && has_momentum, [&](auto nest) {
       step_params<mom ? 1 : 0>(
-          a.params, gs, a.master_params, {has_momentum ? a.momentum_buffers : at::TensorList()}, unscale,
-          [&](auto tag, auto has_master, int64_t) {
-            using param_t = decltype(tag);
+          a.params, st, a.master_params, {has_momentum ? a.momentum_buffers : at::TensorList()}, coeffs,
+          [&](auto& x, auto g, auto& s, const auto& c, auto types) {
+            using param_t = typename decltype(types)::param_t;
             // Note [Half params without masters]: torch's roundings for a half param alone.
-            using Round = std::conditional_t<!decltype(has_master)::value && !std::is_same_v<param_t, state_t<param_t>>,
+            using Round = std::conditional_t<!decltype(types)::kMaster && !std::is_same_v<param_t, state_t<param_t>>,
                                              RoundTo<param_t>, NoRound>;
-            const auto& c = for_type<param_t>(cf, cd);
-            return [&](auto& x, auto g, auto& s) {
-              if constexpr (mom) {
-                sgd_math<true, nest>(x, g, s[0], c, Round());
-              } else {
-                auto none = g;  // no momentum buffer: sgd_math leaves it alone
-                sgd_math<false, false>(x, g, none, c, Round());
-              }
-            };
+            if constexpr (mom) {
+              sgd_math<true, nest>(x, g, s[0], c, Round());
+            } else {
+              auto none = g;  // no momentum buffer: sgd_math leaves it alone
+              sgd_math<false, false>(x, g, none, c, Round());
+            }
           });
     });
   });
-  if (unscale.write) copy_back_grads(a.grads, gs);
+  st.finish(a.grads);
 }
 
 }  // namespace

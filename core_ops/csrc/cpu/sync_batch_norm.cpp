@@ -25,11 +25,6 @@
 namespace core_ops::cpu {
 namespace {
 
-template <typename T>
-using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
-template <typename T>
-constexpr bool kVectorized = !std::is_same_v<T, double>;
-
 // Rows [r0, r1) split evenly into one block per thread (at most), in a fixed order.
 template <typename F>
 void for_row_blocks(int64_t rows, int64_t cols, int64_t blocks, const F& f) {

@@ -23,11 +23,9 @@ struct AdagradScalars {
 
 // Lists (Note [One functor moves an optimizer's memory]): params, grads, state_sums,
 // then master_params when present; one per-tensor scalar, the step count, after them.
-template <typename param_t_, typename acc_t_, bool kMaster_, bool kWMode>
+template <typename acc_t, bool kWMode>
 struct AdagradPolicy {
-  using param_t = param_t_;
-  using acc_t = acc_t_;
-  static constexpr bool kGrads = true, kMaster = kMaster_, kWritesWeights = true;
+  static constexpr bool kGrads = true, kWritesWeights = true;
   static constexpr int kSlots = 1, kInputs = 0, kOutputs = 0, kScalars = 1;
 
   AdagradScalars s;
@@ -47,9 +45,8 @@ void adagrad_step(const AdagradArgs& a) {
   OptimizerLaunch launch(a.params, a.grads, a.lr_tensor, a.grad_scale, a.found_inf, a.maximize);
   const AdagradScalars s{a.lr, a.lr_decay, a.eps, a.weight_decay, launch.step()};
   bool_switch(a.adagrad_w_mode, [&](auto wmode) {
-    launch.elementwise([&](auto param, auto acc, auto master) {
-      return AdagradPolicy<decltype(param), decltype(acc), decltype(master)::value, decltype(wmode)::value>{s};
-    }, {a.state_sums}, a.master_params, {a.steps});
+    launch.elementwise([&](auto, auto acc, auto) { return AdagradPolicy<decltype(acc), decltype(wmode)::value>{s}; },
+                       {a.state_sums}, a.master_params, {a.steps});
   });
   launch.finish(a.steps);
 }

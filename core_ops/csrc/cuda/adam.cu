@@ -28,14 +28,11 @@ struct AdamScalars {
 
 // Lists (Note [One functor moves an optimizer's memory]): params, grads, exp_avgs,
 // exp_avg_sqs, then max_exp_avg_sqs (amsgrad) and master_params (master weights) when
-// present; one per-tensor scalar, the step count, after them. param_t is the params'
-// (and grads') dtype, acc_t the state's and the math's: float for float / half /
-// bfloat16 params, double for double.
-template <typename param_t_, typename acc_t_, bool kMaster_, bool kAdamW, bool kAmsgrad>
+// present; one per-tensor scalar, the step count, after them. acc_t is the state's and
+// the math's type: float for float / half / bfloat16 params, double for double.
+template <typename acc_t, bool kAdamW, bool kAmsgrad>
 struct AdamPolicy {
-  using param_t = param_t_;
-  using acc_t = acc_t_;
-  static constexpr bool kGrads = true, kMaster = kMaster_, kWritesWeights = true;
+  static constexpr bool kGrads = true, kWritesWeights = true;
   static constexpr int kSlots = 2 + int(kAmsgrad), kInputs = 0, kOutputs = 0, kScalars = 1;
 
   AdamScalars s;
@@ -64,11 +61,11 @@ void adam_step(const AdamArgs& a) {
   const AdamScalars s{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, launch.step(), a.bias_correction};
   bool_switch(a.adam_w_mode, [&](auto adamw) {
     bool_switch(a.amsgrad, [&](auto ams) {
-      launch.elementwise([&](auto param, auto acc, auto master) {
-        return AdamPolicy<decltype(param), decltype(acc), decltype(master)::value, decltype(adamw)::value,
-                          decltype(ams)::value>{s};
-      }, {a.exp_avgs, a.exp_avg_sqs, a.amsgrad ? a.max_exp_avg_sqs : at::TensorList()}, a.master_params,
-         {a.steps});
+      const auto policy = [&](auto, auto acc, auto) {
+        return AdamPolicy<decltype(acc), decltype(adamw)::value, decltype(ams)::value>{s};
+      };
+      launch.elementwise(policy, {a.exp_avgs, a.exp_avg_sqs, a.amsgrad ? a.max_exp_avg_sqs : at::TensorList()},
+                         a.master_params, {a.steps});
     });
   });
   launch.finish(a.steps);

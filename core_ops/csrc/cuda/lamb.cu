@@ -32,11 +32,9 @@ struct Stage1Scalars {
 // Lists (Note [One functor moves an optimizer's memory]): params, grads, exp_avgs,
 // exp_avg_sqs, updates (written), then master_params when present; one per-tensor
 // scalar, the step count, after them. The weights are only read.
-template <typename param_t_, typename acc_t_, bool kMaster_, bool kAdamW>
+template <typename acc_t, bool kAdamW>
 struct Stage1Policy {
-  using param_t = param_t_;
-  using acc_t = acc_t_;
-  static constexpr bool kGrads = true, kMaster = kMaster_, kWritesWeights = false;
+  static constexpr bool kGrads = true, kWritesWeights = false;
   static constexpr int kSlots = 2, kInputs = 0, kOutputs = 1, kScalars = 1;
 
   Stage1Scalars s;
@@ -58,9 +56,8 @@ void lamb_stage1_step(const LambStage1Args& a) {
   const Stage1Scalars s{a.beta1, a.beta2, a.eps, a.weight_decay, launch.step(), a.bias_correction,
                         a.grad_averaging};
   bool_switch(a.adam_w_mode, [&](auto adamw) {
-    launch.elementwise([&](auto param, auto acc, auto master) {
-      return Stage1Policy<decltype(param), decltype(acc), decltype(master)::value, decltype(adamw)::value>{s};
-    }, {a.exp_avgs, a.exp_avg_sqs, a.updates}, a.master_params, {a.steps});
+    launch.elementwise([&](auto, auto acc, auto) { return Stage1Policy<decltype(acc), decltype(adamw)::value>{s}; },
+                       {a.exp_avgs, a.exp_avg_sqs, a.updates}, a.master_params, {a.steps});
   });
   launch.finish(a.steps);
 }
@@ -76,11 +73,9 @@ struct Stage2Scalars {
 // Lists (Note [One functor moves an optimizer's memory]): params, updates (read),
 // then master_params when present; two per-tensor scalars after them: the tensor's
 // param norm and update norm.
-template <typename param_t_, typename acc_t_, bool kMaster_>
+template <typename acc_t>
 struct Stage2Policy {
-  using param_t = param_t_;
-  using acc_t = acc_t_;
-  static constexpr bool kGrads = false, kMaster = kMaster_, kWritesWeights = true;
+  static constexpr bool kGrads = false, kWritesWeights = true;
   static constexpr int kSlots = 0, kInputs = 1, kOutputs = 0, kScalars = 2;
 
   Stage2Scalars s;
@@ -101,9 +96,8 @@ void lamb_stage2_step(const LambStage2Args& a) {
   OptimizerLaunch launch(a.params, {}, a.lr_tensor, std::nullopt, a.found_inf, /*maximize=*/false);
   const Stage2Scalars s{a.lr, a.weight_decay, launch.step(), a.use_nvlamb};
   const std::vector<at::Tensor> pn = per_tensor_views(a.param_norms), un = per_tensor_views(a.update_norms);
-  launch.elementwise([&](auto param, auto acc, auto master) {
-    return Stage2Policy<decltype(param), decltype(acc), decltype(master)::value>{s};
-  }, {a.updates}, a.master_params, {pn, un});
+  launch.elementwise([&](auto, auto acc, auto) { return Stage2Policy<decltype(acc)>{s}; }, {a.updates},
+                     a.master_params, {pn, un});
 }
 
 }  // namespace

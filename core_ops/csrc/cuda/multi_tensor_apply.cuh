@@ -230,6 +230,13 @@ __device__ __forceinline__ void store_pack(T* p, const acc_t (&r)[kILP], int n, 
   }
 }
 
+// This thread's packs of a chunk of len elements, in order: f(i, n) for the pack at
+// offset i, n <= kILP elements (only the last may be short).
+template <typename F>
+__device__ __forceinline__ void for_each_pack(int len, const F& f) {
+  for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) f(i, len - i < kILP ? len - i : kILP);
+}
+
 // The caller's found_inf (float32 or int32). Every writer stores 1 and nobody reads
 // it in the kernel, so concurrent stores from many threads are a benign race.
 struct FoundInf {

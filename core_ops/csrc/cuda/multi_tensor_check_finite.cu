@@ -21,13 +21,12 @@ struct CheckFiniteOp {
     const T* x = static_cast<const T*>(meta.addresses[0][t]) + begin;
     const bool vec = pack_aligned(x);
     acc_t probe = 0;
-    for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) {
-      const int n = len - i < kILP ? len - i : kILP;
+    for_each_pack(len, [&](int i, int n) {
       acc_t v[kILP];
       load_pack(v, x + i, n, vec);
 #pragma unroll
       for (int k = 0; k < kILP; ++k) probe += nonfinite_probe(v[k]);  // padding is 0
-    }
+    });
     if (probe_failed(probe)) found_inf.set();
   }
 };

@@ -36,8 +36,7 @@ struct NormOp {
     acc_t s = 1;
     if constexpr (kUnscale) s = *inv_scale;
     acc_t probe = 0, sumsq = 0;
-    for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) {
-      const int n = len - i < kILP ? len - i : kILP;
+    for_each_pack(len, [&](int i, int n) {
       acc_t v[kILP];
       load_pack(v, p + i, n, vec);
 #pragma unroll
@@ -50,7 +49,7 @@ struct NormOp {
         if (k < n) sumsq += square_math(v[k]);
       }
       if constexpr (kUnscale) store_pack(p + i, v, n, vec);
-    }
+    });
     if constexpr (kUnscale) {
       if (probe_failed(probe)) found_inf.set();
     }

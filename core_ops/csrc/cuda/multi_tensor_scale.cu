@@ -25,8 +25,7 @@ struct ScaleOp {
     const bool vec = pack_aligned(x) && pack_aligned(y);
     const acc_t s = *scale;
     acc_t probe = 0;
-    for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) {
-      const int n = len - i < kILP ? len - i : kILP;
+    for_each_pack(len, [&](int i, int n) {
       acc_t v[kILP];
       load_pack(v, x + i, n, vec);
 #pragma unroll
@@ -35,7 +34,7 @@ struct ScaleOp {
         v[k] = scale_math(v[k], s);
       }
       store_pack(y + i, v, n, vec);
-    }
+    });
     if (probe_failed(probe)) found_inf.set();
   }
 };
@@ -54,8 +53,7 @@ struct AxpbyOp {
     out_t* out = static_cast<out_t*>(meta.addresses[2][t]) + begin;
     const bool vec = pack_aligned(x) && pack_aligned(y) && pack_aligned(out);
     acc_t px = 0, py = 0;
-    for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) {
-      const int n = len - i < kILP ? len - i : kILP;
+    for_each_pack(len, [&](int i, int n) {
       acc_t xv[kILP], yv[kILP], r[kILP];
       load_pack(xv, x + i, n, vec);
       load_pack(yv, y + i, n, vec);
@@ -66,7 +64,7 @@ struct AxpbyOp {
         r[k] = axpby_math(a, xv[k], b, yv[k]);
       }
       store_pack(out + i, r, n, vec);
-    }
+    });
     if ((arg_to_check != 1 && probe_failed(px)) || (arg_to_check != 0 && probe_failed(py))) {
       found_inf.set();
     }

@@ -56,11 +56,9 @@ struct SecondMomentOp {
 // Step 2. Lists (Note [One functor moves an optimizer's memory]): params, grads,
 // exp_avgs, then master_params when present; two per-tensor scalars after them: the
 // step count and the (updated) second moment.
-template <typename param_t_, typename acc_t_, bool kMaster_, bool kRegInside>
+template <typename acc_t, bool kRegInside>
 struct NovoGradPolicy {
-  using param_t = param_t_;
-  using acc_t = acc_t_;
-  static constexpr bool kGrads = true, kMaster = kMaster_, kWritesWeights = true;
+  static constexpr bool kGrads = true, kWritesWeights = true;
   static constexpr int kSlots = 1, kInputs = 0, kOutputs = 0, kScalars = 2;
 
   NovoGradScalars s;
@@ -90,10 +88,10 @@ void novograd_step(const NovoGradArgs& a) {
     multi_tensor_apply<1, 2>({a.exp_avg_sqs}, {a.steps, norms}, SecondMomentOp<float>{s});
   }
   bool_switch(a.reg_inside_moment, [&](auto reg_inside) {
-    launch.elementwise([&](auto param, auto acc, auto master) {
-      return NovoGradPolicy<decltype(param), decltype(acc), decltype(master)::value,
-                            decltype(reg_inside)::value>{s};
-    }, {a.exp_avgs}, a.master_params, {a.steps, a.exp_avg_sqs});
+    const auto policy = [&](auto, auto acc, auto) {
+      return NovoGradPolicy<decltype(acc), decltype(reg_inside)::value>{s};
+    };
+    launch.elementwise(policy, {a.exp_avgs}, a.master_params, {a.steps, a.exp_avg_sqs});
   });
   launch.finish(a.steps);
 }

@@ -82,7 +82,9 @@ class OptimizerLaunch {
                    std::vector<at::TensorList> scalars = {}) {
     for_param_types(params_[0].scalar_type(), !masters.empty(), [&](auto param, auto acc, auto has_master) {
       const auto policy = make_policy(param, acc, has_master);
-      run(ElementwiseStep<std::decay_t<decltype(policy)>>{policy}, lists, masters, scalars);
+      using Op = ElementwiseStep<decltype(param), decltype(acc), decltype(has_master)::value,
+                                 std::decay_t<decltype(policy)>>;
+      run(Op{policy}, lists, masters, scalars);
     });
   }
 

@@ -98,10 +98,10 @@ struct StepScalars {
 // grads (unscaled by GradReader), its state slots, read-only inputs; runs its math per
 // element; and writes back the slots, its outputs and the weights (master and param).
 // ElementwiseStep does that movement once (packs of kILP, one alignment test per
-// chunk, padding computed on zeros and never stored); a Policy says what an optimizer
+// chunk, padding computed on zeros and never stored) for params of param_t, state and
+// math in acc_t, with fp32 masters or not (kMaster); a Policy says what an optimizer
 // has and does:
-//   param_t, acc_t               the params' dtype and the state's / math's
-//   kGrads, kSlots, kInputs, kOutputs, kMaster, kWritesWeights, kScalars
+//   kGrads, kSlots, kInputs, kOutputs, kWritesWeights, kScalars
 //   s.step                       its StepScalars: found_inf, when set, leaves the chunk
 //                                alone (a skipped step changes nothing); the grads are
 //                                read through a GradReader of grad_scale and maximize
@@ -139,12 +139,10 @@ std::array<at::TensorList, N> to_array(const std::vector<at::TensorList>& lists)
   return out;
 }
 
-template <typename Policy>
+template <typename param_t, typename acc_t, bool kMaster_, typename Policy>
 struct ElementwiseStep {
-  using param_t = typename Policy::param_t;
-  using acc_t = typename Policy::acc_t;
   static constexpr int kS = Policy::kSlots, kI = Policy::kInputs, kO = Policy::kOutputs;
-  static constexpr bool kG = Policy::kGrads, kM = Policy::kMaster, kW = Policy::kWritesWeights;
+  static constexpr bool kG = Policy::kGrads, kM = kMaster_, kW = Policy::kWritesWeights;
   static constexpr bool kGrads = kG, kMaster = kM;  // as OptimizerLaunch::run reads them
   static constexpr int kDepth = 1 + int(kG) + kS + kI + kO + int(kM), kScalars = Policy::kScalars;
   using Meta = TensorListMeta<kDepth, Policy::kScalars>;
@@ -193,8 +191,7 @@ struct ElementwiseStep {
       }
     }();
 
-    for (int i = threadIdx.x * kILP; i < len; i += blockDim.x * kILP) {
-      const int n = len - i < kILP ? len - i : kILP;
+    for_each_pack(len, [&](int i, int n) {
       acc_t x[kILP], gr[kILP] = {}, s[at_least_one(kS)][kILP], in[at_least_one(kI)][kILP],
           out[at_least_one(kO)][kILP];
       if constexpr (kM) {
@@ -228,7 +225,7 @@ struct ElementwiseStep {
         if constexpr (kM) store_pack(w + i, x, n, vec);
         store_pack(p + i, x, n, vec);
       }
-    }
+    });
   }
 };
 

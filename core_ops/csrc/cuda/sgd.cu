@@ -24,11 +24,9 @@ struct SgdScalars {
 
 // Lists (Note [One functor moves an optimizer's memory]): params, grads, then
 // momentum_buffers (momentum != 0) and master_params (master weights) when present.
-template <typename param_t_, typename acc_t_, bool kMaster_, bool kMomentum, bool kNesterov>
+template <typename param_t, typename acc_t, bool kMaster, bool kMomentum, bool kNesterov>
 struct SgdPolicy {
-  using param_t = param_t_;
-  using acc_t = acc_t_;
-  static constexpr bool kGrads = true, kMaster = kMaster_, kWritesWeights = true;
+  static constexpr bool kGrads = true, kWritesWeights = true;
   static constexpr int kSlots = int(kMomentum), kInputs = 0, kOutputs = 0, kScalars = 0;
   // Note [Half params without masters]: torch's roundings for a half param alone.
   using Round = std::conditional_t<!kMaster && !std::is_same_v<param_t, acc_t>, RoundTo<param_t>, NoRound>;

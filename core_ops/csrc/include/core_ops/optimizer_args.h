@@ -111,12 +111,8 @@ inline bool check_optimizer_group(at::TensorList params, at::TensorList grads,
                                   const std::optional<at::Tensor>& grad_scale,
                                   const std::optional<at::Tensor>& found_inf,
                                   bool has_steps = true) {
-  check_same_length(params, "params", grads, "grads");
-  if (params.empty()) return false;
+  if (!check_matching_lists(params, "params", grads, "grads")) return false;
   const auto device = params[0].device();
-  check_list(params, "params", device);
-  check_list(grads, "grads", device);
-  check_same_numel(params, "params", grads, "grads");
   TORCH_CHECK_TYPE(grads[0].scalar_type() == params[0].scalar_type(), "grads have dtype ",
                    dtype_name(grads[0].scalar_type()), " but params have ",
                    dtype_name(params[0].scalar_type()));

@@ -41,6 +41,17 @@ inline void check_same_numel(at::TensorList a, const char* a_name, at::TensorLis
   }
 }
 
+// b matches a index by index: as many tensors, each list on a's device in one dtype,
+// the same shapes. False when both are empty (nothing to do).
+inline bool check_matching_lists(at::TensorList a, const char* a_name, at::TensorList b, const char* b_name) {
+  check_same_length(a, a_name, b, b_name);
+  if (a.empty()) return false;
+  check_list(a, a_name, a[0].device());
+  check_list(b, b_name, a[0].device());
+  check_same_numel(a, a_name, b, b_name);
+  return true;
+}
+
 inline void check_flag(const at::Tensor& found_inf, c10::Device device) {
   TORCH_CHECK_VALUE(found_inf.numel() == 1 && found_inf.device() == device,
                     "found_inf must be a one-element tensor on ", device);
@@ -105,14 +116,9 @@ inline void check_no_partial_overlap(at::TensorList in, const char* in_name, at:
 
 // Returns false when there is nothing to do (empty lists).
 inline bool check_scale_args(at::TensorList src, at::TensorList dst, const at::Tensor& found_inf) {
-  check_same_length(src, "src", dst, "dst");
-  if (src.empty()) return false;
-  const auto device = src[0].device();
-  check_list(src, "src", device);
-  check_list(dst, "dst", device);
-  check_same_numel(src, "src", dst, "dst");
+  if (!check_matching_lists(src, "src", dst, "dst")) return false;
   check_no_partial_overlap(src, "src", dst, "dst");
-  check_flag(found_inf, device);
+  check_flag(found_inf, src[0].device());
   return true;
 }
 
