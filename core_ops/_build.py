@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from . import _cuda_toolkit
+from . import _cache_trust, _cuda_toolkit
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 KINDS = ("cpu", "cuda")
@@ -63,12 +63,21 @@ def forced_reference() -> bool:
     return value == "reference"
 
 
-def cache_root() -> Path:
-    env = os.environ.get("CORE_OPS_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
+def _default_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "core_ops"
+
+
+def cache_root() -> Path:
+    """The cache the settings name (CORE_OPS_CACHE_DIR, else the user's cache folder)."""
+    env = os.environ.get("CORE_OPS_CACHE_DIR")
+    return Path(env).expanduser() if env else _default_root()
+
+
+def cache() -> tuple[Path, str | None]:
+    """(the cache used, why ``cache_root()`` was passed over or None): Note [A cache no
+    one else writes] in _cache_trust.py."""
+    return _cache_trust.choose(cache_root(), _default_root())
 
 
 def sources(kind: str) -> list[Path]:
@@ -216,9 +225,11 @@ def _prebuilt(kind: str, arch: str | None) -> Path | None:
     any toolchain, for a machine that has none."""
     try:
         key = build_key(kind, arch, toolchain=False)
-        for folder in sorted(cache_root().glob(f"core_ops_{kind}_*")):
+        root, _ = cache()
+        for folder in sorted(root.glob(f"core_ops_{kind}_*")):
             marker, library = folder / PORTABLE_KEY, folder / f"{folder.name}.so"
-            if marker.is_file() and marker.read_text() == key and _complete(library):
+            if (marker.is_file() and marker.read_text() == key and _complete(library)
+                    and _cache_trust.why_unsafe(root, library) is None):
                 return library
     except OSError:
         pass
@@ -228,7 +239,7 @@ def _prebuilt(kind: str, arch: str | None) -> Path | None:
 @contextlib.contextmanager
 def _file_lock(path: Path):
     """An exclusive lock across processes (ranks of one job); no-op where fcntl is absent."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _cache_trust.make_private(path.parent)
     with open(path, "a+") as fh:
         try:
             import fcntl
@@ -401,8 +412,11 @@ def ensure(kind: str, *, build: bool = True, force: bool = False, arch: str | No
         key = build_key(kind, arch)
     except OSError as e:
         return _unavailable(kind, f"cannot read kernel sources: {e}", warn)
-    root = cache_root()
+    root, _ = cache()
     name = _library_name(kind, key)
+    # A folder or library in it that someone else could have written is not loaded: it
+    # is built again privately (Note [A cache no one else writes]).
+    root, _ = _cache_trust.choose(root, _default_root(), root / name / f"{name}.so")
     build_dir = root / name
     library = build_dir / f"{name}.so"
     with contextlib.ExitStack() as stack:
@@ -448,7 +462,7 @@ def _ensure_locked(kind: str, name: str, build_dir: Path, library: Path, *, buil
           f"(cached in {build_dir}) ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
-        staging.mkdir(parents=True, exist_ok=True)
+        _cache_trust.make_private(staging)
         failed.unlink(missing_ok=True)
         _compile(kind, name, staging, arch)
         os.replace(staging / f"{name}.so", library)

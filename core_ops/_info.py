@@ -10,6 +10,15 @@ from ._library import LIB_NAME, OP_NAMES
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 
 
+def _cache_line():
+    """The cache used, and why: private instead of the one set, or shared by a team."""
+    from . import _cache_trust
+    root, why = _build.cache()
+    if why is not None:
+        return f"{root} (private: {_build.cache_root()} is not used: {why})"
+    return f"{root} (shared with a team: CORE_OPS_SHARED_CACHE=1)" if _cache_trust.shared() else str(root)
+
+
 def op_backend(name, kind):
     """Which tier of Note [Backend tiers] (torch_fused.py) ``name`` takes on ``kind``:
     'native' if the dispatcher holds a C++ kernel for the device, else 'torch (<its
@@ -36,7 +45,7 @@ def backend_report(build=True):
         "python": platform.python_version(),
         "cpu capability": torch.backends.cpu.get_cpu_capability(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-        "cache": str(_build.cache_root()),
+        "cache": _cache_line(),
         "devices": {},
     }
     for kind in _build.KINDS:

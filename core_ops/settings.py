@@ -59,7 +59,7 @@ def flag(value, where):
 
 def _choice(*allowed):
     def parse(value, where):
-        text = str(value).strip()
+        text = str(value).strip().lower()  # CORE_OPS_BACKEND=Reference is meant
         if text not in allowed:
             raise ValueError(f"{_says(where, value)}: expected one of {', '.join(allowed)}")
         return text
@@ -184,6 +184,9 @@ SETTINGS = (
             "auto: the fastest tier each op has; reference: the pure-PyTorch kernels everywhere"),
     Setting("cache_dir", "CORE_OPS_CACHE_DIR", lambda v, w: str(v), None, (CORE,),
             "where native kernels are built and cached (default: $XDG_CACHE_HOME/core_ops or ~/.cache/core_ops)"),
+    Setting("shared_cache", "CORE_OPS_SHARED_CACHE", _choice("0", "1"), "0", (CORE,),
+            "1: a team shares the build cache on purpose: libraries of other owners and group-writable "
+            "folders in it are loaded (never a folder anyone may write)", off="0"),
     Setting("cuda_arch", "CORE_OPS_CUDA_ARCH", lambda v, w: str(v), None, (CORE,),
             "the CUDA archs to build for, e.g. 9.0 or 8.0;9.0 (default: the GPUs present)"),
     Setting("verbose_build", "CORE_OPS_VERBOSE_BUILD", _choice("0", "1"), "0", (CORE,),

@@ -17,7 +17,9 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD:$PWD/plugins/lightning:$PWD/plugins/accelerate${PYTHONPATH:+:$PYTHONPATH}"
-export CORE_OPS_CACHE_DIR=${CORE_OPS_CACHE_DIR:-/tmp/core_ops_gpu_cache}
+# A cache of this run's own, made 0700 (Note [A cache no one else writes]): never a
+# predictable folder in /tmp that another user could have made first.
+export CORE_OPS_CACHE_DIR=${CORE_OPS_CACHE_DIR:-$(mktemp -d -t core_ops_gpu_cache.XXXXXX)}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 LOG=${OUT:-/tmp}/gpu_run
 mkdir -p "$LOG"
