@@ -107,10 +107,8 @@ def resolve(opt_level, half_dtype=torch.float16, enabled=True, routed=None, **ov
     no_cast = overrides.get("cast_model_type") is False
     if no_cast:
         del overrides["cast_model_type"]
-    for name in ("keep_batchnorm_fp32", "master_weights", "loss_scale", "skip_nonfinite", "max_consecutive_skips",
-                 "min_loss_scale", "max_loss_scale", "skip_report_seconds"):
-        if name in overrides:
-            overrides[name] = settings.BY_NAME[name].parse(overrides[name], name)
+    for name in overrides.keys() & settings.BY_NAME.keys():  # each setting's own parser
+        overrides[name] = settings.BY_NAME[name].parse(overrides[name], name)
     for key in ("cast_model_type", "cast_model_outputs"):
         if key in overrides and not (isinstance(overrides[key], torch.dtype)
                                      and overrides[key].is_floating_point):
