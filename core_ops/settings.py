@@ -173,10 +173,6 @@ class Setting:
             return self.plugin_default
         return self.default
 
-    def read(self, where=None):
-        """The parsed value of ``where`` (the variable's text)."""
-        return self.parse(where, self.env)
-
 
 SETTINGS = (
     # core_ops itself
@@ -269,14 +265,12 @@ class Resolved:
     def __getitem__(self, name):
         return self.values[name]
 
-    def where(self, name, value=_UNSET):
-        """How the user spelt ``name`` in this route: ``CORE_OPS_X='v'`` or ``name=v``
-        (the value as given, or ``value``)."""
+    def where(self, name):
+        """How the user spelt ``name`` in this route: ``CORE_OPS_X='v'`` or ``name=v``."""
         source = self.sources.get(name, "default")
-        shown = self.values.get(name) if value is _UNSET else value
         if source.startswith("CORE_OPS_"):
-            return f"{source}={os.environ.get(source, shown)!r}" if value is _UNSET else f"{source}={value}"
-        return f"{name}={shown!r}"
+            return f"{source}={os.environ.get(source, self.values.get(name))!r}"
+        return f"{name}={self.values.get(name)!r}"
 
     def how_to_set(self, name, code_value, env_value):
         """The fix for ``name`` in the route it came from: ``set CORE_OPS_X=env_value``
@@ -296,10 +290,10 @@ class Resolved:
         return {k: v for k, v in self.values.items() if self.sources[k] != "default"}
 
 
-def resolve(route, given=None, environ=None, defaults=None, spelled=None, also=()):
+def resolve(route, given=None, environ=None, spelled=None, also=()):
     """The settings of ``route`` (a key of ROUTES): each from ``given`` (arguments; None
-    means not given), else its variable in ``environ`` (set and not empty), else
-    ``defaults`` (the caller's), else the route's default. Raises ValueError naming the
+    means not given), else its variable in ``environ`` (set and not empty), else the
+    route's default. Raises ValueError naming the
     argument or the variable for a bad value, or both when an argument and a set
     variable disagree (the variable would be ignored: give one of them; ``spelled``
     says how the user wrote an argument, e.g. ``precision='apex-O2'`` for half_dtype),
@@ -330,7 +324,7 @@ def resolve(route, given=None, environ=None, defaults=None, spelled=None, also=(
         elif str(environ.get(setting.env, "")).strip() != "":
             values[name], sources[name] = setting.parse(environ[setting.env], setting.env), setting.env
         else:
-            default = (defaults or {}).get(name, setting.default_for(route))
+            default = setting.default_for(route)
             values[name] = default if default is None else setting.parse(default, name)
             sources[name] = "default"
     return Resolved(route, values, sources)
