@@ -1,0 +1,199 @@
+// The one place the kernels meet torch: its stable ABI (torch/csrc/stable) and
+// header-only parts (torch/headeronly), nothing else of ATen or c10.
+//
+// Note [Stable ABI]: built with TORCH_TARGET_VERSION = 2.10 (set by core_ops/_build.py
+// and tools/wheel.sh), a library calls torch only through versioned C shims, so one
+// binary loads on torch 2.10 and every newer release: the wheel's prebuilt libraries
+// and the JIT cache are built from these same sources. Everything a kernel needs from
+// a tensor (dtype, device, sizes, strides, data, new tensors) goes through this header,
+// and so does every error a kernel raises (Note [Typed errors]).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
+#include <torch/headeronly/util/HeaderOnlyArrayRef.h>
+
+namespace core_ops {
+
+using Tensor = torch::stable::Tensor;
+// A list argument (Tensor[] in the schema): TORCH_BOX unboxes it into a vector that
+// lives for the call, and hands the kernel this view of it.
+using TensorList = torch::headeronly::HeaderOnlyArrayRef<Tensor>;
+using OptionalTensor = std::optional<Tensor>;
+using ScalarType = torch::headeronly::ScalarType;
+using Device = torch::stable::Device;
+using DeviceType = torch::headeronly::DeviceType;
+using Half = torch::headeronly::Half;
+using BFloat16 = torch::headeronly::BFloat16;
+using Sizes = torch::headeronly::IntHeaderOnlyArrayRef;
+
+// ---- words: dtypes, devices, shapes as Python prints them ---------------------------
+
+inline const char* dtype_short_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return "float32";
+    case ScalarType::Double: return "float64";
+    case ScalarType::Half: return "float16";
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::Int: return "int32";
+    case ScalarType::Long: return "int64";
+    case ScalarType::Short: return "int16";
+    case ScalarType::Byte: return "uint8";
+    case ScalarType::Char: return "int8";
+    case ScalarType::Bool: return "bool";
+    case ScalarType::ComplexFloat: return "complex64";
+    case ScalarType::ComplexDouble: return "complex128";
+    default: return torch::headeronly::toString(t);
+  }
+}
+
+// A dtype as Python spells it ("torch.float16"), so C++ and Python errors read alike.
+inline std::string dtype_name(ScalarType t) { return std::string("torch.") + dtype_short_name(t); }
+
+inline std::string device_name(const Device& d) {
+  std::string type;
+  switch (d.type()) {
+    case DeviceType::CPU: type = "cpu"; break;
+    case DeviceType::CUDA: type = "cuda"; break;
+    case DeviceType::Meta: type = "meta"; break;
+    default: type = "device type " + std::to_string(static_cast<int>(d.type()));
+  }
+  return d.has_index() && d.type() != DeviceType::CPU ? type + ":" + std::to_string(d.index()) : type;
+}
+
+// What the messages stream: dtypes, devices and shapes in Python's words.
+struct Words {
+  std::ostringstream out;
+  template <typename T>
+  Words& operator<<(const T& v) { out << v; return *this; }
+  Words& operator<<(ScalarType t) { out << dtype_name(t); return *this; }
+  Words& operator<<(const Device& d) { out << device_name(d); return *this; }
+  Words& operator<<(Sizes s) {
+    out << "[";
+    for (size_t i = 0; i < s.size(); ++i) out << (i ? ", " : "") << s[i];
+    out << "]";
+    return *this;
+  }
+};
+
+template <typename... Args>
+std::string words(const Args&... args) {
+  Words w;
+  (w << ... << args);
+  return w.out.str();
+}
+
+// Note [Typed errors]: a kernel's refusal reaches Python as the exception the
+// reference kernel raises for the same call (TypeError for a wrong dtype or kind,
+// ValueError for a wrong size, device or value). Exceptions cross the stable ABI as
+// their message only on some torch releases, so the class travels in the message, as a
+// "[TypeError] " / "[ValueError] " prefix that core_ops/_library.py's op() turns back
+// into the class and removes.
+[[noreturn]] inline void raise_tagged(const char* tag, const std::string& message) {
+  throw std::runtime_error(std::string("[") + tag + "] " + message);
+}
+
+}  // namespace core_ops
+
+#define CORE_OPS_CHECK_VALUE(cond, ...) \
+  do {                                  \
+    if (!(cond)) ::core_ops::raise_tagged("ValueError", ::core_ops::words(__VA_ARGS__)); \
+  } while (0)
+#define CORE_OPS_CHECK_TYPE(cond, ...) \
+  do {                                 \
+    if (!(cond)) ::core_ops::raise_tagged("TypeError", ::core_ops::words(__VA_ARGS__)); \
+  } while (0)
+// A broken invariant of core_ops itself, not of the call.
+#define CORE_OPS_ASSERT(cond, ...) \
+  do {                             \
+    if (!(cond)) throw std::logic_error(::core_ops::words("core_ops internal error: ", __VA_ARGS__)); \
+  } while (0)
+
+namespace core_ops {
+
+// ---- reading tensors ---------------------------------------------------------------
+
+template <typename T>
+T* data(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
+
+// Dense: every element at its own address, the addresses one block (contiguous or a
+// permutation of it, channels_last included): what the flat kernels walk.
+inline bool is_dense(const Tensor& t) {
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  std::vector<size_t> order(sizes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  // Dimensions by stride, smallest first; a size-1 dimension's stride does not matter.
+  for (size_t i = 1; i < order.size(); ++i) {
+    for (size_t j = i; j > 0 && strides[order[j]] < strides[order[j - 1]]; --j) std::swap(order[j], order[j - 1]);
+  }
+  int64_t expected = 1;
+  for (size_t k : order) {
+    if (sizes[k] == 1) continue;
+    if (strides[k] != expected) return false;
+    expected *= sizes[k];
+  }
+  return true;
+}
+
+// One element read on the host (a scalar argument on the CPU: lr, grad_scale).
+inline double item(const Tensor& t) {
+  switch (t.scalar_type()) {
+    case ScalarType::Float: return *data<float>(t);
+    case ScalarType::Double: return *data<double>(t);
+    case ScalarType::Half: return static_cast<float>(*data<Half>(t));
+    case ScalarType::BFloat16: return static_cast<float>(*data<BFloat16>(t));
+    case ScalarType::Int: return *data<int32_t>(t);
+    case ScalarType::Long: return static_cast<double>(*data<int64_t>(t));
+    default: raise_tagged("TypeError", words("expected a floating or integer scalar tensor, got ", t.scalar_type()));
+  }
+}
+
+inline bool same_tensor(const Tensor& a, const Tensor& b) {
+  return a.data_ptr() == b.data_ptr() && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides();
+}
+
+// Whether b covers some but not all of a's memory, or starts elsewhere inside it: the
+// kernels read and write in chunks, in parallel, so such a pair's result would depend on
+// the order. Judged, as ATen does, only for dense tensors (others: not partial).
+inline bool partly_overlaps(const Tensor& a, const Tensor& b) {
+  if (!is_dense(a) || !is_dense(b) || a.numel() == 0 || b.numel() == 0) return false;
+  const auto* a0 = static_cast<const char*>(a.data_ptr());
+  const auto* b0 = static_cast<const char*>(b.data_ptr());
+  const auto* a1 = a0 + a.numel() * a.element_size();
+  const auto* b1 = b0 + b.numel() * b.element_size();
+  if (a0 == b0 && a1 == b1) return false;  // the same memory: in place
+  return a0 < b1 && b0 < a1;
+}
+
+// ---- new tensors -------------------------------------------------------------------
+
+inline Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype, const Device& device) {
+  return torch::stable::empty(Sizes(sizes.begin(), sizes.end()), dtype, std::nullopt, device);
+}
+
+inline Tensor zeros(std::initializer_list<int64_t> sizes, ScalarType dtype, const Device& device) {
+  Tensor t = empty(sizes, dtype, device);
+  torch::stable::zero_(t);
+  return t;
+}
+
+inline Tensor empty_like(const Tensor& t) { return torch::stable::empty_like(t); }
+
+// A contiguous copy, or t itself when it is contiguous.
+inline Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
+
+inline void copy_(Tensor& dst, const Tensor& src) { torch::stable::copy_(dst, src); }
+
+}  // namespace core_ops
