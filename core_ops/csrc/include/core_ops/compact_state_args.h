@@ -4,11 +4,9 @@
 
 #include <optional>
 
-#include <ATen/core/Tensor.h>
-#include <c10/util/Exception.h>
-
 #include <core_ops/compact_state.h>
 #include <core_ops/optimizer_args.h>
+#include <core_ops/tensor.h>
 
 namespace core_ops {
 
@@ -16,71 +14,72 @@ enum class MomentKind { kFloat, kBFloat16, kCodes };
 enum class WeightKind { kParam, kMaster, kRemainder };
 
 // `ts`: one tensor per param, its shape and strides, on its device, one dtype.
-inline void check_like_params(at::TensorList params, at::TensorList ts, const char* name) {
+inline void check_like_params(TensorList params, TensorList ts, const char* name) {
   check_same_length(params, "params", ts, name);
   check_list(ts, name, params[0].device());
   check_same_numel(params, "params", ts, name);
   for (size_t i = 0; i < ts.size(); ++i) {
-    TORCH_CHECK_VALUE(ts[i].numel() <= 1 || ts[i].strides() == params[i].strides(), name, "[", i,
-                      "] must have the shape and strides of params[", i, "] ", params[i].strides(),
-                      ", got ", ts[i].strides());
+    CORE_OPS_CHECK_VALUE(ts[i].numel() <= 1 || ts[i].strides() == params[i].strides(), name, "[", i,
+                         "] must have the shape and strides of params[", i, "] ", params[i].strides(),
+                         ", got ", ts[i].strides());
   }
 }
 
-inline MomentKind check_compact_moments(at::TensorList params, at::TensorList exp_avgs,
-                                        at::TensorList exp_avg_sqs) {
+inline MomentKind check_compact_moments(TensorList params, TensorList exp_avgs,
+                                        TensorList exp_avg_sqs) {
   check_like_params(params, exp_avgs, "exp_avgs");
   check_like_params(params, exp_avg_sqs, "exp_avg_sqs");
   const auto dtype = exp_avgs[0].scalar_type();
-  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kByte,
-                   "exp_avgs: expected float32, bfloat16 or uint8 tensors, got ", dtype_name(dtype));
-  TORCH_CHECK_TYPE(exp_avg_sqs[0].scalar_type() == dtype, "exp_avg_sqs have dtype ",
-                   dtype_name(exp_avg_sqs[0].scalar_type()), " but exp_avgs ", dtype_name(dtype));
-  return dtype == at::kFloat ? MomentKind::kFloat
-                             : (dtype == at::kBFloat16 ? MomentKind::kBFloat16 : MomentKind::kCodes);
+  CORE_OPS_CHECK_TYPE(dtype == ScalarType::Float || dtype == ScalarType::BFloat16 || dtype == ScalarType::Byte,
+                      "exp_avgs: expected float32, bfloat16 or uint8 tensors, got ", dtype_name(dtype));
+  CORE_OPS_CHECK_TYPE(exp_avg_sqs[0].scalar_type() == dtype, "exp_avg_sqs have dtype ",
+                      dtype_name(exp_avg_sqs[0].scalar_type()), " but exp_avgs ", dtype_name(dtype));
+  return dtype == ScalarType::Float ? MomentKind::kFloat
+                             : (dtype == ScalarType::BFloat16 ? MomentKind::kBFloat16 : MomentKind::kCodes);
 }
 
-inline void check_absmaxes(at::TensorList params, at::TensorList absmaxes, const char* name,
-                           const std::optional<at::Tensor>& map, const char* map_name, bool quantized) {
+inline void check_absmaxes(TensorList params, TensorList absmaxes, const char* name,
+                           const OptionalTensor& map, const char* map_name, bool quantized) {
   if (!quantized) {
-    TORCH_CHECK_VALUE(absmaxes.empty(), name, " must be empty for float32 or bfloat16 moments");
+    CORE_OPS_CHECK_VALUE(absmaxes.empty(), name, " must be empty for float32 or bfloat16 moments");
     return;
   }
   check_same_length(params, "params", absmaxes, name);
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t blocks = (params[i].numel() + kQuantBlock - 1) / kQuantBlock;
-    TORCH_CHECK_VALUE(absmaxes[i].scalar_type() == at::kFloat && absmaxes[i].device() == params[i].device() &&
-                          absmaxes[i].dim() == 1 && absmaxes[i].numel() == blocks && absmaxes[i].is_contiguous(),
-                      name, "[", i, "] must be a contiguous float32 tensor of ", blocks, " block maxima on ",
-                      params[i].device());
+    CORE_OPS_CHECK_VALUE(absmaxes[i].scalar_type() == ScalarType::Float && absmaxes[i].device() == params[i].device() &&
+                             absmaxes[i].dim() == 1 && absmaxes[i].numel() == blocks && absmaxes[i].is_contiguous(),
+                         name, "[", i, "] must be a contiguous float32 tensor of ", blocks, " block maxima on ",
+                         params[i].device());
   }
-  TORCH_CHECK_VALUE(map.has_value() && map->scalar_type() == at::kFloat && map->numel() == kMapSize &&
-                        map->dim() == 1 && map->device() == params[0].device() && map->is_contiguous(),
-                    map_name, " must be a contiguous float32 tensor of 256 values on ", params[0].device(),
-                    " for uint8 moments");
+  CORE_OPS_CHECK_VALUE(map.has_value() && map->scalar_type() == ScalarType::Float && map->numel() == kMapSize &&
+                           map->dim() == 1 && map->device() == params[0].device() && map->is_contiguous(),
+                       map_name, " must be a contiguous float32 tensor of 256 values on ", params[0].device(),
+                       " for uint8 moments");
 }
 
-inline WeightKind check_compact_masters(at::TensorList params, at::TensorList master_params) {
+inline WeightKind check_compact_masters(TensorList params, TensorList master_params) {
   if (master_params.empty()) return WeightKind::kParam;
   check_like_params(params, master_params, "master_params");
   const auto dtype = master_params[0].scalar_type();
   const auto param = params[0].scalar_type();
-  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kShort,
-                   "master_params: expected float32 or int16 tensors, got ", dtype_name(dtype));
-  TORCH_CHECK_TYPE(dtype != at::kShort || param == at::kBFloat16,
-                   "master_params: int16 remainders are for bfloat16 params, got ", dtype_name(param), " params");
-  TORCH_CHECK_TYPE(dtype != at::kFloat || param != at::kFloat, "master_params: float32 params take no master_params");
-  return dtype == at::kShort ? WeightKind::kRemainder : WeightKind::kMaster;
+  CORE_OPS_CHECK_TYPE(dtype == ScalarType::Float || dtype == ScalarType::Short,
+                      "master_params: expected float32 or int16 tensors, got ", dtype_name(dtype));
+  CORE_OPS_CHECK_TYPE(dtype != ScalarType::Short || param == ScalarType::BFloat16,
+                      "master_params: int16 remainders are for bfloat16 params, got ", dtype_name(param), " params");
+  CORE_OPS_CHECK_TYPE(dtype != ScalarType::Float || param != ScalarType::Float,
+                      "master_params: float32 params take no master_params");
+  return dtype == ScalarType::Short ? WeightKind::kRemainder : WeightKind::kMaster;
 }
 
-inline void check_compact_params(at::TensorList params) {
+inline void check_compact_params(TensorList params) {
   const auto dtype = params[0].scalar_type();
-  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
-                   "params: compact Adam state is for float32, float16 or bfloat16 params, got ",
-                   dtype_name(dtype));
+  CORE_OPS_CHECK_TYPE(dtype == ScalarType::Float || dtype == ScalarType::Half || dtype == ScalarType::BFloat16,
+                      "params: compact Adam state is for float32, float16 or bfloat16 params, got ",
+                      dtype_name(dtype));
   for (size_t i = 0; i < params.size(); ++i) {
-    TORCH_CHECK_VALUE(params[i].is_non_overlapping_and_dense(), "params[", i,
-                      "] must be dense (contiguous or a permutation of it), got strides ", params[i].strides());
+    CORE_OPS_CHECK_VALUE(is_dense(params[i]), "params[", i,
+                         "] must be dense (contiguous or a permutation of it), got strides ", params[i].strides());
   }
 }
 
@@ -92,11 +91,11 @@ struct CompactLayout {
 
 // Every check of fused_adam_compact_; nullopt for an empty group (nothing to do).
 inline std::optional<CompactLayout> check_compact_adam(
-    at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-    at::TensorList exp_avg_absmaxes, at::TensorList exp_avg_sq_absmaxes, at::TensorList master_params,
-    at::TensorList steps, const std::optional<at::Tensor>& exp_avg_map,
-    const std::optional<at::Tensor>& exp_avg_sq_map, const std::optional<at::Tensor>& lr_tensor,
-    const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+    TensorList params, TensorList grads, TensorList exp_avgs, TensorList exp_avg_sqs,
+    TensorList exp_avg_absmaxes, TensorList exp_avg_sq_absmaxes, TensorList master_params,
+    TensorList steps, const OptionalTensor& exp_avg_map,
+    const OptionalTensor& exp_avg_sq_map, const OptionalTensor& lr_tensor,
+    const OptionalTensor& grad_scale, const OptionalTensor& found_inf) {
   if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return std::nullopt;
   check_compact_params(params);
   const CompactLayout layout{check_compact_moments(params, exp_avgs, exp_avg_sqs), WeightKind::kParam};

@@ -3,24 +3,10 @@
 // every list is double (Note [Multi-tensor conventions]).
 #pragma once
 
-#include <c10/core/ScalarType.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Exception.h>
-#include <c10/util/Half.h>
-
-#include <string>
 #include <type_traits>
 
 #include <core_ops/bool_switch.h>
-
-namespace core_ops {
-
-// A dtype as Python spells it ("torch.float16"), so C++ and Python errors read alike.
-inline std::string dtype_name(c10::ScalarType t) {
-  return "torch." + std::string(c10::getDtypeNames(t).first);
-}
-
-}  // namespace core_ops
+#include <core_ops/tensor.h>
 
 #define CORE_OPS_CASE_TYPE(ENUM, CPP, NAME, ...) \
   case ENUM: {                                   \
@@ -29,14 +15,16 @@ inline std::string dtype_name(c10::ScalarType t) {
     break;                                       \
   }
 
-// Binds NAME to float, c10::Half or c10::BFloat16 by TYPE; ARG names the list for errors.
-#define CORE_OPS_DISPATCH_FLOAT_HALF_BF16(TYPE, ARG, NAME, ...)                     \
-  switch (TYPE) {                                                                   \
-    CORE_OPS_CASE_TYPE(c10::ScalarType::Float, float, NAME, __VA_ARGS__)            \
-    CORE_OPS_CASE_TYPE(c10::ScalarType::Half, c10::Half, NAME, __VA_ARGS__)         \
-    CORE_OPS_CASE_TYPE(c10::ScalarType::BFloat16, c10::BFloat16, NAME, __VA_ARGS__) \
-    default:                                                                        \
-      TORCH_CHECK_TYPE(false, ARG, ": expected float32, float16, bfloat16 or float64 tensors, got ", core_ops::dtype_name(TYPE)); \
+// Binds NAME to float, core_ops::Half or core_ops::BFloat16 by TYPE; ARG names the list
+// for errors.
+#define CORE_OPS_DISPATCH_FLOAT_HALF_BF16(TYPE, ARG, NAME, ...)                                       \
+  switch (TYPE) {                                                                                     \
+    CORE_OPS_CASE_TYPE(::core_ops::ScalarType::Float, float, NAME, __VA_ARGS__)                       \
+    CORE_OPS_CASE_TYPE(::core_ops::ScalarType::Half, ::core_ops::Half, NAME, __VA_ARGS__)             \
+    CORE_OPS_CASE_TYPE(::core_ops::ScalarType::BFloat16, ::core_ops::BFloat16, NAME, __VA_ARGS__)     \
+    default:                                                                                          \
+      CORE_OPS_CHECK_TYPE(false, ARG, ": expected float32, float16, bfloat16 or float64 tensors, got ", \
+                          ::core_ops::dtype_name(TYPE));                                              \
   }
 
 namespace core_ops {
@@ -46,9 +34,9 @@ namespace core_ops {
 // and have no masters (check_masters), float32 / float16 / bfloat16 params in float,
 // with or without fp32 masters; has_master is a std::bool_constant.
 template <typename F>
-void for_param_types(c10::ScalarType dtype, bool master, F&& f) {
-  if (dtype == c10::ScalarType::Double) {
-    TORCH_INTERNAL_ASSERT(!master, "float64 params take no master_params");
+void for_param_types(ScalarType dtype, bool master, F&& f) {
+  if (dtype == ScalarType::Double) {
+    CORE_OPS_ASSERT(!master, "float64 params take no master_params");
     f(double{}, double{}, std::false_type{});
     return;
   }

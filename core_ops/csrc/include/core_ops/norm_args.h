@@ -10,113 +10,112 @@
 #include <tuple>
 #include <utility>
 
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/ones.h>
-#include <ATen/ops/zeros.h>
-#include <c10/util/Exception.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/dispatch.h>
+#include <core_ops/tensor.h>
 
 namespace core_ops {
 
-inline void check_norm_args(const at::Tensor& input, int64_t hidden,
-                            std::initializer_list<std::pair<const char*, const std::optional<at::Tensor>*>> params,
-                            std::optional<at::ScalarType> out_dtype = std::nullopt, const char* name = "input") {
-  TORCH_CHECK_TYPE(at::isFloatingType(input.scalar_type()), name, " must be a floating-point tensor, got ",
-                   dtype_name(input.scalar_type()));
-  TORCH_CHECK_VALUE(hidden >= 1 && (input.numel() % hidden == 0), name, " of shape ", input.sizes(),
-                    " does not hold whole rows of hidden=", hidden, " values");
+inline void check_norm_args(const Tensor& input, int64_t hidden,
+                            std::initializer_list<std::pair<const char*, const OptionalTensor*>> params,
+                            std::optional<ScalarType> out_dtype = std::nullopt, const char* name = "input") {
+  CORE_OPS_CHECK_TYPE(is_floating(input.scalar_type()), name, " must be a floating-point tensor, got ",
+                      dtype_name(input.scalar_type()));
+  CORE_OPS_CHECK_VALUE(hidden >= 1 && (input.numel() % hidden == 0), name, " of shape ", input.sizes(),
+                       " does not hold whole rows of hidden=", hidden, " values");
   for (const auto& [pname, p] : params) {
     if (!p->has_value()) continue;
-    const at::Tensor& t = p->value();
-    TORCH_CHECK_VALUE(t.numel() == hidden, pname, " has ", t.numel(), " elements; expected hidden=", hidden);
-    TORCH_CHECK_VALUE(t.device() == input.device(), pname, " is on ", t.device(), ", ", name, " on ", input.device());
-    TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), pname, " must be floating-point, got ",
-                     dtype_name(t.scalar_type()));
+    const Tensor& t = p->value();
+    CORE_OPS_CHECK_VALUE(t.numel() == hidden, pname, " has ", t.numel(), " elements; expected hidden=", hidden);
+    CORE_OPS_CHECK_VALUE(t.device() == input.device(), pname, " is on ", t.device(), ", ", name, " on ",
+                         input.device());
+    CORE_OPS_CHECK_TYPE(is_floating(t.scalar_type()), pname, " must be floating-point, got ",
+                        dtype_name(t.scalar_type()));
   }
   if (out_dtype.has_value() && *out_dtype != input.scalar_type()) {
-    const bool half = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
-    TORCH_CHECK_TYPE(*out_dtype == at::kFloat && half, "out_dtype must be ", name, "'s dtype (",
-                     dtype_name(input.scalar_type()), ") or, for half input, torch.float32; got ",
-                     dtype_name(*out_dtype));
+    const bool half = input.scalar_type() == ScalarType::Half || input.scalar_type() == ScalarType::BFloat16;
+    CORE_OPS_CHECK_TYPE(*out_dtype == ScalarType::Float && half, "out_dtype must be ", name, "'s dtype (",
+                        dtype_name(input.scalar_type()), ") or, for half input, torch.float32; got ",
+                        dtype_name(*out_dtype));
   }
 }
 
 // The backwards' other inputs, worded as _validate.check_norm_bwd_args: the kernels
 // index grad_out like saved and the statistics by row, unchecked.
-inline void check_norm_bwd_args(const at::Tensor& grad_out, const at::Tensor& saved,
-                                std::initializer_list<std::pair<const char*, const at::Tensor*>> stats,
-                                int64_t hidden, at::ScalarType dx_dtype) {
-  TORCH_CHECK_VALUE(grad_out.numel() == saved.numel() && grad_out.device() == saved.device(), "grad_out has ",
-                    grad_out.numel(), " elements on ", grad_out.device(), "; expected ", saved.numel(), " on ",
-                    saved.device(), ", as saved");
+inline void check_norm_bwd_args(const Tensor& grad_out, const Tensor& saved,
+                                std::initializer_list<std::pair<const char*, const Tensor*>> stats,
+                                int64_t hidden, ScalarType dx_dtype) {
+  CORE_OPS_CHECK_VALUE(grad_out.numel() == saved.numel() && grad_out.device() == saved.device(), "grad_out has ",
+                       grad_out.numel(), " elements on ", grad_out.device(), "; expected ", saved.numel(), " on ",
+                       saved.device(), ", as saved");
   const int64_t rows = hidden >= 1 ? saved.numel() / hidden : 0;
-  const at::ScalarType acc = dx_dtype == at::kDouble ? at::kDouble : at::kFloat;
+  const ScalarType acc = dx_dtype == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   for (const auto& [name, t] : stats) {
-    TORCH_CHECK_VALUE(t->numel() == rows && t->scalar_type() == acc && t->device() == saved.device(), name,
-                      " must hold ", rows, " ", dtype_name(acc), " values (one per row) on ", saved.device(),
-                      ", got ", t->numel(), " ", dtype_name(t->scalar_type()), " on ", t->device());
+    CORE_OPS_CHECK_VALUE(t->numel() == rows && t->scalar_type() == acc && t->device() == saved.device(), name,
+                         " must hold ", rows, " ", dtype_name(acc), " values (one per row) on ", saved.device(),
+                         ", got ", t->numel(), " ", dtype_name(t->scalar_type()), " on ", t->device());
   }
 }
 
-inline void check_residual(const at::Tensor& input, const at::Tensor& residual) {
-  TORCH_CHECK_VALUE(residual.sizes() == input.sizes() && residual.scalar_type() == input.scalar_type() &&
-                        residual.device() == input.device(),
-                    "residual must match input: got ", residual.sizes(), " ", dtype_name(residual.scalar_type()),
-                    " on ", residual.device(), ", input ", input.sizes(), " ", dtype_name(input.scalar_type()), " on ",
-                    input.device());
+inline void check_residual(const Tensor& input, const Tensor& residual) {
+  CORE_OPS_CHECK_VALUE(residual.sizes() == input.sizes() && residual.scalar_type() == input.scalar_type() &&
+                           residual.device() == input.device(),
+                       "residual must match input: got ", residual.sizes(), " ", dtype_name(residual.scalar_type()),
+                       " on ", residual.device(), ", input ", input.sizes(), " ", dtype_name(input.scalar_type()),
+                       " on ", input.device());
 }
 
 // A weight or bias as `n` contiguous values of the accumulation dtype; ones / zeros
 // (fill) when absent, so the kernels need no branch for it.
-inline at::Tensor acc_param(const std::optional<at::Tensor>& p, int64_t n, at::ScalarType acc, double fill,
-                            const at::Tensor& like) {
-  if (p.has_value()) return p->reshape({n}).to(acc).contiguous();
-  return fill == 0 ? at::zeros({n}, like.options().dtype(acc)) : at::ones({n}, like.options().dtype(acc));
+inline Tensor acc_param(const OptionalTensor& p, int64_t n, ScalarType acc, double fill, const Tensor& like) {
+  if (p.has_value()) return core_ops::contiguous(torch::stable::to(torch::stable::reshape(*p, {n}), acc));
+  Tensor t = core_ops::empty({n}, acc, like.device());
+  torch::stable::fill_(t, fill);
+  return t;
 }
 
-using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-using OptTensor = std::optional<at::Tensor>;
+using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
+using OptTensor = OptionalTensor;
 
 // fused_add_rms_norm_fwd's checked, contiguous inputs, its outputs (y, h, rstd) and the
 // weight in the accumulation dtype, for either device's kernel (on CUDA, allocate
 // under the input's device guard).
 struct AddRmsNormIo {
-  at::Tensor x, residual, y, h, rstd, w;
+  Tensor x, residual, y, h, rstd, w;
   int64_t rows;
 };
 
-inline AddRmsNormIo add_rms_norm_io(const at::Tensor& input, const at::Tensor& residual, const OptTensor& weight,
+inline AddRmsNormIo add_rms_norm_io(const Tensor& input, const Tensor& residual, const OptTensor& weight,
                                     int64_t hidden) {
   check_norm_args(input, hidden, {{"weight", &weight}});
   check_residual(input, residual);
-  const at::Tensor x = input.contiguous();
-  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const Tensor x = core_ops::contiguous(input);
+  const ScalarType acc = x.scalar_type() == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   const int64_t rows = x.numel() / hidden;
-  return {x, residual.contiguous(), at::empty(input.sizes(), x.options()), at::empty(input.sizes(), x.options()),
-          at::empty({rows}, x.options().dtype(acc)), acc_param(weight, hidden, acc, 1, x), rows};
+  const auto like_x = [&] { return torch::stable::empty(input.sizes(), x.scalar_type(), std::nullopt, x.device()); };
+  return {x, core_ops::contiguous(residual), like_x(), like_x(), core_ops::empty({rows}, acc, x.device()),
+          acc_param(weight, hidden, acc, 1, x), rows};
 }
-using NormFwd = Tensor3 (*)(const at::Tensor&, const OptTensor&, const OptTensor&, int64_t, double,
-                            std::optional<at::ScalarType>, bool rms);
-using NormBwd = Tensor3 (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const OptTensor&, const OptTensor&, int64_t, bool, at::ScalarType, bool rms);
+using NormFwd = Tensor3 (*)(const Tensor&, const OptTensor&, const OptTensor&, int64_t, double,
+                            std::optional<ScalarType>, bool rms);
+using NormBwd = Tensor3 (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                            const OptTensor&, const OptTensor&, int64_t, bool, ScalarType, bool rms);
 
 // The ops' schemas over a device's launchers (`memory_efficient` of the forwards only
 // tells their autograd what to keep). Every argument is checked here, once for both
 // devices, before a launcher runs (Note [Norm checks before dispatch] in
 // normalization/fused.py).
 template <NormFwd fwd>
-Tensor3 layer_norm_fwd(const at::Tensor& input, const OptTensor& weight, const OptTensor& bias, int64_t hidden,
-                       double eps, std::optional<at::ScalarType> out_dtype, bool /*memory_efficient*/) {
+Tensor3 layer_norm_fwd(const Tensor& input, const OptTensor& weight, const OptTensor& bias, int64_t hidden,
+                       double eps, std::optional<ScalarType> out_dtype, bool /*memory_efficient*/) {
   check_norm_args(input, hidden, {{"weight", &weight}, {"bias", &bias}}, out_dtype);
   return fwd(input, weight, bias, hidden, eps, out_dtype, false);
 }
 
 template <NormFwd fwd>
-std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor& input, const OptTensor& weight, int64_t hidden,
-                                                double eps, std::optional<at::ScalarType> out_dtype,
+std::tuple<Tensor, Tensor> rms_norm_fwd(const Tensor& input, const OptTensor& weight, int64_t hidden,
+                                                double eps, std::optional<ScalarType> out_dtype,
                                                 bool /*memory_efficient*/) {
   check_norm_args(input, hidden, {{"weight", &weight}}, out_dtype);
   auto [out, mean, rstd] = fwd(input, weight, std::nullopt, hidden, eps, out_dtype, true);
@@ -124,32 +123,36 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd(const at::Tensor& input, const O
 }
 
 template <NormBwd bwd>
-Tensor3 layer_norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved, const at::Tensor& mean,
-                       const at::Tensor& rstd, const OptTensor& weight, const OptTensor& bias, int64_t hidden,
-                       bool memory_efficient, at::ScalarType dx_dtype) {
+Tensor3 layer_norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor& mean,
+                       const Tensor& rstd, const OptTensor& weight, const OptTensor& bias, int64_t hidden,
+                       bool memory_efficient, ScalarType dx_dtype) {
   check_norm_args(saved, hidden, {{"weight", &weight}, {"bias", &bias}}, std::nullopt, "saved");
   check_norm_bwd_args(grad_out, saved, {{"mean", &mean}, {"rstd", &rstd}}, hidden, dx_dtype);
   return bwd(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype, false);
 }
 
 template <NormBwd bwd>
-std::tuple<at::Tensor, at::Tensor> rms_norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved,
-                                                const at::Tensor& rstd, const OptTensor& weight, int64_t hidden,
-                                                bool memory_efficient, at::ScalarType dx_dtype) {
+std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor& grad_out, const Tensor& saved,
+                                                const Tensor& rstd, const OptTensor& weight, int64_t hidden,
+                                                bool memory_efficient, ScalarType dx_dtype) {
   check_norm_args(saved, hidden, {{"weight", &weight}}, std::nullopt, "saved");
   check_norm_bwd_args(grad_out, saved, {{"rstd", &rstd}}, hidden, dx_dtype);
   auto [dx, dw, db] = bwd(grad_out, saved, rstd, rstd, weight, std::nullopt, hidden, memory_efficient, dx_dtype, true);
   return {dx, dw};
 }
 
-// The five norm kernels of a device, for its TORCH_LIBRARY_IMPL(core_ops, <Device>, m).
-template <NormFwd fwd, NormBwd bwd, typename AddRmsNormFwd>
-void register_norm_kernels(torch::Library& m, AddRmsNormFwd fused_add_rms_norm_fwd) {
-  m.impl("layer_norm_fwd", &layer_norm_fwd<fwd>);
-  m.impl("layer_norm_bwd", &layer_norm_bwd<bwd>);
-  m.impl("rms_norm_fwd", &rms_norm_fwd<fwd>);
-  m.impl("rms_norm_bwd", &rms_norm_bwd<bwd>);
-  m.impl("fused_add_rms_norm_fwd", fused_add_rms_norm_fwd);
+using AddRmsNormFwd = Tensor3 (*)(const Tensor&, const Tensor&, const OptTensor&, int64_t, double,
+                                  bool memory_efficient);
+
+// The five norm kernels of a device, for its STABLE_TORCH_LIBRARY_IMPL(core_ops, <Device>, m)
+// (on the CPU, CORE_OPS_CPU_KERNELS(m)).
+template <NormFwd fwd, NormBwd bwd, AddRmsNormFwd add_fwd>
+void register_norm_kernels(torch::stable::detail::StableLibrary& m) {
+  m.impl("layer_norm_fwd", TORCH_BOX(&layer_norm_fwd<fwd>));
+  m.impl("layer_norm_bwd", TORCH_BOX(&layer_norm_bwd<bwd>));
+  m.impl("rms_norm_fwd", TORCH_BOX(&rms_norm_fwd<fwd>));
+  m.impl("rms_norm_bwd", TORCH_BOX(&rms_norm_bwd<bwd>));
+  m.impl("fused_add_rms_norm_fwd", TORCH_BOX(add_fwd));
 }
 
 }  // namespace core_ops

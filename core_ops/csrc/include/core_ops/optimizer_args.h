@@ -9,20 +9,17 @@
 #include <utility>
 #include <vector>
 
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty_like.h>
-#include <c10/util/Exception.h>
-
+#include <core_ops/tensor.h>
 #include <core_ops/tensor_lists.h>
 
 namespace core_ops {
 
 // The dtype optimizer state and master weights are kept in for params of `param`.
-inline at::ScalarType state_dtype(at::ScalarType param) {
-  return param == at::kDouble ? at::kDouble : at::kFloat;
+inline ScalarType state_dtype(ScalarType param) {
+  return param == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
 }
 
-inline void check_state_list(at::TensorList params, at::TensorList ts, const char* name,
+inline void check_state_list(TensorList params, TensorList ts, const char* name,
                              bool optional) {
   if (optional && ts.empty()) return;
   check_same_length(params, "params", ts, name);
@@ -30,41 +27,42 @@ inline void check_state_list(at::TensorList params, at::TensorList ts, const cha
   check_list(ts, name, params[0].device());
   check_same_numel(params, "params", ts, name);
   const auto want = state_dtype(params[0].scalar_type());
-  TORCH_CHECK_TYPE(ts[0].scalar_type() == want, name, " must be ", dtype_name(want),
-                   " for ", dtype_name(params[0].scalar_type()), " params, got ",
-                   dtype_name(ts[0].scalar_type()));
+  CORE_OPS_CHECK_TYPE(ts[0].scalar_type() == want, name, " must be ", dtype_name(want),
+                      " for ", dtype_name(params[0].scalar_type()), " params, got ",
+                      dtype_name(ts[0].scalar_type()));
 }
 
 // Master weights are float32 copies of reduced-precision params.
-inline void check_masters(at::TensorList params, at::TensorList masters) {
+inline void check_masters(TensorList params, TensorList masters) {
   check_state_list(params, masters, "master_params", true);
-  TORCH_CHECK_VALUE(masters.empty() || params[0].scalar_type() != at::kDouble,
-                    "float64 params take no master_params");
+  CORE_OPS_CHECK_VALUE(masters.empty() || params[0].scalar_type() != ScalarType::Double,
+                       "float64 params take no master_params");
 }
 
 // Note [Optimizer memory layout]: the kernels walk each tensor's memory as one flat
 // array, so every params[i] must be dense (contiguous, channels_last, ...) and its
 // state tensors laid out alike (the optimizers create them with zeros_like). A grad
 // laid out otherwise is copied into the param's layout first.
-inline void check_layouts(at::TensorList params, std::initializer_list<std::pair<at::TensorList, const char*>> states) {
+inline void check_layouts(TensorList params, std::initializer_list<std::pair<TensorList, const char*>> states) {
   for (size_t i = 0; i < params.size(); ++i) {
-    TORCH_CHECK_VALUE(params[i].is_non_overlapping_and_dense(), "params[", i,
-                      "] must be dense (contiguous or a permutation of it), got strides ",
-                      params[i].strides());
+    CORE_OPS_CHECK_VALUE(is_dense(params[i]), "params[", i,
+                         "] must be dense (contiguous or a permutation of it), got strides ",
+                         params[i].strides());
     for (const auto& [ts, name] : states) {
       if (ts.empty()) continue;
-      TORCH_CHECK_VALUE(ts[i].strides() == params[i].strides(), name, "[", i,
-                        "] must have the strides of params[", i, "] ", params[i].strides(),
-                        ", got ", ts[i].strides());
+      CORE_OPS_CHECK_VALUE(ts[i].strides() == params[i].strides(), name, "[", i,
+                           "] must have the strides of params[", i, "] ", params[i].strides(),
+                           ", got ", ts[i].strides());
     }
   }
 }
 
-inline std::vector<at::Tensor> grads_like_params(at::TensorList params, at::TensorList grads) {
-  std::vector<at::Tensor> out(grads.begin(), grads.end());
+inline std::vector<Tensor> grads_like_params(TensorList params, TensorList grads) {
+  std::vector<Tensor> out(grads.begin(), grads.end());
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i].strides() != params[i].strides()) {
-      out[i] = at::empty_like(params[i]).copy_(grads[i]);
+      out[i] = core_ops::empty_like(params[i]);
+      core_ops::copy_(out[i], grads[i]);
     }
   }
   return out;
@@ -76,58 +74,61 @@ inline std::vector<at::Tensor> grads_like_params(at::TensorList params, at::Tens
 // update used, not `scale` times them. A skipped step (found_inf) writes nothing; a
 // scale of exactly 1 writes nothing either (g / 1 == g). The write is the only extra
 // traffic: the grads are read anyway.
-inline bool writes_grads(const std::optional<at::Tensor>& grad_scale, double scale) {
+inline bool writes_grads(const OptionalTensor& grad_scale, double scale) {
   return grad_scale.has_value() && scale != 1.0;
 }
 
 // The kernels wrote the copies grads_like_params made (grads laid out unlike their
 // params): the grads get those values too.
-inline void copy_back_grads(at::TensorList grads, const std::vector<at::Tensor>& used) {
+inline void copy_back_grads(TensorList grads, const std::vector<Tensor>& used) {
   for (size_t i = 0; i < used.size(); ++i) {
-    if (!used[i].is_same(grads[i])) grads[i].copy_(used[i]);
+    if (!same_tensor(used[i], grads[i])) {
+      Tensor grad = grads[i];
+      core_ops::copy_(grad, used[i]);
+    }
   }
 }
 
 // Each param needs a step count of its own: the CPU kernels would advance a shared one
 // once per param, the CUDA ones race on it.
-inline void check_distinct_steps(at::TensorList steps) {
+inline void check_distinct_steps(TensorList steps) {
   std::vector<std::pair<const void*, size_t>> at_address;
   at_address.reserve(steps.size());
   for (size_t i = 0; i < steps.size(); ++i) at_address.emplace_back(steps[i].const_data_ptr(), i);
   std::sort(at_address.begin(), at_address.end());
   for (size_t k = 1; k < at_address.size(); ++k) {
     const auto [a, b] = std::minmax(at_address[k - 1].second, at_address[k].second);
-    TORCH_CHECK_VALUE(at_address[k].first != at_address[k - 1].first, "steps[", a, "] and steps[", b,
-                      "] are the same tensor: each param needs a step count of its own");
+    CORE_OPS_CHECK_VALUE(at_address[k].first != at_address[k - 1].first, "steps[", a, "] and steps[", b,
+                         "] are the same tensor: each param needs a step count of its own");
   }
 }
 
 // params / grads as one (device, dtype) group; steps one-element float32 tensors on
 // the params' device; found_inf, grad_scale and lr_tensor one-element on that device.
 // has_steps=false for optimizers that keep no step count (SGD).
-inline bool check_optimizer_group(at::TensorList params, at::TensorList grads,
-                                  at::TensorList steps,
-                                  const std::optional<at::Tensor>& lr_tensor,
-                                  const std::optional<at::Tensor>& grad_scale,
-                                  const std::optional<at::Tensor>& found_inf,
+inline bool check_optimizer_group(TensorList params, TensorList grads,
+                                  TensorList steps,
+                                  const OptionalTensor& lr_tensor,
+                                  const OptionalTensor& grad_scale,
+                                  const OptionalTensor& found_inf,
                                   bool has_steps = true) {
   if (!check_matching_lists(params, "params", grads, "grads")) return false;
   const auto device = params[0].device();
-  TORCH_CHECK_TYPE(grads[0].scalar_type() == params[0].scalar_type(), "grads have dtype ",
-                   dtype_name(grads[0].scalar_type()), " but params have ",
-                   dtype_name(params[0].scalar_type()));
+  CORE_OPS_CHECK_TYPE(grads[0].scalar_type() == params[0].scalar_type(), "grads have dtype ",
+                      dtype_name(grads[0].scalar_type()), " but params have ",
+                      dtype_name(params[0].scalar_type()));
   if (has_steps) check_same_length(params, "params", steps, "steps");
   for (size_t i = 0; i < steps.size(); ++i) {
-    TORCH_CHECK_VALUE(steps[i].numel() == 1 && steps[i].scalar_type() == at::kFloat &&
-                          steps[i].device() == device,
-                      "steps[", i, "] must be a one-element float32 tensor on ", device);
+    CORE_OPS_CHECK_VALUE(steps[i].numel() == 1 && steps[i].scalar_type() == ScalarType::Float &&
+                             steps[i].device() == device,
+                         "steps[", i, "] must be a one-element float32 tensor on ", device);
   }
   check_distinct_steps(steps);
   for (const auto* t : {&lr_tensor, &grad_scale}) {
     if (t->has_value()) {
-      TORCH_CHECK_VALUE((*t)->numel() == 1 && (*t)->device() == device,
-                        t == &lr_tensor ? "lr" : "grad_scale",
-                        " must be a one-element tensor on ", device);
+      CORE_OPS_CHECK_VALUE((*t)->numel() == 1 && (*t)->device() == device,
+                           t == &lr_tensor ? "lr" : "grad_scale",
+                           " must be a one-element tensor on ", device);
     }
   }
   if (found_inf.has_value()) check_flag(*found_inf, device);

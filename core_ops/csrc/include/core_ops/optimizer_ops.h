@@ -9,29 +9,25 @@
 
 #include <optional>
 
-#include <ATen/core/Tensor.h>
-#include <c10/util/Exception.h>
-
 #include <core_ops/compact_state_args.h>
 #include <core_ops/optimizer_args.h>
+#include <core_ops/tensor.h>
 
 namespace core_ops {
-
-using OptionalTensor = std::optional<at::Tensor>;
 
 // ---- fused_adam_ ------------------------------------------------------------------
 
 struct AdamArgs {
-  at::TensorList params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps;
+  TensorList params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps;
   double lr, beta1, beta2, eps, weight_decay;
   bool adam_w_mode, bias_correction, amsgrad, maximize;
   const OptionalTensor &lr_tensor, &grad_scale, &found_inf;
 };
 
 template <void (*kStep)(const AdamArgs&)>
-void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                 at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
-                 at::TensorList master_params, at::TensorList steps, double lr, double beta1,
+void fused_adam_(TensorList params, TensorList grads, TensorList exp_avgs,
+                 TensorList exp_avg_sqs, TensorList max_exp_avg_sqs,
+                 TensorList master_params, TensorList steps, double lr, double beta1,
                  double beta2, double eps, double weight_decay, bool adam_w_mode,
                  bool bias_correction, bool amsgrad, bool maximize, const OptionalTensor& lr_tensor,
                  const OptionalTensor& grad_scale, const OptionalTensor& found_inf) {
@@ -39,7 +35,7 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
   check_state_list(params, exp_avgs, "exp_avgs", false);
   check_state_list(params, exp_avg_sqs, "exp_avg_sqs", false);
   check_state_list(params, max_exp_avg_sqs, "max_exp_avg_sqs", !amsgrad);
-  TORCH_CHECK_VALUE(!amsgrad || !max_exp_avg_sqs.empty(), "amsgrad needs max_exp_avg_sqs");
+  CORE_OPS_CHECK_VALUE(!amsgrad || !max_exp_avg_sqs.empty(), "amsgrad needs max_exp_avg_sqs");
   check_masters(params, master_params);
   check_layouts(params, {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"},
                          {max_exp_avg_sqs, "max_exp_avg_sqs"}, {master_params, "master_params"}});
@@ -51,7 +47,7 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
 // ---- fused_adam_compact_ ----------------------------------------------------------
 
 struct AdamCompactArgs {
-  at::TensorList params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes,
+  TensorList params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes,
       master_params, steps;
   const OptionalTensor &exp_avg_map, &exp_avg_sq_map;
   double lr, beta1, beta2, eps, weight_decay;
@@ -61,10 +57,10 @@ struct AdamCompactArgs {
 };
 
 template <void (*kStep)(const AdamCompactArgs&)>
-void fused_adam_compact_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                         at::TensorList exp_avg_sqs, at::TensorList exp_avg_absmaxes,
-                         at::TensorList exp_avg_sq_absmaxes, at::TensorList master_params,
-                         at::TensorList steps, const OptionalTensor& exp_avg_map,
+void fused_adam_compact_(TensorList params, TensorList grads, TensorList exp_avgs,
+                         TensorList exp_avg_sqs, TensorList exp_avg_absmaxes,
+                         TensorList exp_avg_sq_absmaxes, TensorList master_params,
+                         TensorList steps, const OptionalTensor& exp_avg_map,
                          const OptionalTensor& exp_avg_sq_map, double lr, double beta1, double beta2,
                          double eps, double weight_decay, bool adam_w_mode, bool bias_correction,
                          bool maximize, const OptionalTensor& lr_tensor, const OptionalTensor& grad_scale,
@@ -81,7 +77,7 @@ void fused_adam_compact_(at::TensorList params, at::TensorList grads, at::Tensor
 // ---- fused_sgd_ -------------------------------------------------------------------
 
 struct SgdArgs {
-  at::TensorList params, grads, momentum_buffers, master_params;
+  TensorList params, grads, momentum_buffers, master_params;
   double lr, momentum, dampening, weight_decay;
   bool nesterov, wd_after_momentum, first_step, maximize;
   const OptionalTensor &lr_tensor, &grad_scale, &found_inf;
@@ -90,8 +86,8 @@ struct SgdArgs {
 };
 
 template <void (*kStep)(const SgdArgs&)>
-void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                at::TensorList master_params, double lr, double momentum, double dampening,
+void fused_sgd_(TensorList params, TensorList grads, TensorList momentum_buffers,
+                TensorList master_params, double lr, double momentum, double dampening,
                 double weight_decay, bool nesterov, bool wd_after_momentum, bool first_step,
                 bool maximize, const OptionalTensor& lr_tensor, const OptionalTensor& grad_scale,
                 const OptionalTensor& found_inf) {
@@ -100,8 +96,8 @@ void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList mome
   }
   const bool has_momentum = momentum != 0.0;
   check_state_list(params, momentum_buffers, "momentum_buffers", !has_momentum);
-  TORCH_CHECK_VALUE(!has_momentum || !momentum_buffers.empty(), "momentum needs momentum_buffers");
-  TORCH_CHECK_VALUE(!nesterov || has_momentum, "nesterov needs momentum > 0");
+  CORE_OPS_CHECK_VALUE(!has_momentum || !momentum_buffers.empty(), "momentum needs momentum_buffers");
+  CORE_OPS_CHECK_VALUE(!nesterov || has_momentum, "nesterov needs momentum > 0");
   check_masters(params, master_params);
   check_layouts(params, {{momentum_buffers, "momentum_buffers"}, {master_params, "master_params"}});
   kStep({params, grads, momentum_buffers, master_params, lr, momentum, dampening, weight_decay, nesterov,
@@ -111,15 +107,15 @@ void fused_sgd_(at::TensorList params, at::TensorList grads, at::TensorList mome
 // ---- fused_adagrad_ ---------------------------------------------------------------
 
 struct AdagradArgs {
-  at::TensorList params, grads, state_sums, master_params, steps;
+  TensorList params, grads, state_sums, master_params, steps;
   double lr, lr_decay, eps, weight_decay;
   bool adagrad_w_mode, maximize;
   const OptionalTensor &lr_tensor, &grad_scale, &found_inf;
 };
 
 template <void (*kStep)(const AdagradArgs&)>
-void fused_adagrad_(at::TensorList params, at::TensorList grads, at::TensorList state_sums,
-                    at::TensorList master_params, at::TensorList steps, double lr, double lr_decay,
+void fused_adagrad_(TensorList params, TensorList grads, TensorList state_sums,
+                    TensorList master_params, TensorList steps, double lr, double lr_decay,
                     double eps, double weight_decay, bool adagrad_w_mode, bool maximize,
                     const OptionalTensor& lr_tensor, const OptionalTensor& grad_scale,
                     const OptionalTensor& found_inf) {
@@ -134,8 +130,8 @@ void fused_adagrad_(at::TensorList params, at::TensorList grads, at::TensorList 
 // ---- fused_novograd_ --------------------------------------------------------------
 
 struct NovoGradArgs {
-  at::TensorList params, grads, exp_avgs, exp_avg_sqs, master_params, steps;
-  const at::Tensor& grad_norms;
+  TensorList params, grads, exp_avgs, exp_avg_sqs, master_params, steps;
+  const Tensor& grad_norms;
   int64_t norm_type;
   double lr, beta1, beta2, eps, weight_decay;
   bool bias_correction, reg_inside_moment, grad_averaging, init_zero, maximize;
@@ -143,25 +139,25 @@ struct NovoGradArgs {
 };
 
 // exp_avg_sqs: one one-element state-dtype tensor per param; grad_norms: one norm per param.
-inline void check_novograd_per_tensor_state(at::TensorList params, at::TensorList exp_avg_sqs,
-                                            const at::Tensor& grad_norms) {
+inline void check_novograd_per_tensor_state(TensorList params, TensorList exp_avg_sqs,
+                                            const Tensor& grad_norms) {
   check_same_length(params, "params", exp_avg_sqs, "exp_avg_sqs");
   const auto device = params[0].device();
   const auto want = state_dtype(params[0].scalar_type());
   for (size_t i = 0; i < exp_avg_sqs.size(); ++i) {
-    TORCH_CHECK_VALUE(exp_avg_sqs[i].numel() == 1 && exp_avg_sqs[i].device() == device &&
-                          exp_avg_sqs[i].scalar_type() == want,
-                      "exp_avg_sqs[", i, "] must be a one-element ", dtype_name(want), " tensor on ", device);
+    CORE_OPS_CHECK_VALUE(exp_avg_sqs[i].numel() == 1 && exp_avg_sqs[i].device() == device &&
+                             exp_avg_sqs[i].scalar_type() == want,
+                         "exp_avg_sqs[", i, "] must be a one-element ", dtype_name(want), " tensor on ", device);
   }
-  TORCH_CHECK_VALUE(grad_norms.numel() == static_cast<int64_t>(params.size()) &&
-                        grad_norms.device() == device && grad_norms.scalar_type() == want,
-                    "grad_norms must hold one ", dtype_name(want), " norm per param on ", device);
+  CORE_OPS_CHECK_VALUE(grad_norms.numel() == static_cast<int64_t>(params.size()) &&
+                           grad_norms.device() == device && grad_norms.scalar_type() == want,
+                       "grad_norms must hold one ", dtype_name(want), " norm per param on ", device);
 }
 
 template <void (*kStep)(const NovoGradArgs&)>
-void fused_novograd_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                     at::TensorList exp_avg_sqs, at::TensorList master_params, at::TensorList steps,
-                     const at::Tensor& grad_norms, int64_t norm_type, double lr, double beta1,
+void fused_novograd_(TensorList params, TensorList grads, TensorList exp_avgs,
+                     TensorList exp_avg_sqs, TensorList master_params, TensorList steps,
+                     const Tensor& grad_norms, int64_t norm_type, double lr, double beta1,
                      double beta2, double eps, double weight_decay, bool bias_correction,
                      bool reg_inside_moment, bool grad_averaging, bool init_zero, bool maximize,
                      const OptionalTensor& lr_tensor, const OptionalTensor& grad_scale,
@@ -171,8 +167,8 @@ void fused_novograd_(at::TensorList params, at::TensorList grads, at::TensorList
   check_novograd_per_tensor_state(params, exp_avg_sqs, grad_norms);
   check_masters(params, master_params);
   check_layouts(params, {{exp_avgs, "exp_avgs"}, {master_params, "master_params"}});
-  TORCH_CHECK_VALUE(norm_type == 0 || norm_type == 2,
-                    "norm_type must be 2 (L2) or 0 (infinity norm), got ", norm_type);
+  CORE_OPS_CHECK_VALUE(norm_type == 0 || norm_type == 2,
+                       "norm_type must be 2 (L2) or 0 (infinity norm), got ", norm_type);
   kStep({params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type, lr, beta1,
          beta2, eps, weight_decay, bias_correction, reg_inside_moment, grad_averaging, init_zero, maximize,
          lr_tensor, grad_scale, found_inf});
@@ -181,16 +177,16 @@ void fused_novograd_(at::TensorList params, at::TensorList grads, at::TensorList
 // ---- fused_lamb_stage1_ and fused_lamb_stage2_ -------------------------------------
 
 struct LambStage1Args {
-  at::TensorList params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates;
+  TensorList params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates;
   double beta1, beta2, eps, weight_decay;
   bool adam_w_mode, bias_correction, grad_averaging, maximize;
   const OptionalTensor &grad_scale, &found_inf;
 };
 
 template <void (*kStep)(const LambStage1Args&)>
-void fused_lamb_stage1_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                        at::TensorList exp_avg_sqs, at::TensorList master_params, at::TensorList steps,
-                        at::TensorList updates, double beta1, double beta2, double eps,
+void fused_lamb_stage1_(TensorList params, TensorList grads, TensorList exp_avgs,
+                        TensorList exp_avg_sqs, TensorList master_params, TensorList steps,
+                        TensorList updates, double beta1, double beta2, double eps,
                         double weight_decay, bool adam_w_mode, bool bias_correction,
                         bool grad_averaging, bool maximize, const OptionalTensor& grad_scale,
                         const OptionalTensor& found_inf) {
@@ -206,16 +202,16 @@ void fused_lamb_stage1_(at::TensorList params, at::TensorList grads, at::TensorL
 }
 
 struct LambStage2Args {
-  at::TensorList params, master_params, updates;
-  const at::Tensor &param_norms, &update_norms;
+  TensorList params, master_params, updates;
+  const Tensor &param_norms, &update_norms;
   double lr, weight_decay;
   bool use_nvlamb;
   const OptionalTensor &lr_tensor, &found_inf;
 };
 
 template <void (*kStep)(const LambStage2Args&)>
-void fused_lamb_stage2_(at::TensorList params, at::TensorList master_params, at::TensorList updates,
-                        const at::Tensor& param_norms, const at::Tensor& update_norms, double lr,
+void fused_lamb_stage2_(TensorList params, TensorList master_params, TensorList updates,
+                        const Tensor& param_norms, const Tensor& update_norms, double lr,
                         double weight_decay, bool use_nvlamb, const OptionalTensor& lr_tensor,
                         const OptionalTensor& found_inf) {
   if (params.empty()) return;
@@ -226,15 +222,15 @@ void fused_lamb_stage2_(at::TensorList params, at::TensorList master_params, at:
   check_layouts(params, {{updates, "updates"}, {master_params, "master_params"}});
   const auto want = state_dtype(params[0].scalar_type());
   for (const auto* norms : {&param_norms, &update_norms}) {
-    TORCH_CHECK_VALUE(norms->numel() == static_cast<int64_t>(params.size()) && norms->device() == device &&
-                          norms->scalar_type() == want,
-                      "param_norms and update_norms must hold one ", dtype_name(want), " norm per param on ",
-                      device);
+    CORE_OPS_CHECK_VALUE(norms->numel() == static_cast<int64_t>(params.size()) && norms->device() == device &&
+                             norms->scalar_type() == want,
+                         "param_norms and update_norms must hold one ", dtype_name(want), " norm per param on ",
+                         device);
   }
   if (found_inf.has_value()) check_flag(*found_inf, device);
   if (lr_tensor.has_value()) {
-    TORCH_CHECK_VALUE(lr_tensor->numel() == 1 && lr_tensor->device() == device,
-                      "lr must be a one-element tensor on ", device);
+    CORE_OPS_CHECK_VALUE(lr_tensor->numel() == 1 && lr_tensor->device() == device,
+                         "lr must be a one-element tensor on ", device);
   }
   kStep({params, master_params, updates, param_norms, update_norms, lr, weight_decay, use_nvlamb, lr_tensor,
          found_inf});

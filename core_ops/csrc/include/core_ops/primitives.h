@@ -1,8 +1,8 @@
 // The few functions the per-element math needs beyond + - * /, overloaded for every
-// value type the math runs on: float and double (host and device) and, in CPU
-// translation units, at::vec::Vectorized<float>. The math headers call these
-// unqualified, so one template serves the CUDA functor, the CPU tail loop and the
-// CPU vector loop (Note [Math written once]).
+// value type the math runs on: float and double (host and device) here and, for the
+// CPU loops, vec::Vectorized<float> beside that type (csrc/cpu/multi_tensor_apply.h).
+// The math headers call these unqualified, so one template serves the CUDA functor,
+// the CPU tail loop and the CPU vector loop (Note [Math written once]).
 //
 // Note [Math written once]: each op's per-element update is one CORE_OPS_HD function
 // template in a header of this folder (adam_math.h, sgd_math.h, lamb_math.h, ...),
@@ -15,22 +15,15 @@
 //     -ffp-contract=off (CPU) / -fmad=false (CUDA, _build.py), each + and * rounds
 //     once: the vector loop, the tail loop and the GPU round alike;
 //   - what T lacks beyond + - * / comes from this file (vsqrt, vmax, ...), overloaded
-//     per T and called unqualified; a new primitive is added here for every T;
+//     per T and called unqualified; a new primitive is added here for the scalars and
+//     beside the CPU vector type (found by argument-dependent lookup) for the vectors;
 //   - scalars (step sizes, bias corrections) are computed once per tensor in double,
 //     then rounded to the math's scalar type, as torch.optim does with Python floats.
 #pragma once
 
 #include <cmath>
-#include <tuple>
 
 #include <core_ops/macros.h>
-
-#if !defined(__CUDACC__) && !defined(__HIPCC__)
-#include <ATen/cpu/vec/vec.h>
-// convert_to_float / convert_from_float: torch 2.14's vec.h brings them; 2.6's does not
-// (they live only in functional_bfloat16.h there), and functional.h includes them in both.
-#include <ATen/cpu/vec/functional.h>
-#endif
 
 namespace core_ops {
 
@@ -53,18 +46,11 @@ template <typename T>
 struct RoundTo {
   CORE_OPS_HD float operator()(float x) const { return static_cast<float>(static_cast<T>(x)); }
 #if !defined(__CUDACC__) && !defined(__HIPCC__)
-  at::vec::Vectorized<float> operator()(const at::vec::Vectorized<float>& x) const {
-    return std::get<0>(at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(x, x)));
-  }
+  // A vector of floats (the CPU vector loops): round_to(T, vector) is declared beside
+  // the vector type.
+  template <typename V>
+  V operator()(const V& x) const { return round_to(T{}, x); }
 #endif
 };
-
-#if !defined(__CUDACC__) && !defined(__HIPCC__)
-inline at::vec::Vectorized<float> vsqrt(const at::vec::Vectorized<float>& x) { return x.sqrt(); }
-inline at::vec::Vectorized<float> vmax(const at::vec::Vectorized<float>& a,
-                                       const at::vec::Vectorized<float>& b) {
-  return at::vec::maximum(a, b);
-}
-#endif
 
 }  // namespace core_ops

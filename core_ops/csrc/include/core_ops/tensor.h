@@ -159,6 +159,24 @@ inline double item(const Tensor& t) {
   }
 }
 
+// torch.is_floating_point: every floating dtype, the float8 ones included.
+inline bool is_floating(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float:
+    case ScalarType::Double:
+    case ScalarType::Half:
+    case ScalarType::BFloat16:
+    case ScalarType::Float8_e5m2:
+    case ScalarType::Float8_e4m3fn:
+    case ScalarType::Float8_e5m2fnuz:
+    case ScalarType::Float8_e4m3fnuz:
+    case ScalarType::Float8_e8m0fnu:
+      return true;
+    default:
+      return false;
+  }
+}
+
 inline bool same_tensor(const Tensor& a, const Tensor& b) {
   return a.data_ptr() == b.data_ptr() && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
          a.strides() == b.strides();
