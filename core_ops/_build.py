@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from . import _cache_trust, _cuda_toolkit
+from . import _cache_trust, _cpu_build, _cuda_toolkit, _wheel_library
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 KINDS = ("cpu", "cuda")
@@ -49,7 +49,7 @@ class Backend:
 _backends: dict[str, Backend] = {}
 
 
-BACKENDS = ("auto", "reference")  # CORE_OPS_BACKEND's values; unset means auto
+BACKENDS = ("auto", "jit", "reference")  # CORE_OPS_BACKEND's values; unset means auto
 
 
 def forced_reference() -> bool:
@@ -97,32 +97,6 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _translation_units(kind: str, build_dir: Path) -> list[Path]:
-    """Note [Unity build]: each CPU source spends ~12 s of its compile parsing the same
-    torch headers (torch/library.h alone is ~10 s), more than most spend on their own
-    code. With fewer cores than sources, the sources are compiled as one unity file
-    per core (each #includes every n-th .cpp file in name order), so the
-    headers are parsed once per core: the cold CPU build on 2 cores went from ~150 s to
-    the figure in bench/README.md. Every source keeps its helpers in its own named
-    functions, so sources that share a unity file must not define the same name twice
-    in an anonymous namespace: tests/test_build.py compiles all of them as one unity
-    file (syntax only) so a clash fails CI, not a user's build on a small machine.
-    CUDA sources compile one by one: nvcc's time is in device code, not headers."""
-    files = sources(kind)
-    jobs = os.environ.get("MAX_JOBS", "").strip()  # torch's cpp_extension reads it too
-    jobs = max(int(jobs) if jobs.isdigit() else _usable_cores(), 1)
-    if kind != "cpu" or jobs >= len(files):
-        return files
-    units = []
-    for k in range(jobs):
-        unit = build_dir / f"unity_{k}.cpp"
-        text = "".join(f'#include "{f}"\n' for f in files[k::jobs])
-        if not unit.exists() or unit.read_text() != text:  # unchanged: no rebuild
-            unit.write_text(text)
-        units.append(unit)
-    return units
-
-
 def _hashed_files(kind: str) -> list[Path]:
     headers = sorted((CSRC / "include").rglob("*.h")) + sorted((CSRC / kind).glob("*.h"))
     headers += sorted((CSRC / kind).glob("*.cuh"))
@@ -147,24 +121,6 @@ def cuda_home() -> str | None:
     return _cuda_toolkit.find_root()
 
 
-def cpu_flags() -> list[str]:
-    """Vector ISA flags matching what torch detected on this CPU; part of the cache key,
-    so a cache shared between machines never runs AVX2 code on a CPU without it."""
-    # -ffp-contract=off: each + and * rounds once, as in torch.optim's formulas and the
-    # reference kernels; letting the compiler fuse them into FMAs moved results by an
-    # ulp per step (Note [Adam as torch.optim computes it]). The kernels are bound by
-    # memory, not arithmetic, so nothing is lost.
-    flags = ["-O3", "-fopenmp", "-ffp-contract=off"]
-    cap = torch.backends.cpu.get_cpu_capability()
-    if cap == "AVX512":
-        flags += ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                  "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]
-    elif cap == "AVX2":
-        # at::vec selects its AVX2 specializations from these macros.
-        flags += ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
-    return flags
-
-
 def cuda_archs(arch: str | None = None) -> str:
     if arch:
         return arch
@@ -179,12 +135,12 @@ def cuda_archs(arch: str | None = None) -> str:
 
 def cuda_flags() -> list[str]:
     # No --use_fast_math: the non-finite probe needs IEEE inf/nan (Note [Non-finite probe]).
-    # -fmad=false: as -ffp-contract=off on the CPU (cpu_flags), each * and + rounds once,
+    # -fmad=false: as -ffp-contract=off on the CPU (_cpu_build.common_flags), each * and + rounds once,
     # so a CUDA kernel rounds exactly as the CPU kernel running the same math header
     # does, and the two agree bit for bit; nvcc's default contraction into FMAs moved
     # results by an ulp a step, differently per op. Division and sqrt stay IEEE
     # (-prec-div / -prec-sqrt default to true). The kernels are bound by memory.
-    return ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "-fmad=false"]
+    return ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "-fmad=false", _cpu_build.TARGET_FLAG]
 
 
 def build_key(kind: str, arch: str | None = None, toolchain: bool = True) -> str:
@@ -196,7 +152,7 @@ def build_key(kind: str, arch: str | None = None, toolchain: bool = True) -> str
     if toolchain:
         parts.append(_first_line([cxx() or "c++", "--version"]))
     if kind == "cpu":
-        parts += cpu_flags()
+        parts += _cpu_build.hashed_parts([_cpu_build.host_level()])
     else:
         parts += cuda_flags() + [cuda_archs(arch)]
         if toolchain:
@@ -258,8 +214,15 @@ def _library_name(kind: str, key: str) -> str:
 
 
 def _compile(kind: str, name: str, build_dir: Path, arch: str | None) -> None:
+    if kind == "cpu":
+        ninja = shutil.which("ninja") or shutil.which("ninja", path=_pip_ninja_folder() or "")
+        _cpu_build.build(build_dir / f"{name}.so", build_dir, [_cpu_build.host_level()], cxx(), ninja,
+                         jobs=_usable_cores(), verbose=os.environ.get("CORE_OPS_VERBOSE_BUILD") == "1")
+        return
     home = cuda_home()
-    if home and not os.environ.get("CUDA_HOME"):
+    if home is None:
+        raise RuntimeError("no CUDA toolkit found (no nvcc on PATH and CUDA_HOME unset)")
+    if not os.environ.get("CUDA_HOME"):
         # Set before cpp_extension is imported: it resolves CUDA_HOME once, at import,
         # from the nvcc wrapper's folder, which is not the toolkit.
         os.environ["CUDA_HOME"] = home
@@ -268,33 +231,30 @@ def _compile(kind: str, name: str, build_dir: Path, arch: str | None) -> None:
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension
 
+    cpp_extension.CUDA_HOME = home  # in case it was imported before this call
+    os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_archs(arch)
+    # torch's wheels keep the headers of their CUDA libraries (cuDNN, NCCL, ...) in
+    # site-packages/nvidia/*/include; the runtime's (nvidia/cu13) only when it is the
+    # toolkit too: beside another toolkit they are a second CUDA release's headers,
+    # which CCCL refuses (a 13.0 nvcc with torch 2.15's 13.2 runtime).
+    runtime = _cuda_toolkit.pip_runtime()
     includes = [str(CSRC / "include")]
-    extra = dict(extra_cflags=cpu_flags(), extra_ldflags=["-fopenmp"])
-    if kind == "cuda":
-        if home is None:
-            raise RuntimeError("no CUDA toolkit found (no nvcc on PATH and CUDA_HOME unset)")
-        cpp_extension.CUDA_HOME = home  # in case it was imported before this call
-        os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_archs(arch)
-        # torch's wheels keep the headers of their CUDA libraries (cuDNN, NCCL, ...) in
-        # site-packages/nvidia/*/include; the runtime's (nvidia/cu13) only when it is the
-        # toolkit too: beside another toolkit they are a second CUDA release's headers,
-        # which CCCL refuses (a 13.0 nvcc with torch 2.15's 13.2 runtime).
-        runtime = _cuda_toolkit.pip_runtime()
-        includes += [str(p) for p in _cuda_toolkit.site_nvidia().glob("*/include")
-                     if p.parent != runtime or Path(home).resolve() == runtime.resolve()]
-        pip_includes, link_flags = _cuda_toolkit.build_flags(home, build_dir)
-        includes += [p for p in pip_includes if p not in includes]
-        extra = dict(extra_cflags=["-O3"], extra_cuda_cflags=cuda_flags(), extra_ldflags=link_flags)
+    includes += [str(p) for p in _cuda_toolkit.site_nvidia().glob("*/include")
+                 if p.parent != runtime or Path(home).resolve() == runtime.resolve()]
+    pip_includes, link_flags = _cuda_toolkit.build_flags(home, build_dir)
+    includes += [p for p in pip_includes if p not in includes]
     with _ninja_on_path():
         cpp_extension.load(
             name=name,
-            sources=[str(s) for s in _translation_units(kind, build_dir)],
+            sources=[str(s) for s in sources(kind)],
             extra_include_paths=includes,
             build_directory=str(build_dir),
             is_python_module=False,
-            with_cuda=(kind == "cuda"),
+            with_cuda=True,
             verbose=os.environ.get("CORE_OPS_VERBOSE_BUILD") == "1",
-            **extra,
+            extra_cflags=["-O3", "-fvisibility=hidden", _cpu_build.TARGET_FLAG],
+            extra_cuda_cflags=cuda_flags(),
+            extra_ldflags=link_flags,
         )
 
 
@@ -404,6 +364,17 @@ def ensure(kind: str, *, build: bool = True, force: bool = False, arch: str | No
         return _backends[kind]
     if forced_reference():
         return _unavailable(kind, "CORE_OPS_BACKEND=reference", warn=False)
+    # Tier 1, the wheel's own library (Note [Prebuilt libraries]); a build asked for
+    # (force, an arch) or CORE_OPS_BACKEND=jit goes to the JIT cache.
+    wheel, why = _wheel_library.library(kind)
+    if wheel is not None and (force or arch or forced_jit()):
+        wheel, why = None, ("CORE_OPS_BACKEND=jit" if forced_jit() else "a build was asked for")
+    if wheel is not None:
+        backend = _load(kind, wheel, warn, f"native: {why}")
+        if backend.native:
+            return backend
+        why = backend.reason
+    _wheel_not_taken[kind] = why
     problem = _precondition(kind)
     if problem:
         prebuilt = None if force else _prebuilt(kind, arch)
@@ -433,14 +404,36 @@ def ensure(kind: str, *, build: bool = True, force: bool = False, arch: str | No
                               warn=warn, retry_failed=retry_failed)
 
 
-def _load(kind: str, library: Path, warn: bool) -> Backend:
+def _load(kind: str, library: Path, warn: bool, what: str | None = None) -> Backend:
     try:
         torch.ops.load_library(str(library))
     except Exception as e:  # noqa: BLE001
-        return _unavailable(kind, f"cached library failed to load: {e}; `python -m core_ops build "
-                            "--force` rebuilds it", warn)
-    _backends[kind] = Backend(True, f"native, {library}", str(library))
+        return _unavailable(kind, f"library {library} failed to load: {e}; `python -m core_ops build "
+                            "--force` builds one here", warn)
+    if what is None:
+        what = f"native: built here, {library}"
+        if _wheel_not_taken.get(kind):
+            what += f" (the wheel's library not taken: {_wheel_not_taken[kind]})"
+    if kind == "cpu":
+        level = cpu_level()
+        if level.startswith("none"):
+            return _unavailable(kind, f"{library} holds no kernels this CPU runs: {level}", warn)
+        what += f"; level {level}"
+    _backends[kind] = Backend(True, what, str(library))
     return _backends[kind]
+
+
+# Why each kind's wheel library was not taken, for the report of the JIT one.
+_wheel_not_taken: dict[str, str] = {}
+
+
+def forced_jit() -> bool:
+    return os.environ.get("CORE_OPS_BACKEND", "").strip().lower() == "jit"
+
+
+def cpu_level() -> str:
+    """The level the loaded CPU library registered, and why (Note [CPU levels])."""
+    return torch.ops.core_ops.native_cpu_level(torch.empty(0))
 
 
 def _ensure_locked(kind: str, name: str, build_dir: Path, library: Path, *, build: bool,
@@ -473,8 +466,7 @@ def _ensure_locked(kind: str, name: str, build_dir: Path, library: Path, *, buil
         return _unavailable(kind, f"build failed: {_cause(e)} (log in {failed})", warn)
     print(f"core_ops: built native {kind.upper()} kernels in "
           f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    _backends[kind] = Backend(True, f"native, {library}", str(library))
-    return _backends[kind]
+    return _load(kind, library, warn)
 
 
 def ensure_for(device: torch.device) -> None:

@@ -15,6 +15,8 @@ Conventions shared by all multi-tensor ops (Note [Multi-tensor conventions]):
   accumulated in float32 and returned as float32 (float64 for float64 inputs).
 """
 
+import re
+
 import torch
 
 from ._validate import (batch_norm_acc_dtype, check_batch_norm_args, check_compact_adam_lists, check_lists, check_norm_args,
@@ -186,6 +188,11 @@ for _schema in SCHEMAS.values():
     _lib.define(_schema)
 
 OP_NAMES = tuple(SCHEMAS)
+
+# Not an op of the package: what a loaded CPU library says of itself, the x86-64 level
+# it registered and why (Note [CPU levels] in csrc/cpu/level.h); _build.cpu_level()
+# calls it. The tensor only routes the call to the CPU library.
+_lib.define("native_cpu_level(Tensor probe) -> str")
 
 
 def norm_dtype(tensors):
@@ -367,6 +374,118 @@ def _(input, residual, weight, hidden, eps, memory_efficient=False):
     return out, torch.empty_like(out), rstd
 
 
+# Note [Norm autograd]: the forwards' autograd, registered here with their schemas so it
+# is the one autograd of every device and kernel (the Autograd alias key, over whichever
+# kernel dispatch picks below it; the native libraries register none, the stable ABI
+# has no C++ autograd). Backward is the backward op over what the forward kept: its
+# input, or its output when memory_efficient. The statistics are not differentiable,
+# and grads are not materialized: an output left unused sends None, not zeros, so a
+# norm whose output went unused does no work and fused_add_rms_norm's weight gets no
+# grad when only h was used.
+def _keep_norm_config(ctx, input, hidden, memory_efficient, stats):
+    ctx.hidden, ctx.memory_efficient, ctx.dx_dtype = hidden, memory_efficient, input.dtype
+    ctx.mark_non_differentiable(*stats)
+    ctx.set_materialize_grads(False)
+
+
+def _if_given(param, grad):
+    return None if param is None else grad  # the op's (0,) placeholder is not a grad
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    input, weight, bias, hidden, _eps, _out_dtype, memory_efficient = inputs
+    out, mean, rstd = output
+    _keep_norm_config(ctx, input, hidden, memory_efficient, (mean, rstd))
+    ctx.save_for_backward(out if memory_efficient else input, mean, rstd, weight, bias)
+
+
+def _layer_norm_backward(ctx, grad_out, _grad_mean, _grad_rstd):
+    if grad_out is None:
+        return (None,) * 7
+    saved, mean, rstd, weight, bias = ctx.saved_tensors
+    dx, dw, db = op("layer_norm_bwd")(grad_out, saved, mean, rstd, weight, bias, ctx.hidden,
+                                      ctx.memory_efficient, ctx.dx_dtype)
+    return dx, _if_given(weight, dw), _if_given(bias, db), None, None, None, None
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    input, weight, hidden, _eps, _out_dtype, memory_efficient = inputs
+    out, rstd = output
+    _keep_norm_config(ctx, input, hidden, memory_efficient, (rstd,))
+    ctx.save_for_backward(out if memory_efficient else input, rstd, weight)
+
+
+def _rms_norm_backward(ctx, grad_out, _grad_rstd):
+    if grad_out is None:
+        return (None,) * 6
+    saved, rstd, weight = ctx.saved_tensors
+    dx, dw = op("rms_norm_bwd")(grad_out, saved, rstd, weight, ctx.hidden, ctx.memory_efficient, ctx.dx_dtype)
+    return dx, _if_given(weight, dw), None, None, None, None
+
+
+def _fused_add_rms_norm_setup(ctx, inputs, output):
+    input, _residual, weight, hidden, _eps, memory_efficient = inputs
+    y, h, rstd = output
+    _keep_norm_config(ctx, input, hidden, memory_efficient, (rstd,))
+    ctx.save_for_backward(y if memory_efficient else h, rstd, weight)
+
+
+# h = input + residual feeds y's norm and is an output too: its grad is the norm's input
+# grad plus h's own, and it reaches input and residual alike.
+def _fused_add_rms_norm_backward(ctx, grad_y, grad_h, _grad_rstd):
+    dh = dw = None
+    if grad_y is not None:
+        saved, rstd, weight = ctx.saved_tensors
+        dh, dw = op("rms_norm_bwd")(grad_y, saved, rstd, weight, ctx.hidden, ctx.memory_efficient, ctx.dx_dtype)
+        dw = _if_given(weight, dw)
+    if grad_h is not None:
+        dh = grad_h if dh is None else dh + grad_h
+    return dh, dh, dw, None, None, None
+
+
+torch.library.register_autograd("core_ops::layer_norm_fwd", _layer_norm_backward, setup_context=_layer_norm_setup)
+torch.library.register_autograd("core_ops::rms_norm_fwd", _rms_norm_backward, setup_context=_rms_norm_setup)
+torch.library.register_autograd("core_ops::fused_add_rms_norm_fwd", _fused_add_rms_norm_backward,
+                                setup_context=_fused_add_rms_norm_setup)
+
+
 def op(name):
-    """The OpOverload of ``core_ops::<name>``."""
-    return getattr(torch.ops.core_ops, name).default
+    """``core_ops::<name>``: its OpOverload while torch.compile traces, else the same
+    op raising a native kernel's refusals as the reference's (Note [Typed errors])."""
+    overload = getattr(torch.ops.core_ops, name).default
+    if torch.compiler.is_compiling():
+        return overload
+    return _TypedErrors(overload)
+
+
+# Note [Typed errors] (csrc/include/core_ops/tensor.h): a native kernel's "[TypeError] ..."
+# or "[ValueError] ..." arrives as a RuntimeError (the stable ABI carries messages, not
+# classes); it is raised again as that class, with the message alone.
+_TAGGED = re.compile(r"\[(TypeError|ValueError)\] ([^\n]*)")
+_CLASSES = {"TypeError": TypeError, "ValueError": ValueError}
+
+
+def _call_typed(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except RuntimeError as e:
+        tagged = _TAGGED.search(str(e))
+        if tagged is None:
+            raise
+        raise _CLASSES[tagged.group(1)](tagged.group(2)) from None
+
+
+class _TypedErrors:
+    __slots__ = ("overload",)
+
+    def __init__(self, overload):
+        self.overload = overload
+
+    def __call__(self, *args, **kwargs):
+        return _call_typed(self.overload, *args, **kwargs)
+
+    def redispatch(self, *args, **kwargs):
+        return _call_typed(self.overload.redispatch, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.overload, name)
