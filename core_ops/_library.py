@@ -1,4 +1,5 @@
-"""Every op of core_ops, declared once: its schema and its fake (meta) kernel.
+"""Every op of core_ops, declared once: its schema and its fake (meta) kernel, and for
+the norm forwards their autograd (Note [Norm autograd]).
 
 Devices only add implementations: ``reference/`` registers a pure-PyTorch kernel for
 every device (CompositeExplicitAutograd) and the native libraries built from ``csrc/``
