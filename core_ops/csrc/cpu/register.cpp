@@ -2,7 +2,7 @@
 // highest level compiled in that this CPU runs and CORE_OPS_CPU_LEVEL allows. Compiled
 // once, at the baseline level.
 #include <cstdlib>
-#include <cstring>
+#include <strings.h>
 #include <string>
 #include <vector>
 
@@ -43,7 +43,7 @@ int requested() {
   const char* value = std::getenv("CORE_OPS_CPU_LEVEL");
   if (value == nullptr || *value == '\0') return kLevels - 1;
   for (int i = 0; i < kLevels; ++i) {
-    if (std::strcmp(value, kNames[i]) == 0) return i;
+    if (strcasecmp(value, kNames[i]) == 0) return i;
   }
   return kLevels - 1;
 }
