@@ -11,7 +11,11 @@
 #   bash tools/compat.sh --past-pin 2.16      # a release outside pyproject's torch pin
 #   bash tools/compat.sh --no-cuda 2.9        # skip the CUDA kernels' build (~4 min each)
 #   bash tools/compat.sh --dir /tmp/compat 2.9
+#   bash tools/compat.sh --wheel dist/core_ops-*.whl 2.10 2.15   # one wheel (tools/wheel.sh) in each
 #
+# With --wheel, each venv gets that wheel instead of the sources, nothing is built, and
+# the suite runs with every compiler hidden and an empty kernel cache (which must stay
+# empty): the native CPU column then says whether the wheel's library served the ops.
 # DIR is --dir's, else ~/.cache/core-ops-compat: torch-<release>/ holds the venv (made
 # anew each run), the copy of the sources the suite runs from, the kernel cache and the
 # logs of each step. A machine whose pip config caps torch (a constraint file) needs
@@ -19,9 +23,10 @@
 # "Supported torch releases".
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
+source "$repo/tools/without_compilers.sh"
 DIR=${XDG_CACHE_HOME:-$HOME/.cache}/core-ops-compat
 PYTHON=${PYTHON:-python3}
-subset=() past_pin=0 cuda=1 releases=() rows=()
+subset=() past_pin=0 cuda=1 releases=() rows=() wheel=""
 
 parse_args() {
   while [ $# -gt 0 ]; do
@@ -29,13 +34,14 @@ parse_args() {
       -k) subset=(-k "$2"); shift 2 ;;
       --past-pin) past_pin=1; shift ;;
       --no-cuda) cuda=0; shift ;;
+      --wheel) wheel=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); cuda=0; shift 2 ;;
       --dir) DIR=$2; shift 2 ;;
-      -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+      -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
       -*) echo "compat.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
       *) releases+=("$1"); shift ;;
     esac
   done
-  [ ${#releases[@]} -gt 0 ] || { echo "usage: tools/compat.sh [-k EXPR] [--past-pin] [--no-cuda] [--dir DIR] RELEASE..." >&2; exit 2; }
+  [ ${#releases[@]} -gt 0 ] || { echo "usage: tools/compat.sh [-k EXPR] [--past-pin] [--no-cuda] [--wheel WHEEL] [--dir DIR] RELEASE..." >&2; exit 2; }
   mkdir -p "$DIR"
 }
 
@@ -82,7 +88,9 @@ one_release() {
   source_copy "$home/src"
   # pip must keep the torch installed (the distribution's version: 2.14.1, not 2.14.1+cu130).
   "$py" -c "from importlib.metadata import version; print('torch==' + version('torch'))" >"$home/constraints.txt"
-  install_s=$( { seconds pip install -c "$home/constraints.txt" "$home/src[$extras]" \
+  local core="$home/src[$extras]"
+  [ -n "$wheel" ] && core="$wheel[test]"
+  install_s=$( { seconds pip install -c "$home/constraints.txt" "$core" \
     "$home/src/plugins/lightning[demo]" "$home/src/plugins/accelerate" >"$log/install.log" 2>&1; } 3>&1 ) \
     || { rows+=("| $version | refused: $(grep -m1 -E 'ERROR|requested' "$log/install.log" | cut -c1-160) | - | - | - | - |"); return; }
   # The suite runs from that copy, its own packages (and the egg-info the install left,
@@ -98,10 +106,22 @@ one_release() {
     "$home/venv/"*" $home/venv/"*) ;;
     *) rows+=("| $version | installed, but imports resolve outside the venv: $where | - | - | - | - |"); return ;;
   esac
-  local cpu_s cpu cuda_col="-" cuda_s suite_s summary failures
+  local cpu_s cpu cuda_col="-" cuda_s suite_s summary failures run_env=(env)
+  if [ -n "$wheel" ]; then
+    mkdir -p "$home/kernels"
+    run_env=(env -u CUDA_HOME PATH="$(without_compilers "$home/nocc")" CXX=/nonexistent/c++)
+    "${run_env[@]}" "$py" -m core_ops info >"$log/info.log" 2>&1
+    cpu=$(grep -m1 "^\[cpu\]" "$log/info.log" | cut -c1-200)
+    if [[ $cpu == "[cpu] native: the wheel's"* ]] && ! awk '/^\[cpu\]/{on=1; next} /^\[/{on=0} on && NF>=2 && $2 != "native" {bad=1} END {exit !bad}' "$log/info.log"; then
+      cpu="the wheel's, every op native, level ${cpu##*; level }"
+    else
+      cpu="**not the wheel's**: ${cpu#\[cpu\] }"
+    fi
+  else
   cpu_s=$( { seconds "$py" -m core_ops build >"$log/build-cpu.log" 2>&1; } 3>&1 )
   cpu=$(grep -m1 "^cpu:" "$log/build-cpu.log" | cut -c1-160)
   [[ $cpu == "cpu: ok: native"* ]] && cpu="build (${cpu_s} s)" || cpu="**fail**: ${cpu#cpu: }"
+  fi
   if [ "$cuda" = 1 ] && "$py" -c "import torch, sys; sys.exit(torch.version.cuda is None)"; then
     # With [cuda], its compiler, as on a GPU machine without a toolkit: no CUDA_HOME and
     # no nvcc on PATH (the pip packages come before /usr/local/cuda in the search).
@@ -120,13 +140,20 @@ one_release() {
       cuda_col="**fail** (${how}): ${cuda_col#cuda: }"
     fi
   fi
-  suite_s=$( { seconds env -C "$home/src" timeout 5400 "$py" -m pytest -q -p no:cacheprovider -rfE "${subset[@]}" \
+  cd "$home/src" || return
+  suite_s=$( { seconds "${run_env[@]}" "$(command -v timeout)" 5400 "$py" -m pytest -q -p no:cacheprovider -rfE "${subset[@]}" \
     >"$log/suite.log" 2>&1; } 3>&1 )
+  cd "$repo" || return
   summary=$(grep -E "(passed|failed|error).* in [0-9.]+s" "$log/suite.log" | tail -n 1 | tr -d '=' | sed -E 's/^ +| +$//g')
   [ -n "$summary" ] || summary="no summary: $(tail -n 1 "$log/suite.log" | cut -c1-120)"
   failures=$(grep -E "^(FAILED|ERROR) " "$log/suite.log" | sed -E 's/^(FAILED|ERROR) //; s/ - .*//' \
              | awk 'NR <= 30' | paste -sd ' ' -)
-  rows+=("| $version | torch ${torch_s} s, core-ops[$extras] + plugins ${install_s} s | $cpu | $cuda_col | $summary (${suite_s} s) | ${failures:--} |")
+  if [ -n "$wheel" ] && [ -n "$(ls -A "$home/kernels")" ]; then
+    failures="the cache was written: $(ls -A "$home/kernels" | head -3 | paste -sd ' ' -) ${failures}"
+  fi
+  local installed="core-ops[$extras]"
+  [ -n "$wheel" ] && installed="$(basename "$wheel")"
+  rows+=("| $version | torch ${torch_s} s, $installed + plugins ${install_s} s | $cpu | $cuda_col | $summary (${suite_s} s) | ${failures:--} |")
   unset CORE_OPS_CACHE_DIR
 }
 

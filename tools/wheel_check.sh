@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Installs a wheel made by tools/wheel.sh into a fresh venv, with every C/C++ compiler
+# hidden and an empty kernel cache, and runs the suite's CPU kernel tests on it: every
+# op must run natively from the wheel's library, and nothing may be written to the cache.
+#
+#   bash tools/wheel_check.sh --build            # tools/wheel.sh --cpu-only first (what CI runs)
+#   bash tools/wheel_check.sh WHEEL [--torch SPEC] [-k EXPR]
+#
+# SPEC is the torch to install beside it (default torch==2.14.1); the venv and logs
+# stay in $DIR (default: a new temporary folder).
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+source "$repo/tools/without_compilers.sh"
+PYTHON=${PYTHON:-python3}
+DIR=${DIR:-$(mktemp -d -t core_ops_wheel_check.XXXXXX)}
+wheel="" torch_spec="torch==2.14.1" subset=() build=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build) build=1; shift ;;
+    --torch) torch_spec=$2; shift 2 ;;
+    -k) subset=(-k "$2"); shift 2 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) wheel=$1; shift ;;
+  esac
+done
+fail() { echo "wheel_check: FAILED: $*" >&2; exit 1; }
+if [ "$build" = 1 ]; then
+  bash "$repo/tools/wheel.sh" "$DIR/dist" --cpu-only || fail "tools/wheel.sh --cpu-only"
+  wheel=$(ls "$DIR"/dist/core_ops-*.whl)
+fi
+[ -f "$wheel" ] || fail "no wheel given (see --help)"
+"$PYTHON" -m venv "$DIR/venv" || fail "venv"
+py="$DIR/venv/bin/python"
+"$py" -m pip install -q --disable-pip-version-check "$torch_spec" >"$DIR/torch.log" 2>&1 || fail "$torch_spec did not install ($DIR/torch.log)"
+"$py" -m pip install -q --disable-pip-version-check "$wheel" pytest expecttest >"$DIR/install.log" 2>&1 || fail "the wheel did not install ($DIR/install.log)"
+
+# The tests run from a copy holding no core_ops, so every import is the installed wheel's.
+mkdir -p "$DIR/src" && cp -r "$repo/tests" "$repo/pyproject.toml" "$DIR/src/"
+cache="$DIR/empty-cache"; mkdir -p "$cache"
+run() {
+  (cd "$DIR/src" && env -u CUDA_HOME PATH="$(without_compilers "$DIR/nocc")" CXX=/nonexistent/c++ \
+    CORE_OPS_CACHE_DIR="$cache" "$py" "$@")
+}
+run -c "import shutil, sys; sys.exit(shutil.which('c++') or shutil.which('gcc') or shutil.which('g++'))" \
+  || fail "a compiler is still on PATH"
+run -m core_ops info >"$DIR/info.log" 2>&1 || fail "core_ops info ($DIR/info.log)"
+grep -q "^\[cpu\] native: the wheel's" "$DIR/info.log" || fail "the CPU library is not the wheel's: $(grep -m1 '^\[cpu\]' "$DIR/info.log")"
+not_native=$(awk '/^\[cpu\]/{on=1; next} /^\[/{on=0} on && NF>=2 && $2 != "native"' "$DIR/info.log")
+[ -z "$not_native" ] || fail "ops not native on the CPU: $not_native"
+start=$SECONDS
+run -m pytest -q -p no:cacheprovider "${subset[@]}" tests/multi_tensor_apply tests/optimizers tests/normalization \
+  >"$DIR/suite.log" 2>&1
+rc=$?
+summary=$(grep -E "(passed|failed|error)" "$DIR/suite.log" | tail -n 1)
+[ $rc = 0 ] || { tail -n 30 "$DIR/suite.log"; fail "the CPU kernel tests: $summary"; }
+[ -z "$(ls -A "$cache")" ] || fail "the tests wrote to the kernel cache: $(ls -A "$cache" | head -3)"
+echo "wheel_check: $(basename "$wheel") on $("$py" -c 'import torch; print(torch.__version__)'), no compiler," \
+  "empty cache: $(grep -m1 '^\[cpu\]' "$DIR/info.log" | cut -c1-60)...; $summary ($((SECONDS - start)) s)"
