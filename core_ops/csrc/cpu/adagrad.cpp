@@ -1,12 +1,13 @@
 // CPU kernel of fused_adagrad_: the checks are core_ops/optimizer_ops.h, the math
 // core_ops/adagrad_math.h.
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/adagrad_math.h>
 
+#include "level.h"
 #include "optimizer_step.h"
 
-namespace core_ops::cpu {
+CORE_OPS_CPU_BEGIN
 namespace {
 
 void adagrad_step(const AdagradArgs& a) {
@@ -23,9 +24,9 @@ void adagrad_step(const AdagradArgs& a) {
 }
 
 }  // namespace
+CORE_OPS_CPU_END
 
-TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("fused_adagrad_", &fused_adagrad_<adagrad_step>);
+CORE_OPS_CPU_KERNELS(m) {
+  using namespace core_ops::cpu;
+  m.impl("fused_adagrad_", TORCH_BOX(&core_ops::fused_adagrad_<adagrad_step>));
 }
-
-}  // namespace core_ops::cpu

@@ -1,12 +1,13 @@
 // CPU kernel of fused_adam_: the checks are core_ops/optimizer_ops.h, the math
 // core_ops/adam_math.h; this file moves memory.
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/adam_math.h>
 
+#include "level.h"
 #include "optimizer_step.h"
 
-namespace core_ops::cpu {
+CORE_OPS_CPU_BEGIN
 namespace {
 
 void adam_step(const AdamArgs& a) {
@@ -15,7 +16,7 @@ void adam_step(const AdamArgs& a) {
   const auto coeffs = coeffs_per_tensor(a.params.size(), [&](auto acc, size_t i) {
     return adam_coeffs<decltype(acc)>(st.lr, a.beta1, a.beta2, a.eps, a.weight_decay, st.step[i], a.bias_correction);
   });
-  const at::TensorList max_exp_avg_sqs = a.amsgrad ? a.max_exp_avg_sqs : at::TensorList();
+  const TensorList max_exp_avg_sqs = a.amsgrad ? a.max_exp_avg_sqs : TensorList();
   bool_switch(a.adam_w_mode, [&](auto adamw) {
     bool_switch(a.amsgrad, [&](auto ams) {
       // Grads divided by 1 are read as they are (step_chunk's kUnscale): bf16 params
@@ -38,9 +39,9 @@ void adam_step(const AdamArgs& a) {
 }
 
 }  // namespace
+CORE_OPS_CPU_END
 
-TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("fused_adam_", &fused_adam_<adam_step>);
+CORE_OPS_CPU_KERNELS(m) {
+  using namespace core_ops::cpu;
+  m.impl("fused_adam_", TORCH_BOX(&core_ops::fused_adam_<adam_step>));
 }
-
-}  // namespace core_ops::cpu

@@ -5,9 +5,10 @@
 
 #include <core_ops/multi_tensor_math.h>
 
+#include "level.h"
 #include "multi_tensor_apply.h"
 
-namespace core_ops::cpu {
+CORE_OPS_CPU_BEGIN
 
 // What one chunk reports: the non-finite probe (Note [Non-finite probe]) and the sum
 // of squares of the mapped values.
@@ -140,4 +141,4 @@ AxpbyStats axpby_chunk(const x_t* x, const y_t* y, out_t* out, int64_t n, float 
   return {!(sx == sx), !(sy == sy)};
 }
 
-}  // namespace core_ops::cpu
+CORE_OPS_CPU_END

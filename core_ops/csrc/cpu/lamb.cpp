@@ -1,13 +1,14 @@
 // CPU kernels of fused_lamb_stage1_ and fused_lamb_stage2_: the checks are
 // core_ops/optimizer_ops.h, the math core_ops/lamb_math.h; the per-tensor norms between the stages come from
 // multi_tensor_l2norm (called by core_ops/optimizers/fused_lamb.py).
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/lamb_math.h>
 
+#include "level.h"
 #include "optimizer_step.h"
 
-namespace core_ops::cpu {
+CORE_OPS_CPU_BEGIN
 namespace {
 
 template <bool kAdamW, bool kMaster, typename param_t>
@@ -92,13 +93,13 @@ void stage2_chunk(void* param, void* master, const void* update, int64_t begin, 
 void lamb_stage2_step(const LambStage2Args& a) {
   if (flag_is_set(a.found_inf)) return;
   const double lr = value_or(a.lr_tensor, a.lr);
-  const at::Tensor pn = a.param_norms.contiguous(), un = a.update_norms.contiguous();
+  const Tensor pn = core_ops::contiguous(a.param_norms), un = core_ops::contiguous(a.update_norms);
   const bool master = !a.master_params.empty();
   for_each_param_chunk(a.params, master, [&](auto tag, auto has_master, const Chunk& ch) {
     using param_t = decltype(tag);
     using acc_t = state_t<param_t>;
     const int64_t t = ch.tensor;
-    const acc_t neg_step = lamb_neg_step<acc_t>(lr, pn.data_ptr<acc_t>()[t], un.data_ptr<acc_t>()[t],
+    const acc_t neg_step = lamb_neg_step<acc_t>(lr, data<acc_t>(pn)[t], data<acc_t>(un)[t],
                                                 a.weight_decay, a.use_nvlamb);
     stage2_chunk<has_master, param_t>(a.params[t].data_ptr(),
                                       master ? a.master_params[t].data_ptr() : nullptr,
@@ -107,10 +108,10 @@ void lamb_stage2_step(const LambStage2Args& a) {
 }
 
 }  // namespace
+CORE_OPS_CPU_END
 
-TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("fused_lamb_stage1_", &fused_lamb_stage1_<lamb_stage1_step>);
-  m.impl("fused_lamb_stage2_", &fused_lamb_stage2_<lamb_stage2_step>);
+CORE_OPS_CPU_KERNELS(m) {
+  using namespace core_ops::cpu;
+  m.impl("fused_lamb_stage1_", TORCH_BOX(&core_ops::fused_lamb_stage1_<lamb_stage1_step>));
+  m.impl("fused_lamb_stage2_", TORCH_BOX(&core_ops::fused_lamb_stage2_<lamb_stage2_step>));
 }
-
-}  // namespace core_ops::cpu

@@ -1,6 +1,6 @@
 // CPU multi-tensor apply: cut every tensor of the lists into fixed-size chunks and run
-// the chunks of all tensors in one at::parallel_for, so 2000 small tensors cost one
-// parallel region, not 2000. Also the vector load/store helpers.
+// the chunks of all tensors in one torch::stable::parallel_for, so 2000 small tensors
+// cost one parallel region, not 2000. Also the vector load/store helpers.
 #pragma once
 
 #include <atomic>
@@ -10,18 +10,30 @@
 #include <type_traits>
 #include <vector>
 
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
-#include <c10/util/Exception.h>
+#include <torch/csrc/stable/ops.h>
 
 #include <core_ops/dispatch.h>
+#include <core_ops/tensor.h>
 #include <core_ops/tensor_lists.h>
 
-namespace core_ops::cpu {
+#include "level.h"
+#include "vec.h"
 
-using fVec = at::vec::Vectorized<float>;
+CORE_OPS_CPU_BEGIN
+
+// The primitives of core_ops/primitives.h for float vectors, beside the vector type so
+// that the math headers' unqualified calls find them (argument-dependent lookup).
+namespace vec {
+inline Vectorized<float> vsqrt(const Vectorized<float>& x) { return x.sqrt(); }
+inline Vectorized<float> vmax(const Vectorized<float>& a, const Vectorized<float>& b) { return maximum(a, b); }
+// RoundTo<T> (Note [Half params without masters]): every lane rounded to T and back.
+template <typename T>
+Vectorized<float> round_to(T, const Vectorized<float>& x) {
+  return std::get<0>(convert_to_float<T>(convert_from_float<T>(x, x)));
+}
+}  // namespace vec
+
+using fVec = vec::Vectorized<float>;
 
 // Elements per chunk: a multiple of every vector width, small enough that 2 threads
 // balance on a few MB, large enough that per-chunk bookkeeping is noise.
@@ -35,7 +47,7 @@ struct Chunk {
   int64_t end;
 };
 
-inline std::vector<Chunk> make_chunks(at::TensorList tensors) {
+inline std::vector<Chunk> make_chunks(TensorList tensors) {
   std::vector<Chunk> chunks;
   for (int64_t t = 0; t < static_cast<int64_t>(tensors.size()); ++t) {
     const int64_t n = tensors[t].numel();
@@ -57,13 +69,14 @@ void parallel_chunks(const std::vector<Chunk>& chunks, F&& f) {
   int64_t total = 0;
   for (const auto& c : chunks) total += c.end - c.begin;
   const int64_t n = static_cast<int64_t>(chunks.size());
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), (n + kClaimBatch - 1) / kClaimBatch);
+  const int64_t workers =
+      std::min<int64_t>(torch::stable::get_num_threads(), (n + kClaimBatch - 1) / kClaimBatch);
   if (total < kSerialBelow || workers <= 1) {
     for (const auto& c : chunks) f(c);
     return;
   }
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+  torch::stable::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     for (int64_t b = next.fetch_add(kClaimBatch); b < n; b = next.fetch_add(kClaimBatch)) {
       for (int64_t i = b; i < std::min(n, b + kClaimBatch); ++i) f(chunks[i]);
     }
@@ -74,12 +87,12 @@ void parallel_chunks(const std::vector<Chunk>& chunks, F&& f) {
 constexpr int64_t kWidth = 2 * fVec::size();
 
 template <typename T>
-struct VecIO {  // c10::Half and c10::BFloat16
+struct VecIO {  // Half and BFloat16
   static void load(const T* p, fVec& a, fVec& b) {
-    std::tie(a, b) = at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p));
+    std::tie(a, b) = vec::convert_to_float<T>(vec::Vectorized<T>::loadu(p));
   }
   static void store(T* p, const fVec& a, const fVec& b) {
-    at::vec::convert_from_float<T>(a, b).store(p);
+    vec::convert_from_float<T>(a, b).store(p);
   }
 };
 
@@ -108,21 +121,21 @@ template <typename T>
 inline void store2(T* p, const fVec& a, const fVec& b) { VecIO<T>::store(p, a, b); }
 
 inline float horizontal_sum(const fVec& v) {
-  return at::vec::vec_reduce_all<float>([](fVec& x, fVec& y) { return x + y; }, v);
+  return vec::vec_reduce_all<float>([](fVec& x, fVec& y) { return x + y; }, v);
 }
 
-inline double read_scalar(const at::Tensor& t, const char* name) {
-  TORCH_CHECK_VALUE(t.numel() == 1, name, " must be a one-element tensor, got shape ", t.sizes());
-  return t.item<double>();
+inline double read_scalar(const Tensor& t, const char* name) {
+  CORE_OPS_CHECK_VALUE(t.numel() == 1, name, " must be a one-element tensor, got shape ", t.sizes());
+  return item(t);
 }
 
 // Host memory only: the CUDA kernels set the flag on the device.
-inline void set_flag(const at::Tensor& found_inf) {
-  if (found_inf.scalar_type() == at::kFloat) {
-    *found_inf.data_ptr<float>() = 1.f;
+inline void set_flag(const Tensor& found_inf) {
+  if (found_inf.scalar_type() == ScalarType::Float) {
+    *data<float>(found_inf) = 1.f;
   } else {
-    *found_inf.data_ptr<int32_t>() = 1;
+    *data<int32_t>(found_inf) = 1;
   }
 }
 
-}  // namespace core_ops::cpu
+CORE_OPS_CPU_END

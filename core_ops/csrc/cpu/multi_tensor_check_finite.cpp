@@ -1,13 +1,14 @@
 // CPU kernel of multi_tensor_check_finite_: the non-finite probe of
 // core_ops/multi_tensor_math.h over every element, read-only (Note [Read streams]).
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include "chunk_loops.h"
+#include "level.h"
 
-namespace core_ops::cpu {
+CORE_OPS_CPU_BEGIN
 namespace {
 
-void multi_tensor_check_finite_(at::TensorList tensors, const at::Tensor& found_inf) {
+void multi_tensor_check_finite_(TensorList tensors, const Tensor& found_inf) {
   if (!check_check_finite_args(tensors, found_inf)) return;
 
   ContiguousList ts(tensors, false);
@@ -18,7 +19,7 @@ void multi_tensor_check_finite_(at::TensorList tensors, const at::Tensor& found_
     parallel_chunks(chunks, [&](const Chunk& c) {
       if (bad) return;  // the answer is known: the other chunks need not be read
       ChunkStats<double> st;
-      const double* p = ts.tensors[c.tensor].data_ptr<double>();
+      const double* p = data<double>(ts.tensors[c.tensor]);
       map_scalar<false, true, false>(p, static_cast<double*>(nullptr), c.begin, c.end, identity, st);
       if (st.nonfinite()) bad = true;
     });
@@ -26,7 +27,7 @@ void multi_tensor_check_finite_(at::TensorList tensors, const at::Tensor& found_
     CORE_OPS_DISPATCH_FLOAT_HALF_BF16(tensors[0].scalar_type(), "tensors", scalar_t,
       parallel_chunks(chunks, [&](const Chunk& c) {
         if (bad) return;
-        const scalar_t* p = ts.tensors[c.tensor].data_ptr<scalar_t>() + c.begin;
+        const scalar_t* p = data<scalar_t>(ts.tensors[c.tensor]) + c.begin;
         const auto st = map_chunk<false, true, false>(p, static_cast<scalar_t*>(nullptr),
                                                       c.end - c.begin, identity);
         if (st.nonfinite()) bad = true;
@@ -36,9 +37,9 @@ void multi_tensor_check_finite_(at::TensorList tensors, const at::Tensor& found_
 }
 
 }  // namespace
+CORE_OPS_CPU_END
 
-TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("multi_tensor_check_finite_", &multi_tensor_check_finite_);
+CORE_OPS_CPU_KERNELS(m) {
+  using namespace core_ops::cpu;
+  m.impl("multi_tensor_check_finite_", TORCH_BOX(&multi_tensor_check_finite_));
 }
-
-}  // namespace core_ops::cpu

@@ -1,13 +1,14 @@
 // CPU kernels of multi_tensor_scale_ and multi_tensor_axpby_.
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include "chunk_loops.h"
+#include "level.h"
 
-namespace core_ops::cpu {
+CORE_OPS_CPU_BEGIN
 namespace {
 
-void multi_tensor_scale_(at::TensorList src, at::TensorList dst, const at::Tensor& scale,
-                         const at::Tensor& found_inf) {
+void multi_tensor_scale_(TensorList src, TensorList dst, const Tensor& scale,
+                         const Tensor& found_inf) {
   if (!check_scale_args(src, dst, found_inf)) return;
   const double s = read_scalar(scale, "scale");
 
@@ -18,8 +19,8 @@ void multi_tensor_scale_(at::TensorList src, at::TensorList dst, const at::Tenso
   if (all_or_no_double({src, dst}, "src and dst")) {
     parallel_chunks(chunks, [&](const Chunk& c) {
       ChunkStats<double> st;
-      map_scalar<true, true, false>(in.tensors[c.tensor].data_ptr<double>(),
-                                    out.tensors[c.tensor].data_ptr<double>(), c.begin, c.end,
+      map_scalar<true, true, false>(data<double>(in.tensors[c.tensor]),
+                                    data<double>(out.tensors[c.tensor]), c.begin, c.end,
                                     [s](double v) { return scale_math(v, s); }, st);
       if (st.nonfinite()) bad = true;
     });
@@ -29,8 +30,8 @@ void multi_tensor_scale_(at::TensorList src, at::TensorList dst, const at::Tenso
       CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dst[0].scalar_type(), "dst", out_t,
         parallel_chunks(chunks, [&](const Chunk& c) {
           const auto st = map_chunk<true, true, false>(
-              in.tensors[c.tensor].data_ptr<in_t>() + c.begin,
-              out.tensors[c.tensor].data_ptr<out_t>() + c.begin, c.end - c.begin,
+              data<in_t>(in.tensors[c.tensor]) + c.begin,
+              data<out_t>(out.tensors[c.tensor]) + c.begin, c.end - c.begin,
               [sf](auto v) { return scale_math(v, decltype(v)(sf)); });
           if (st.nonfinite()) bad = true;
         })));
@@ -39,8 +40,8 @@ void multi_tensor_scale_(at::TensorList src, at::TensorList dst, const at::Tenso
   out.finish();
 }
 
-void multi_tensor_axpby_(at::TensorList x, at::TensorList y, at::TensorList out_list,
-                         double a, double b, const at::Tensor& found_inf,
+void multi_tensor_axpby_(TensorList x, TensorList y, TensorList out_list,
+                         double a, double b, const Tensor& found_inf,
                          int64_t arg_to_check) {
   if (!check_axpby_args(x, y, out_list, found_inf, arg_to_check)) return;
 
@@ -51,9 +52,9 @@ void multi_tensor_axpby_(at::TensorList x, at::TensorList y, at::TensorList out_
   if (all_or_no_double({x, y, out_list}, "x, y and out")) {
     parallel_chunks(chunks, [&](const Chunk& c) {
       double px = 0, py = 0;
-      axpby_scalar<double>(xs.tensors[c.tensor].data_ptr<double>(),
-                           ys.tensors[c.tensor].data_ptr<double>(),
-                           outs.tensors[c.tensor].data_ptr<double>(), c.begin, c.end, a, b, px, py);
+      axpby_scalar<double>(data<double>(xs.tensors[c.tensor]),
+                           data<double>(ys.tensors[c.tensor]),
+                           data<double>(outs.tensors[c.tensor]), c.begin, c.end, a, b, px, py);
       if (!(px == px)) x_bad = true;
       if (!(py == py)) y_bad = true;
     });
@@ -63,9 +64,9 @@ void multi_tensor_axpby_(at::TensorList x, at::TensorList y, at::TensorList out_
       CORE_OPS_DISPATCH_FLOAT_HALF_BF16(y[0].scalar_type(), "y", y_t,
         CORE_OPS_DISPATCH_FLOAT_HALF_BF16(out_list[0].scalar_type(), "out", out_t,
           parallel_chunks(chunks, [&](const Chunk& c) {
-            const auto st = axpby_chunk(xs.tensors[c.tensor].data_ptr<x_t>() + c.begin,
-                                        ys.tensors[c.tensor].data_ptr<y_t>() + c.begin,
-                                        outs.tensors[c.tensor].data_ptr<out_t>() + c.begin,
+            const auto st = axpby_chunk(data<x_t>(xs.tensors[c.tensor]) + c.begin,
+                                        data<y_t>(ys.tensors[c.tensor]) + c.begin,
+                                        data<out_t>(outs.tensors[c.tensor]) + c.begin,
                                         c.end - c.begin, af, bf);
             if (st.x_nonfinite) x_bad = true;
             if (st.y_nonfinite) y_bad = true;
@@ -76,10 +77,10 @@ void multi_tensor_axpby_(at::TensorList x, at::TensorList y, at::TensorList out_
 }
 
 }  // namespace
+CORE_OPS_CPU_END
 
-TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("multi_tensor_scale_", &multi_tensor_scale_);
-  m.impl("multi_tensor_axpby_", &multi_tensor_axpby_);
+CORE_OPS_CPU_KERNELS(m) {
+  using namespace core_ops::cpu;
+  m.impl("multi_tensor_scale_", TORCH_BOX(&multi_tensor_scale_));
+  m.impl("multi_tensor_axpby_", TORCH_BOX(&multi_tensor_axpby_));
 }
-
-}  // namespace core_ops::cpu

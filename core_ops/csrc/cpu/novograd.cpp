@@ -1,33 +1,34 @@
 // CPU kernel of fused_novograd_: the checks are core_ops/optimizer_ops.h, the math
 // core_ops/novograd_math.h; the per-tensor grad norms come in (L2 or max|g| as
 // norm_type says, taken by core_ops/optimizers/fused_novograd.py).
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/novograd_math.h>
 
+#include "level.h"
 #include "optimizer_step.h"
 
-namespace core_ops::cpu {
+CORE_OPS_CPU_BEGIN
 namespace {
 
 template <typename acc_t>
-double element_at(const at::Tensor& t, size_t i) { return t.data_ptr<acc_t>()[i]; }
+double element_at(const Tensor& t, size_t i) { return data<acc_t>(t)[i]; }
 
 void novograd_step(const NovoGradArgs& a) {
   if (flag_is_set(a.found_inf)) return;
   const CpuStep st(a.params, a.grads, a.steps, a.lr, a.lr_tensor, a.grad_scale, a.maximize);
-  const bool is_double = a.params[0].scalar_type() == at::kDouble;
-  const at::Tensor norms = a.grad_norms.contiguous();
+  const bool is_double = a.params[0].scalar_type() == ScalarType::Double;
+  const Tensor norms = core_ops::contiguous(a.grad_norms);
   // The per-tensor second moments, before any element reads its denom.
   std::vector<double> second(a.params.size());
   for (size_t i = 0; i < a.params.size(); ++i) {
     const double norm = (is_double ? element_at<double>(norms, i) : element_at<float>(norms, i)) / st.unscale.scale;
     const bool fresh = st.step[i] == 1.0 && !a.init_zero;
     if (is_double) {
-      double* vp = a.exp_avg_sqs[i].data_ptr<double>();
+      double* vp = data<double>(a.exp_avg_sqs[i]);
       second[i] = *vp = novograd_second_moment(*vp, norm, a.beta2, fresh, a.norm_type);
     } else {
-      float* vp = a.exp_avg_sqs[i].data_ptr<float>();
+      float* vp = data<float>(a.exp_avg_sqs[i]);
       second[i] = *vp = static_cast<float>(novograd_second_moment(*vp, norm, a.beta2, fresh, a.norm_type));
     }
   }
@@ -43,9 +44,9 @@ void novograd_step(const NovoGradArgs& a) {
 }
 
 }  // namespace
+CORE_OPS_CPU_END
 
-TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("fused_novograd_", &fused_novograd_<novograd_step>);
+CORE_OPS_CPU_KERNELS(m) {
+  using namespace core_ops::cpu;
+  m.impl("fused_novograd_", TORCH_BOX(&core_ops::fused_novograd_<novograd_step>));
 }
-
-}  // namespace core_ops::cpu

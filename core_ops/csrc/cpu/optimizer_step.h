@@ -12,25 +12,26 @@
 #include <core_ops/dispatch.h>
 #include <core_ops/optimizer_ops.h>
 
+#include "level.h"
 #include "multi_tensor_apply.h"
 
-namespace core_ops::cpu {
+CORE_OPS_CPU_BEGIN
 
-inline bool flag_is_set(const std::optional<at::Tensor>& found_inf) {
+inline bool flag_is_set(const OptionalTensor& found_inf) {
   if (!found_inf.has_value()) return false;
-  return found_inf->scalar_type() == at::kFloat ? *found_inf->data_ptr<float>() > 0
-                                                : *found_inf->data_ptr<int32_t>() > 0;
+  return found_inf->scalar_type() == ScalarType::Float ? *data<float>(*found_inf) > 0
+                                                       : *data<int32_t>(*found_inf) > 0;
 }
 
-inline double value_or(const std::optional<at::Tensor>& t, double fallback) {
-  return t.has_value() ? t->item<double>() : fallback;
+inline double value_or(const OptionalTensor& t, double fallback) {
+  return t.has_value() ? item(*t) : fallback;
 }
 
 // steps[i] += 1 for every tensor; returns the new counts.
-inline std::vector<double> advance_steps(at::TensorList steps) {
+inline std::vector<double> advance_steps(TensorList steps) {
   std::vector<double> out(steps.size());
   for (size_t i = 0; i < steps.size(); ++i) {
-    float* s = steps[i].data_ptr<float>();
+    float* s = data<float>(steps[i]);
     *s += 1.f;
     out[i] = *s;
   }
@@ -41,7 +42,7 @@ inline std::vector<double> advance_steps(at::TensorList steps) {
 // param_t the params' element type (double, or float / Half / BFloat16 with float
 // state) and has_master a std::bool_constant telling whether master weights are used.
 template <typename F>
-void for_each_param_chunk(at::TensorList params, bool master, F&& f) {
+void for_each_param_chunk(TensorList params, bool master, F&& f) {
   const auto chunks = make_chunks(params);
   for_param_types(params[0].scalar_type(), master, [&](auto param, auto, auto has_master) {
     parallel_chunks(chunks, [&](const Chunk& c) { f(param, has_master, c); });
@@ -60,7 +61,7 @@ struct GradUnscale {
   bool maximize;
   bool write;
 
-  GradUnscale(const std::optional<at::Tensor>& grad_scale, bool maximize_)
+  GradUnscale(const OptionalTensor& grad_scale, bool maximize_)
       : scale(value_or(grad_scale, 1.0)), maximize(maximize_), write(writes_grads(grad_scale, scale)) {}
 
   double div() const { return maximize ? -scale : scale; }
@@ -100,16 +101,16 @@ struct CpuStep {
   const double lr;                      // lr_tensor's value when given
   const GradUnscale unscale;
   const std::vector<double> step;       // the counts this step advanced to (steps[i] += 1)
-  const std::vector<at::Tensor> grads;  // in their params' layout (grads_like_params)
+  const std::vector<Tensor> grads;      // in their params' layout (grads_like_params)
 
-  CpuStep(at::TensorList params, at::TensorList grads_, at::TensorList steps, double lr_,
-          const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale, bool maximize)
+  CpuStep(TensorList params, TensorList grads_, TensorList steps, double lr_, const OptionalTensor& lr_tensor,
+          const OptionalTensor& grad_scale, bool maximize)
       : lr(value_or(lr_tensor, lr_)), unscale(grad_scale, maximize), step(advance_steps(steps)),
         grads(grads_like_params(params, grads_)) {}
 
   // The caller's grads get the unscaled values the loop wrote into copies made for
   // their layout (Note [Grads written back unscaled]).
-  void finish(at::TensorList user_grads) const {
+  void finish(TensorList user_grads) const {
     if (unscale.write) copy_back_grads(user_grads, grads);
   }
 };
@@ -203,13 +204,13 @@ struct StepTypes {
 // params' layout) and each tensor's coefficients: math(x, g, slots, coeffs, StepTypes).
 // `slots` in math's order; an absent optional list passed empty is left out.
 template <size_t kSlots, bool kUnscale = true, typename Coeffs, typename Math>
-void step_params(at::TensorList params, const CpuStep& st, at::TensorList masters,
-                 std::initializer_list<at::TensorList> slots, const Coeffs& coeffs, const Math& math) {
-  std::vector<at::TensorList> present;
-  for (const at::TensorList ts : slots) {
+void step_params(TensorList params, const CpuStep& st, TensorList masters, std::initializer_list<TensorList> slots,
+                 const Coeffs& coeffs, const Math& math) {
+  std::vector<TensorList> present;
+  for (const TensorList ts : slots) {
     if (!ts.empty()) present.push_back(ts);
   }
-  TORCH_INTERNAL_ASSERT(present.size() == kSlots, "expected ", kSlots, " state lists, got ", present.size());
+  CORE_OPS_ASSERT(present.size() == kSlots, "expected ", kSlots, " state lists, got ", present.size());
   for_each_param_chunk(params, !masters.empty(), [&](auto tag, auto has_master, const Chunk& ch) {
     using param_t = decltype(tag);
     using acc_t = state_t<param_t>;
@@ -225,4 +226,4 @@ void step_params(at::TensorList params, const CpuStep& st, at::TensorList master
   });
 }
 
-}  // namespace core_ops::cpu
+CORE_OPS_CPU_END

@@ -2,13 +2,14 @@
 // core_ops/sgd_math.h; this file moves memory.
 #include <type_traits>
 
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/sgd_math.h>
 
+#include "level.h"
 #include "optimizer_step.h"
 
-namespace core_ops::cpu {
+CORE_OPS_CPU_BEGIN
 namespace {
 
 void sgd_step(const SgdArgs& a) {
@@ -22,7 +23,7 @@ void sgd_step(const SgdArgs& a) {
   bool_switch(has_momentum, [&](auto mom) {
     bool_switch(a.nesterov && has_momentum, [&](auto nest) {
       step_params<mom ? 1 : 0>(
-          a.params, st, a.master_params, {has_momentum ? a.momentum_buffers : at::TensorList()}, coeffs,
+          a.params, st, a.master_params, {has_momentum ? a.momentum_buffers : TensorList()}, coeffs,
           [&](auto& x, auto g, auto& s, const auto& c, auto types) {
             using param_t = typename decltype(types)::param_t;
             // Note [Half params without masters]: torch's roundings for a half param alone.
@@ -41,9 +42,9 @@ void sgd_step(const SgdArgs& a) {
 }
 
 }  // namespace
+CORE_OPS_CPU_END
 
-TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("fused_sgd_", &fused_sgd_<sgd_step>);
+CORE_OPS_CPU_KERNELS(m) {
+  using namespace core_ops::cpu;
+  m.impl("fused_sgd_", TORCH_BOX(&core_ops::fused_sgd_<sgd_step>));
 }
-
-}  // namespace core_ops::cpu
