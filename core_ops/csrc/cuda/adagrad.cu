@@ -6,7 +6,7 @@
 // as per-tensor scalars of the launch descriptor; each block derives its tensor's
 // coefficients from that count + 1 (the step this update makes), and a second,
 // stream-ordered kernel advances the counts once every block has read them.
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/adagrad_math.h>
 #include <core_ops/optimizer_ops.h>
@@ -53,8 +53,8 @@ void adagrad_step(const AdagradArgs& a) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
-  m.impl("fused_adagrad_", &fused_adagrad_<adagrad_step>);
+STABLE_TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
+  m.impl("fused_adagrad_", TORCH_BOX(&fused_adagrad_<adagrad_step>));
 }
 
 }  // namespace core_ops::cuda

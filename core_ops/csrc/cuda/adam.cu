@@ -8,7 +8,7 @@
 // still finds it, and no pointer table is copied to the device. Each block derives its
 // tensor's coefficients from that count + 1 (the step this update makes); a second,
 // stream-ordered kernel then advances the counts, once every block has read them.
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/adam_math.h>
 #include <core_ops/optimizer_ops.h>
@@ -64,7 +64,7 @@ void adam_step(const AdamArgs& a) {
       const auto policy = [&](auto, auto acc, auto) {
         return AdamPolicy<decltype(acc), decltype(adamw)::value, decltype(ams)::value>{s};
       };
-      launch.elementwise(policy, {a.exp_avgs, a.exp_avg_sqs, a.amsgrad ? a.max_exp_avg_sqs : at::TensorList()},
+      launch.elementwise(policy, {a.exp_avgs, a.exp_avg_sqs, a.amsgrad ? a.max_exp_avg_sqs : TensorList()},
                          a.master_params, {a.steps});
     });
   });
@@ -73,8 +73,8 @@ void adam_step(const AdamArgs& a) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
-  m.impl("fused_adam_", &fused_adam_<adam_step>);
+STABLE_TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
+  m.impl("fused_adam_", TORCH_BOX(&fused_adam_<adam_step>));
 }
 
 }  // namespace core_ops::cuda

@@ -14,14 +14,13 @@
 #include <type_traits>
 #include <vector>
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/adam_math.h>
 #include <core_ops/compact_state_args.h>
 #include <core_ops/dispatch.h>
 #include <core_ops/optimizer_ops.h>
+#include <core_ops/tensor.h>
 
 #include "optimizer_launch.cuh"
 
@@ -43,7 +42,7 @@ struct CompactScalars {
 
 template <MomentKind kKind>
 using moment_t = std::conditional_t<kKind == MomentKind::kFloat, float,
-                                    std::conditional_t<kKind == MomentKind::kBFloat16, c10::BFloat16, uint8_t>>;
+                                    std::conditional_t<kKind == MomentKind::kBFloat16, BFloat16, uint8_t>>;
 
 // max that keeps a NaN, as the reference's amax.
 __device__ __forceinline__ float max_keep_nan(float a, float b) { return (a != a || a > b) ? a : b; }
@@ -117,7 +116,7 @@ struct CompactAdamOp {
         } else {
           load_pack(x, p + i, n, vec);
         }
-        if constexpr (std::is_same_v<param_t, c10::BFloat16>) {
+        if constexpr (std::is_same_v<param_t, BFloat16>) {
           if (s.weights == WeightKind::kRemainder) {
             int16_t r[kILP];
             load_pack(r, remainder + i, n, vec);
@@ -147,11 +146,11 @@ struct CompactAdamOp {
         }
         store_pack(p + i, x, n, vec);
         if (s.weights == WeightKind::kMaster) store_pack(master + i, x, n, vec);
-        if constexpr (std::is_same_v<param_t, c10::BFloat16>) {
+        if constexpr (std::is_same_v<param_t, BFloat16>) {
           if (s.weights == WeightKind::kRemainder) {
             int16_t r[kILP];
 #pragma unroll
-            for (int k = 0; k < kILP; ++k) r[k] = remainder_of(x[k], static_cast<c10::BFloat16>(x[k]).x);
+            for (int k = 0; k < kILP; ++k) r[k] = remainder_of(x[k], static_cast<BFloat16>(x[k]).x);
             store_pack(remainder + i, r, n, vec);
           }
         }
@@ -211,19 +210,20 @@ void adam_compact_step(const AdamCompactArgs& a) {
   const bool quantized = a.layout.quantized();
   OptimizerLaunch launch(a.params, a.grads, a.lr_tensor, a.grad_scale, a.found_inf, a.maximize);
   const CompactScalars s{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, launch.step(),
-                         {quantized ? a.exp_avg_map->const_data_ptr<float>() : nullptr,
-                          quantized ? a.exp_avg_sq_map->const_data_ptr<float>() : nullptr},
+                         {quantized ? data<const float>(*a.exp_avg_map) : nullptr,
+                          quantized ? data<const float>(*a.exp_avg_sq_map) : nullptr},
                          a.layout.weights, a.bias_correction};
   // Per-tensor scalars: the step count, then (8-bit moments) one-element views of each
   // tensor's first block maxima.
-  std::vector<at::Tensor> first_maxima[2];
-  std::vector<at::TensorList> scalars{a.steps};
+  std::vector<Tensor> first_maxima[2];
+  std::vector<TensorList> scalars{a.steps};
   if (quantized) {
     for (int which = 0; which < 2; ++which) {
-      const at::TensorList maxima = which == 0 ? a.exp_avg_absmaxes : a.exp_avg_sq_absmaxes;
+      const TensorList maxima = which == 0 ? a.exp_avg_absmaxes : a.exp_avg_sq_absmaxes;
       for (size_t i = 0; i < maxima.size(); ++i) {
         // An empty tensor has no maxima and no chunk that would read them.
-        first_maxima[which].push_back(maxima[i].numel() > 0 ? maxima[i].narrow(0, 0, 1) : a.steps[i]);
+        Tensor maximum = maxima[i];
+        first_maxima[which].push_back(maxima[i].numel() > 0 ? torch::stable::narrow(maximum, 0, 0, 1) : a.steps[i]);
       }
       scalars.push_back(first_maxima[which]);
     }
@@ -250,8 +250,8 @@ void adam_compact_step(const AdamCompactArgs& a) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
-  m.impl("fused_adam_compact_", &fused_adam_compact_<adam_compact_step>);
+STABLE_TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
+  m.impl("fused_adam_compact_", TORCH_BOX(&fused_adam_compact_<adam_compact_step>));
 }
 
 }  // namespace core_ops::cuda

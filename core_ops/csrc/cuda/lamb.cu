@@ -11,7 +11,7 @@
 // views of the device tensors), and each block computes its tensor's lamb_neg_step.
 #include <vector>
 
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/lamb_math.h>
 #include <core_ops/optimizer_ops.h>
@@ -95,16 +95,16 @@ struct Stage2Policy {
 void lamb_stage2_step(const LambStage2Args& a) {
   OptimizerLaunch launch(a.params, {}, a.lr_tensor, std::nullopt, a.found_inf, /*maximize=*/false);
   const Stage2Scalars s{a.lr, a.weight_decay, launch.step(), a.use_nvlamb};
-  const std::vector<at::Tensor> pn = per_tensor_views(a.param_norms), un = per_tensor_views(a.update_norms);
+  const std::vector<Tensor> pn = per_tensor_views(a.param_norms), un = per_tensor_views(a.update_norms);
   launch.elementwise([&](auto, auto acc, auto) { return Stage2Policy<decltype(acc)>{s}; }, {a.updates},
                      a.master_params, {pn, un});
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
-  m.impl("fused_lamb_stage1_", &fused_lamb_stage1_<lamb_stage1_step>);
-  m.impl("fused_lamb_stage2_", &fused_lamb_stage2_<lamb_stage2_step>);
+STABLE_TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
+  m.impl("fused_lamb_stage1_", TORCH_BOX(&fused_lamb_stage1_<lamb_stage1_step>));
+  m.impl("fused_lamb_stage2_", TORCH_BOX(&fused_lamb_stage2_<lamb_stage2_step>));
 }
 
 }  // namespace core_ops::cuda

@@ -11,15 +11,13 @@
 #include <cstdint>
 #include <vector>
 
-#include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <c10/util/Exception.h>
 #include <cuda_runtime.h>
 
 #include <core_ops/macros.h>
+#include <core_ops/tensor.h>
 #include <core_ops/tensor_lists.h>
+
+#include "stream.cuh"
 
 namespace core_ops::cuda {
 
@@ -104,26 +102,34 @@ __global__ void __launch_bounds__(kBlockSize)
 // the same numel index by index on one CUDA device. Global chunk ids count the chunks
 // of all tensors in list order (empty tensors have none), so the chunks of one tensor
 // are consecutive. scalars[j][i] is a one-element tensor the kernel reads (or writes)
-// as tensor i's scalar j, at meta.addresses[kDepth + j][slot].
+// as tensor i's scalar j, at meta.addresses[kDepth + j][slot]. Launched on torch's
+// current stream of that device, made current for the call.
 template <int kDepth, int kScalars, typename Op>
-void multi_tensor_apply(const std::array<at::TensorList, kDepth>& lists,
-                        const std::array<at::TensorList, kScalars>& scalars, const Op& op) {
+void multi_tensor_apply(const std::array<TensorList, kDepth>& lists,
+                        const std::array<TensorList, kScalars>& scalars, const Op& op) {
   using Meta = TensorListMeta<kDepth, kScalars>;
   static_assert(sizeof(Meta) + sizeof(Op) <= kKernelArgBytes,
                 "the launch descriptor and the functor must fit the kernel-argument limit");
-  const at::TensorList first = lists[0];
+  const TensorList first = lists[0];
   if (first.empty()) return;
-  for (int d = 1; d < kDepth; ++d) TORCH_INTERNAL_ASSERT(lists[d].size() == first.size());
-  for (int j = 0; j < kScalars; ++j) TORCH_INTERNAL_ASSERT(scalars[j].size() == first.size());
+  for (int d = 1; d < kDepth; ++d) {
+    CORE_OPS_ASSERT(lists[d].size() == first.size(), "list ", d, " has ", lists[d].size(), " tensors, list 0 ",
+                    first.size());
+  }
+  for (int j = 0; j < kScalars; ++j) {
+    CORE_OPS_ASSERT(scalars[j].size() == first.size(), "scalars ", j, " has ", scalars[j].size(),
+                    " tensors, list 0 ", first.size());
+  }
 
-  const c10::cuda::CUDAGuard guard(first[0].device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const DeviceIndex device = first[0].get_device_index();
+  const DeviceGuard guard(device);
+  const cudaStream_t stream = current_stream(device);
   Meta meta;
   meta.first_chunk = 0;
   int ntensors = 0, nchunks = 0;
   auto launch = [&] {
     multi_tensor_apply_kernel<kDepth, kScalars, Op><<<nchunks, kBlockSize, 0, stream>>>(meta, op);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    check_launch("multi_tensor_apply_kernel");
     meta.first_chunk += nchunks;
     ntensors = nchunks = 0;
   };
@@ -131,7 +137,7 @@ void multi_tensor_apply(const std::array<at::TensorList, kDepth>& lists,
   for (size_t t = 0; t < first.size(); ++t) {
     const int64_t numel = first[t].numel();
     const int64_t chunks = (numel + kChunkSize - 1) / kChunkSize;
-    TORCH_CHECK(chunks <= INT32_MAX, "tensor ", t, " is too large (", numel, " elements)");
+    CORE_OPS_CHECK_VALUE(chunks <= INT32_MAX, "tensor ", t, " is too large (", numel, " elements)");
     int slot = -1;  // this tensor's slot in the current descriptor
     for (int64_t c = 0; c < chunks; ++c) {
       if (nchunks == kMaxChunks) {
@@ -142,11 +148,12 @@ void multi_tensor_apply(const std::array<at::TensorList, kDepth>& lists,
         if (ntensors == Meta::kMaxTensors) launch();
         slot = ntensors++;
         for (int d = 0; d < kDepth; ++d) {
-          TORCH_INTERNAL_ASSERT(lists[d][t].numel() == numel && lists[d][t].is_contiguous());
+          CORE_OPS_ASSERT(lists[d][t].numel() == numel && lists[d][t].is_contiguous(), "list ", d, "[", t,
+                          "] is not contiguous or not the size of list 0's");
           meta.addresses[d][slot] = lists[d][t].data_ptr();
         }
         for (int j = 0; j < kScalars; ++j) {
-          TORCH_INTERNAL_ASSERT(scalars[j][t].numel() == 1);
+          CORE_OPS_ASSERT(scalars[j][t].numel() == 1, "scalars ", j, "[", t, "] is not one element");
           meta.addresses[kDepth + j][slot] = scalars[j][t].data_ptr();
         }
         meta.sizes[slot] = numel;
@@ -161,13 +168,13 @@ void multi_tensor_apply(const std::array<at::TensorList, kDepth>& lists,
 
 // The lists alone, no per-tensor scalars.
 template <int kDepth, typename Op>
-void multi_tensor_apply(const std::array<at::TensorList, kDepth>& lists, const Op& op) {
+void multi_tensor_apply(const std::array<TensorList, kDepth>& lists, const Op& op) {
   multi_tensor_apply<kDepth, 0>(lists, {}, op);
 }
 
 // Global chunk id of each tensor's first chunk, plus the total at the end: the layout
 // multi_tensor_apply gives a buffer indexed by global chunk id.
-inline std::vector<int64_t> chunk_starts(at::TensorList tensors) {
+inline std::vector<int64_t> chunk_starts(TensorList tensors) {
   std::vector<int64_t> starts(tensors.size() + 1, 0);
   for (size_t t = 0; t < tensors.size(); ++t) {
     starts[t + 1] = starts[t] + (tensors[t].numel() + kChunkSize - 1) / kChunkSize;
@@ -175,18 +182,16 @@ inline std::vector<int64_t> chunk_starts(at::TensorList tensors) {
   return starts;
 }
 
-inline void check_cuda(c10::Device device) {
-  TORCH_CHECK_VALUE(device.is_cuda(), "the CUDA kernel was given tensors on ", device);
+inline void check_cuda(const Device& device) {
+  CORE_OPS_CHECK_VALUE(device.is_cuda(), "the CUDA kernel was given tensors on ", device);
 }
 
 // A one-element scale factor as a dtype tensor on the device. The kernels read it
 // there, so the host never waits; a dtype change is a device-side cast.
-inline at::Tensor device_scalar(const at::Tensor& t, const char* name, c10::Device device,
-                                at::ScalarType dtype) {
-  TORCH_CHECK_VALUE(t.numel() == 1, name, " must be a one-element tensor, got shape ", t.sizes());
-  TORCH_CHECK_VALUE(t.device() == device, name, " is on ", t.device(), " but the op runs on ",
-                    device);
-  return t.to(dtype).contiguous();
+inline Tensor device_scalar(const Tensor& t, const char* name, const Device& device, ScalarType dtype) {
+  CORE_OPS_CHECK_VALUE(t.numel() == 1, name, " must be a one-element tensor, got shape ", t.sizes());
+  CORE_OPS_CHECK_VALUE(t.device() == device, name, " is on ", t.device(), " but the op runs on ", device);
+  return core_ops::contiguous(torch::stable::to(t, dtype));
 }
 
 // ---- device helpers -------------------------------------------------------------
@@ -252,8 +257,8 @@ struct FoundInf {
   }
 };
 
-inline FoundInf found_inf_arg(const at::Tensor& found_inf) {
-  return {found_inf.data_ptr(), found_inf.scalar_type() == at::kInt};
+inline FoundInf found_inf_arg(const Tensor& found_inf) {
+  return {found_inf.data_ptr(), found_inf.scalar_type() == ScalarType::Int};
 }
 
 // A summed Note [Non-finite probe] is nan exactly when a probed value was not finite.

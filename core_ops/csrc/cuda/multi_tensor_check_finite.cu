@@ -1,7 +1,7 @@
 // CUDA kernel of multi_tensor_check_finite_: the guards of
 // csrc/cpu/multi_tensor_check_finite.cpp, the probe of core_ops/multi_tensor_math.h,
 // and found_inf set on the device, so the host never waits.
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/dispatch.h>
 #include <core_ops/multi_tensor_math.h>
@@ -31,11 +31,11 @@ struct CheckFiniteOp {
   }
 };
 
-void multi_tensor_check_finite_(at::TensorList tensors, const at::Tensor& found_inf) {
+void multi_tensor_check_finite_(TensorList tensors, const Tensor& found_inf) {
   if (!check_check_finite_args(tensors, found_inf)) return;
   const auto device = tensors[0].device();
   check_cuda(device);
-  const c10::cuda::CUDAGuard guard(device);
+  const DeviceGuard guard(device.index());
 
   ContiguousList ts(tensors, false);
   const FoundInf flag = found_inf_arg(found_inf);
@@ -49,8 +49,8 @@ void multi_tensor_check_finite_(at::TensorList tensors, const at::Tensor& found_
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
-  m.impl("multi_tensor_check_finite_", &multi_tensor_check_finite_);
+STABLE_TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
+  m.impl("multi_tensor_check_finite_", TORCH_BOX(&multi_tensor_check_finite_));
 }
 
 }  // namespace core_ops::cuda

@@ -6,16 +6,19 @@
 // block adds the tensors, both in double and in a fixed order. The same inputs give
 // the same bits on every run, whatever the scheduling.
 #include <algorithm>
+#include <optional>
+#include <tuple>
+#include <vector>
 
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/dispatch.h>
 #include <core_ops/multi_tensor_math.h>
+#include <core_ops/tensor.h>
 #include <core_ops/tensor_lists.h>
 
 #include "multi_tensor_apply.cuh"
+#include "stream.cuh"
 
 namespace core_ops::cuda {
 namespace {
@@ -97,87 +100,82 @@ __global__ void __launch_bounds__(kReduceBlock)
 
 // partial (one slot per chunk, laid out by chunk_starts) -> (total, per-tensor) norms.
 template <typename acc_t>
-void finish_norms(const std::vector<int64_t>& starts, const at::Tensor& partial,
-                  const at::Tensor& total, const at::Tensor& per, bool per_tensor) {
+void finish_norms(const std::vector<int64_t>& starts, const Tensor& partial, const Tensor& total,
+                  const Tensor& per, bool per_tensor, cudaStream_t stream) {
   const int64_t n = static_cast<int64_t>(starts.size()) - 1;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  at::Tensor tensor_sumsq = at::empty({n}, partial.options().dtype(at::kDouble));
+  const Tensor tensor_sumsq = empty({n}, ScalarType::Double, partial.device());
   Segments seg;
   for (int64_t first = 0; first < n; first += kSegments) {
     const int64_t count = std::min<int64_t>(kSegments, n - first);
     seg.first_tensor = first;
     for (int64_t i = 0; i <= count; ++i) seg.chunk_start[i] = starts[first + i];
     per_tensor_kernel<acc_t><<<static_cast<unsigned>(count), kReduceBlock, 0, stream>>>(
-        seg, partial.data_ptr<acc_t>(), tensor_sumsq.data_ptr<double>(),
-        per_tensor ? per.data_ptr<acc_t>() : nullptr);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+        seg, data<acc_t>(partial), data<double>(tensor_sumsq), per_tensor ? data<acc_t>(per) : nullptr);
+    check_launch("per_tensor_kernel");
   }
-  total_kernel<acc_t><<<1, kReduceBlock, 0, stream>>>(tensor_sumsq.data_ptr<double>(), n,
-                                                      total.data_ptr<acc_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  total_kernel<acc_t><<<1, kReduceBlock, 0, stream>>>(data<double>(tensor_sumsq), n, data<acc_t>(total));
+  check_launch("total_kernel");
 }
 
-std::tuple<at::Tensor, at::Tensor> empty_norms() {
+std::tuple<Tensor, Tensor> empty_norms() {
   // An empty list names no device: CPU zeros, like the CPU kernel and the fake kernel.
-  auto opts = at::TensorOptions().dtype(at::kFloat);
-  return {at::zeros({}, opts), at::empty({0}, opts)};
+  const Device cpu(DeviceType::CPU);
+  return {zeros({}, ScalarType::Float, cpu), empty({0}, ScalarType::Float, cpu)};
 }
 
 template <bool kUnscale>
-std::tuple<at::Tensor, at::Tensor> norm_impl(at::TensorList tensors, const at::Tensor* inv_scale,
-                                             const at::Tensor* found_inf, bool per_tensor) {
-  const auto device = tensors[0].device();
+std::tuple<Tensor, Tensor> norm_impl(TensorList tensors, const Tensor* inv_scale, const Tensor* found_inf,
+                                     bool per_tensor) {
+  const Device device = tensors[0].device();
   check_cuda(device);
   check_list(tensors, "tensors", device);
   if constexpr (kUnscale) check_flag(*found_inf, device);
-  const c10::cuda::CUDAGuard guard(device);
+  const DeviceGuard guard(device.index());
+  const cudaStream_t stream = current_stream(device.index());
 
   const bool is_double = is_double_list(tensors);
-  const auto acc = is_double ? at::kDouble : at::kFloat;
-  const auto opts = at::TensorOptions().device(device).dtype(acc);
+  const ScalarType acc = is_double ? ScalarType::Double : ScalarType::Float;
   const int64_t n = static_cast<int64_t>(tensors.size());
   const std::vector<int64_t> starts = chunk_starts(tensors);
-  at::Tensor partial = at::empty({starts.back()}, opts);
-  at::Tensor total = at::empty({}, opts);
-  at::Tensor per = at::empty({per_tensor ? n : 0}, opts);
+  const Tensor partial = empty({starts.back()}, acc, device);
+  const Tensor total = empty({}, acc, device);
+  const Tensor per = empty({per_tensor ? n : 0}, acc, device);
 
   ContiguousList ts(tensors, kUnscale);
   const FoundInf flag = kUnscale ? found_inf_arg(*found_inf) : FoundInf{nullptr, false};
+  // inv_scale as a device scalar of the math's dtype (kUnscale only).
+  const OptionalTensor s = kUnscale ? OptionalTensor(device_scalar(*inv_scale, "inv_scale", device, acc))
+                                    : std::nullopt;
   if (is_double) {
-    at::Tensor s;
-    if constexpr (kUnscale) s = device_scalar(*inv_scale, "inv_scale", device, at::kDouble);
     multi_tensor_apply<1>({ts.tensors}, NormOp<double, double, kUnscale>{
-        partial.data_ptr<double>(), kUnscale ? s.data_ptr<double>() : nullptr, flag});
-    finish_norms<double>(starts, partial, total, per, per_tensor);
+        data<double>(partial), kUnscale ? data<double>(*s) : nullptr, flag});
+    finish_norms<double>(starts, partial, total, per, per_tensor, stream);
   } else {
-    at::Tensor s;
-    if constexpr (kUnscale) s = device_scalar(*inv_scale, "inv_scale", device, at::kFloat);
     CORE_OPS_DISPATCH_FLOAT_HALF_BF16(tensors[0].scalar_type(), "tensors", scalar_t,
       multi_tensor_apply<1>({ts.tensors}, NormOp<scalar_t, float, kUnscale>{
-          partial.data_ptr<float>(), kUnscale ? s.data_ptr<float>() : nullptr, flag}));
-    finish_norms<float>(starts, partial, total, per, per_tensor);
+          data<float>(partial), kUnscale ? data<float>(*s) : nullptr, flag}));
+    finish_norms<float>(starts, partial, total, per, per_tensor, stream);
   }
   ts.finish();
   return {total, per};
 }
 
-std::tuple<at::Tensor, at::Tensor> multi_tensor_l2norm(at::TensorList tensors, bool per_tensor) {
+std::tuple<Tensor, Tensor> multi_tensor_l2norm(TensorList tensors, bool per_tensor) {
   if (tensors.empty()) return empty_norms();
   return norm_impl<false>(tensors, nullptr, nullptr, per_tensor);
 }
 
-std::tuple<at::Tensor, at::Tensor> multi_tensor_unscale_l2norm_(
-    at::TensorList tensors, const at::Tensor& inv_scale, const at::Tensor& found_inf,
-    bool per_tensor) {
+std::tuple<Tensor, Tensor> multi_tensor_unscale_l2norm_(TensorList tensors, const Tensor& inv_scale,
+                                                        const Tensor& found_inf, bool per_tensor) {
   if (tensors.empty()) return empty_norms();
   return norm_impl<true>(tensors, &inv_scale, &found_inf, per_tensor);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
-  m.impl("multi_tensor_l2norm", &multi_tensor_l2norm);
-  m.impl("multi_tensor_unscale_l2norm_", &multi_tensor_unscale_l2norm_);
+STABLE_TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
+  m.impl("multi_tensor_l2norm", TORCH_BOX(&multi_tensor_l2norm));
+  m.impl("multi_tensor_unscale_l2norm_", TORCH_BOX(&multi_tensor_unscale_l2norm_));
 }
 
 }  // namespace core_ops::cuda

@@ -1,7 +1,7 @@
 // CUDA kernels of multi_tensor_scale_ and multi_tensor_axpby_: the guards of
 // csrc/cpu/multi_tensor_scale.cpp, the math of core_ops/multi_tensor_math.h, and
 // scale / found_inf kept on the device so the host never waits.
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/dispatch.h>
 #include <core_ops/multi_tensor_math.h>
@@ -71,36 +71,35 @@ struct AxpbyOp {
   }
 };
 
-void multi_tensor_scale_(at::TensorList src, at::TensorList dst, const at::Tensor& scale,
-                         const at::Tensor& found_inf) {
+void multi_tensor_scale_(TensorList src, TensorList dst, const Tensor& scale,
+                         const Tensor& found_inf) {
   if (!check_scale_args(src, dst, found_inf)) return;
   const auto device = src[0].device();
   check_cuda(device);
-  const c10::cuda::CUDAGuard guard(device);
+  const DeviceGuard guard(device.index());
 
   ContiguousList in(src, false), out(dst, true);
   const FoundInf flag = found_inf_arg(found_inf);
   if (all_or_no_double({src, dst}, "src and dst")) {
-    const at::Tensor s = device_scalar(scale, "scale", device, at::kDouble);
-    multi_tensor_apply<2>({in.tensors, out.tensors},
-                          ScaleOp<double, double, double>{s.data_ptr<double>(), flag});
+    const Tensor s = device_scalar(scale, "scale", device, ScalarType::Double);
+    multi_tensor_apply<2>({in.tensors, out.tensors}, ScaleOp<double, double, double>{data<double>(s), flag});
   } else {
-    const at::Tensor s = device_scalar(scale, "scale", device, at::kFloat);
+    const Tensor s = device_scalar(scale, "scale", device, ScalarType::Float);
     CORE_OPS_DISPATCH_FLOAT_HALF_BF16(src[0].scalar_type(), "src", in_t,
       CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dst[0].scalar_type(), "dst", out_t,
         multi_tensor_apply<2>({in.tensors, out.tensors},
-                              ScaleOp<in_t, out_t, float>{s.data_ptr<float>(), flag})));
+                              ScaleOp<in_t, out_t, float>{data<float>(s), flag})));
   }
   out.finish();
 }
 
-void multi_tensor_axpby_(at::TensorList x, at::TensorList y, at::TensorList out_list,
-                         double a, double b, const at::Tensor& found_inf,
+void multi_tensor_axpby_(TensorList x, TensorList y, TensorList out_list,
+                         double a, double b, const Tensor& found_inf,
                          int64_t arg_to_check) {
   if (!check_axpby_args(x, y, out_list, found_inf, arg_to_check)) return;
   const auto device = x[0].device();
   check_cuda(device);
-  const c10::cuda::CUDAGuard guard(device);
+  const DeviceGuard guard(device.index());
 
   ContiguousList xs(x, false), ys(y, false), outs(out_list, true);
   const FoundInf flag = found_inf_arg(found_inf);
@@ -121,9 +120,9 @@ void multi_tensor_axpby_(at::TensorList x, at::TensorList y, at::TensorList out_
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
-  m.impl("multi_tensor_scale_", &multi_tensor_scale_);
-  m.impl("multi_tensor_axpby_", &multi_tensor_axpby_);
+STABLE_TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
+  m.impl("multi_tensor_scale_", TORCH_BOX(&multi_tensor_scale_));
+  m.impl("multi_tensor_axpby_", TORCH_BOX(&multi_tensor_axpby_));
 }
 
 }  // namespace core_ops::cuda

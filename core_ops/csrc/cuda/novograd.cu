@@ -16,7 +16,7 @@
 //   3. advance_steps advances the counts once every block has read them.
 #include <vector>
 
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/novograd_math.h>
 #include <core_ops/optimizer_ops.h>
@@ -81,8 +81,8 @@ void novograd_step(const NovoGradArgs& a) {
   OptimizerLaunch launch(a.params, a.grads, a.lr_tensor, a.grad_scale, a.found_inf, a.maximize);
   const NovoGradScalars s{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, launch.step(), a.norm_type,
                           a.bias_correction, a.grad_averaging, a.init_zero};
-  const std::vector<at::Tensor> norms = per_tensor_views(a.grad_norms);
-  if (a.params[0].scalar_type() == at::kDouble) {
+  const std::vector<Tensor> norms = per_tensor_views(a.grad_norms);
+  if (a.params[0].scalar_type() == ScalarType::Double) {
     multi_tensor_apply<1, 2>({a.exp_avg_sqs}, {a.steps, norms}, SecondMomentOp<double>{s});
   } else {
     multi_tensor_apply<1, 2>({a.exp_avg_sqs}, {a.steps, norms}, SecondMomentOp<float>{s});
@@ -98,8 +98,8 @@ void novograd_step(const NovoGradArgs& a) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
-  m.impl("fused_novograd_", &fused_novograd_<novograd_step>);
+STABLE_TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
+  m.impl("fused_novograd_", TORCH_BOX(&fused_novograd_<novograd_step>));
 }
 
 }  // namespace core_ops::cuda

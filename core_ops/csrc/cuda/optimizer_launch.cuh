@@ -19,33 +19,33 @@
 #include <type_traits>
 #include <vector>
 
-#include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAGuard.h>
-
 #include <core_ops/dispatch.h>
 #include <core_ops/optimizer_args.h>
+#include <core_ops/tensor.h>
 
 #include "multi_tensor_apply.cuh"
 #include "optimizer_step.cuh"
+#include "stream.cuh"
 
 namespace core_ops::cuda {
 
 // norms[i] as one-element views of the device tensor: per-tensor scalars of a launch.
-inline std::vector<at::Tensor> per_tensor_views(const at::Tensor& norms) {
-  const at::Tensor flat = norms.reshape({norms.numel()});
-  std::vector<at::Tensor> out;
+inline std::vector<Tensor> per_tensor_views(const Tensor& norms) {
+  const Tensor flat = torch::stable::reshape(norms, {norms.numel()});
+  std::vector<Tensor> out;
   out.reserve(flat.numel());
-  for (int64_t i = 0; i < flat.numel(); ++i) out.push_back(flat.select(0, i));
+  for (int64_t i = 0; i < flat.numel(); ++i) out.push_back(torch::stable::select(flat, 0, i));
   return out;
 }
 
 class OptimizerLaunch {
  public:
   // grads: empty for a step that reads none (LAMB's stage 2).
-  OptimizerLaunch(at::TensorList params, at::TensorList grads, const std::optional<at::Tensor>& lr_tensor,
-                  const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf,
-                  bool maximize)
-      : guard_(cuda_device(params)),
+  OptimizerLaunch(TensorList params, TensorList grads, const OptionalTensor& lr_tensor,
+                  const OptionalTensor& grad_scale, const OptionalTensor& found_inf, bool maximize)
+      : device_(cuda_device(params)),
+        guard_(device_),
+        stream_(current_stream(device_)),
         params_(params),
         grads_(grads),
         used_grads_(grads_like_params(params, grads)),
@@ -62,11 +62,11 @@ class OptimizerLaunch {
   // optional list passed empty is left out), masters when kMaster, then the per-tensor
   // scalars (one-element tensors, passed as they are).
   template <typename Op>
-  void run(const Op& op, std::initializer_list<at::TensorList> lists, at::TensorList masters,
-           std::vector<at::TensorList> scalars = {}) {
-    std::vector<at::TensorList> walked{flat(params_)};
+  void run(const Op& op, std::initializer_list<TensorList> lists, TensorList masters,
+           std::vector<TensorList> scalars = {}) {
+    std::vector<TensorList> walked{flat(params_)};
     if constexpr (Op::kGrads) walked.push_back(flat(used_grads_));
-    for (const at::TensorList ts : lists) {
+    for (const TensorList ts : lists) {
       if (!ts.empty()) walked.push_back(flat(ts));
     }
     if constexpr (Op::kMaster) walked.push_back(flat(masters));
@@ -78,8 +78,8 @@ class OptimizerLaunch {
   // acc_t{}, has_master) returns the Policy (Note [One functor moves an optimizer's
   // memory]), has_master a std::bool_constant.
   template <typename MakePolicy>
-  void elementwise(MakePolicy&& make_policy, std::initializer_list<at::TensorList> lists, at::TensorList masters,
-                   std::vector<at::TensorList> scalars = {}) {
+  void elementwise(MakePolicy&& make_policy, std::initializer_list<TensorList> lists, TensorList masters,
+                   std::vector<TensorList> scalars = {}) {
     for_param_types(params_[0].scalar_type(), !masters.empty(), [&](auto param, auto acc, auto has_master) {
       const auto policy = make_policy(param, acc, has_master);
       using Op = ElementwiseStep<decltype(param), decltype(acc), decltype(has_master)::value,
@@ -91,18 +91,19 @@ class OptimizerLaunch {
   // After the launches: the grads get the values the kernels wrote (into copies made
   // for their layout, else in place: copy_back_grads skips those), and `steps` (empty
   // for an optimizer without step counts) advance.
-  void finish(at::TensorList steps) {
+  void finish(TensorList steps) {
     if (writes_grads_) copy_back_grads(grads_, used_grads_);
-    if (!steps.empty()) advance_steps(steps, step_.found_inf);
+    if (!steps.empty()) advance_steps(steps, step_.found_inf, stream_);
   }
 
  private:
-  static c10::Device cuda_device(at::TensorList params) {
-    check_cuda(params[0].device());
-    return params[0].device();
+  static DeviceIndex cuda_device(TensorList params) {
+    const Device device = params[0].device();
+    check_cuda(device);
+    return device.index();
   }
 
-  static bool any_strided(at::TensorList params) {
+  static bool any_strided(TensorList params) {
     for (const auto& p : params) {
       if (!p.is_contiguous()) return true;
     }
@@ -113,25 +114,37 @@ class OptimizerLaunch {
   // (channels_last) still fills numel elements from its data pointer, laid out as its
   // param (the checks made sure), so the launch walks a flat alias of it. Contiguous
   // lists, the usual case, are passed as they are: no new tensor per element.
-  at::TensorList flat(at::TensorList ts) {
+  TensorList flat(TensorList ts) {
     if (!strided_ || ts.empty()) return ts;
-    std::vector<at::Tensor> aliases;
+    std::vector<Tensor> aliases;
     aliases.reserve(ts.size());
-    for (const auto& t : ts) aliases.push_back(t.is_contiguous() ? t : t.as_strided({t.numel()}, {1}));
+    for (const auto& t : ts) aliases.push_back(t.is_contiguous() ? t : flat_view(t));
     flat_.push_back(std::move(aliases));  // a deque: the lists handed out stay valid
     return flat_.back();
   }
 
-  const c10::cuda::CUDAGuard guard_;
-  at::TensorList params_, grads_;
-  std::vector<at::Tensor> used_grads_;  // grads_ in the params' layout
+  // t.as_strided({numel}, {1}), made by the AOTI shim (torch::stable has no as_strided):
+  // a view sharing t's storage, so nothing about the memory is looked up again.
+  static Tensor flat_view(const Tensor& t) {
+    const int64_t size = t.numel(), stride = 1;
+    AtenTensorHandle view = nullptr;
+    const int64_t offset = t.storage_offset();
+    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch__reinterpret_tensor(t.get(), 1, &size, &stride, offset, &view));
+    return Tensor(view);
+  }
+
+  const DeviceIndex device_;
+  const DeviceGuard guard_;
+  const cudaStream_t stream_;  // torch's current stream on device_, under the guard
+  TensorList params_, grads_;
+  std::vector<Tensor> used_grads_;  // grads_ in the params' layout
   bool writes_grads_;
   bool strided_;
   // lr and grad_scale of another dtype, cast for the kernels: held until they are
   // enqueued (the caching allocator orders the memory's reuse after them).
-  at::Tensor lr_keep_, scale_keep_;
+  OptionalTensor lr_keep_, scale_keep_;
   StepScalars step_;
-  std::deque<std::vector<at::Tensor>> flat_;
+  std::deque<std::vector<Tensor>> flat_;
 };
 
 }  // namespace core_ops::cuda

@@ -10,11 +10,8 @@
 #include <optional>
 #include <vector>
 
-#include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAStream.h>
-
 #include <core_ops/bool_switch.h>
+#include <core_ops/tensor.h>
 
 #include "multi_tensor_apply.cuh"
 
@@ -27,7 +24,7 @@ __device__ __forceinline__ bool flag_is_set(const FoundInf& f) {
   return f.is_int ? *static_cast<const int32_t*>(f.ptr) > 0 : *static_cast<const float*>(f.ptr) > 0.f;
 }
 
-inline FoundInf optional_flag(const std::optional<at::Tensor>& found_inf) {
+inline FoundInf optional_flag(const OptionalTensor& found_inf) {
   return found_inf.has_value() ? found_inf_arg(*found_inf) : FoundInf{nullptr, false};
 }
 
@@ -47,11 +44,11 @@ struct DeviceScalar {
   }
 };
 
-inline DeviceScalar device_scalar_arg(const std::optional<at::Tensor>& t, at::Tensor& keep) {
+inline DeviceScalar device_scalar_arg(const OptionalTensor& t, OptionalTensor& keep) {
   if (!t.has_value()) return {nullptr, false};
   const auto dtype = t->scalar_type();
-  keep = (dtype == at::kFloat || dtype == at::kDouble) ? *t : t->to(at::kDouble);
-  return {keep.data_ptr(), keep.scalar_type() == at::kDouble};
+  keep = (dtype == ScalarType::Float || dtype == ScalarType::Double) ? *t : torch::stable::to(*t, ScalarType::Double);
+  return {keep->data_ptr(), keep->scalar_type() == ScalarType::Double};
 }
 
 // How a step reads its grads, on the device: divided by grad_scale (by -grad_scale for
@@ -132,9 +129,9 @@ __device__ __forceinline__ double next_step(const TensorScalars<Meta>& scalars, 
 
 // The lists of a launch in a policy's order, as multi_tensor_apply takes them.
 template <int N>
-std::array<at::TensorList, N> to_array(const std::vector<at::TensorList>& lists) {
-  TORCH_INTERNAL_ASSERT(lists.size() == N, "expected ", N, " lists, got ", lists.size());
-  std::array<at::TensorList, N> out;
+std::array<TensorList, N> to_array(const std::vector<TensorList>& lists) {
+  CORE_OPS_ASSERT(lists.size() == N, "expected ", N, " lists, got ", lists.size());
+  std::array<TensorList, N> out;
   std::copy(lists.begin(), lists.end(), out.begin());
   return out;
 }
@@ -253,9 +250,9 @@ __global__ void __launch_bounds__(kStepBlock)
   if (i < batch.count && !flag_is_set(found_inf)) *batch.steps[i] += 1.f;
 }
 
-// steps: one-element float32 tensors on the current device (check_optimizer_group).
-inline void advance_steps(at::TensorList steps, const FoundInf& found_inf) {
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+// steps: one-element float32 tensors on the device whose current stream is `stream`
+// (check_optimizer_group).
+inline void advance_steps(TensorList steps, const FoundInf& found_inf, cudaStream_t stream) {
   StepBatch batch;
   const int64_t n = static_cast<int64_t>(steps.size());
   for (int64_t first = 0; first < n; first += kStepsPerLaunch) {
@@ -265,7 +262,7 @@ inline void advance_steps(at::TensorList steps, const FoundInf& found_inf) {
     }
     const auto blocks = static_cast<unsigned>((batch.count + kStepBlock - 1) / kStepBlock);
     advance_steps_kernel<><<<blocks, kStepBlock, 0, stream>>>(batch, found_inf);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    check_launch("advance_steps_kernel");
   }
 }
 

@@ -6,7 +6,7 @@
 // runtime flags of SgdCoeffs, as on the CPU.
 #include <type_traits>
 
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/optimizer_ops.h>
 #include <core_ops/sgd_math.h>
@@ -57,7 +57,7 @@ void sgd_step(const SgdArgs& a) {
       constexpr bool kNest = decltype(nest)::value && kMom;
       launch.elementwise([&](auto param, auto acc, auto master) {
         return SgdPolicy<decltype(param), decltype(acc), decltype(master)::value, kMom, kNest>{s};
-      }, {has_momentum ? a.momentum_buffers : at::TensorList()}, a.master_params);
+      }, {has_momentum ? a.momentum_buffers : TensorList()}, a.master_params);
     });
   });
   launch.finish({});  // SGD keeps no step count
@@ -65,8 +65,8 @@ void sgd_step(const SgdArgs& a) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
-  m.impl("fused_sgd_", &fused_sgd_<sgd_step>);
+STABLE_TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
+  m.impl("fused_sgd_", TORCH_BOX(&fused_sgd_<sgd_step>));
 }
 
 }  // namespace core_ops::cuda
