@@ -9,17 +9,22 @@
 #include <mutex>
 #include <vector>
 
-#include <torch/library.h>
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-#include <immintrin.h>
-#endif
+#include <torch/csrc/stable/library.h>
 
 #include <core_ops/adam_math.h>
 #include <core_ops/compact_state_args.h>
 
+#include "level.h"
 #include "optimizer_step.h"
+#include "vec.h"
 
-namespace core_ops::cpu {
+// The byte widening and narrowing of the codes work on the vectors' registers: the
+// instructions of the level vec.h chose (Note [Vector levels]).
+#if defined(CORE_OPS_VEC_AVX512) || defined(CORE_OPS_VEC_AVX2)
+#include <immintrin.h>
+#endif
+
+CORE_OPS_CPU_BEGIN
 namespace {
 
 // A map with its midpoints, and the codes of every float by its top 16 bits (a
@@ -79,36 +84,19 @@ struct Quantizer {
   }
 };
 
-using iVec = at::vec::Vectorized<int32_t>;
+using iVec = vec::Vectorized<int32_t>;
 constexpr int64_t kLanes = fVec::size();
 
-// Lane-wise table reads. at::vec::gather reads int32 lanes one by one; the
-// instructions read the whole vector.
-inline fVec gather_floats(const float* table, const iVec& index) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return _mm512_i32gather_ps(index, table, sizeof(float));
-#elif defined(CPU_CAPABILITY_AVX2)
-  return _mm256_i32gather_ps(table, index, sizeof(float));
-#else
-  return at::vec::gather<sizeof(float)>(table, index);
-#endif
-}
+// Lane-wise table reads: one gather instruction at AVX2 / AVX-512.
+inline fVec gather_floats(const float* table, const iVec& index) { return vec::gather<sizeof(float)>(table, index); }
 
-inline iVec gather_ints(const int32_t* table, const iVec& index) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return _mm512_i32gather_epi32(index, table, sizeof(int32_t));
-#elif defined(CPU_CAPABILITY_AVX2)
-  return _mm256_i32gather_epi32(table, index, sizeof(int32_t));
-#else
-  return at::vec::gather<sizeof(int32_t)>(table, index);
-#endif
-}
+inline iVec gather_ints(const int32_t* table, const iVec& index) { return vec::gather<sizeof(int32_t)>(table, index); }
 
 // kLanes codes widened to int32 lanes, and back.
 inline iVec load_codes(const uint8_t* p) {
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CORE_OPS_VEC_AVX512)
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#elif defined(CPU_CAPABILITY_AVX2)
+#elif defined(CORE_OPS_VEC_AVX2)
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 #else
   alignas(64) int32_t wide[kLanes];
@@ -118,7 +106,7 @@ inline iVec load_codes(const uint8_t* p) {
 }
 
 inline void store_codes(uint8_t* p, const iVec& codes) {
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CORE_OPS_VEC_AVX512)
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(codes));
 #else
   alignas(64) int32_t wide[kLanes];
@@ -134,7 +122,7 @@ inline void decode2(const Quantizer& q, const uint8_t* codes, const fVec& scale,
 }
 
 inline float max_abs(const fVec& top) {
-  return at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return at::vec::maximum(a, b); }, top);
+  return vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return vec::maximum(a, b); }, top);
 }
 
 // out[i] = map[codes[i]] * scale for a block.
@@ -158,7 +146,7 @@ float quantize_block(const Quantizer& q, const float* in, int64_t n, uint8_t* co
     top = *known_top;
   } else {
     fVec vtop(0.f);
-    for (; i + kLanes <= n; i += kLanes) vtop = at::vec::maximum(vtop, fVec::loadu(in + i).abs());
+    for (; i + kLanes <= n; i += kLanes) vtop = vec::maximum(vtop, fVec::loadu(in + i).abs());
     top = max_abs(vtop);
     for (; i < n; ++i) {
       const float a = std::fabs(in[i]);
@@ -173,14 +161,14 @@ float quantize_block(const Quantizer& q, const float* in, int64_t n, uint8_t* co
     const iVec base(q.base), last(q.range - 1), range(q.range);
     for (; i + kLanes <= n; i += kLanes) {
       const fVec x = fVec::loadu(in + i) * vinv;
-      const iVec bits = at::vec::cast<int32_t>(x);
+      const iVec bits = vec::cast<int32_t>(x);
       const iVec negative = bits >> by31;  // all ones for a negative x
-      const iVec mag = at::vec::minimum(at::vec::maximum(((bits >> by16) & mag16) - base, zero), last);
+      const iVec mag = vec::minimum(vec::maximum(((bits >> by16) & mag16) - base, zero), last);
       const iVec e = gather_ints(q.entry.data(), mag + (negative & range));
       const iVec key = (bits & low16) ^ (negative & low16);
-      const iVec above = at::vec::cast<int32_t>(key > ((e >> by8) & low16)) & one;
+      const iVec above = vec::cast<int32_t>(key > ((e >> by8) & low16)) & one;
       // A NaN lane: the reference's code is the last.
-      const iVec nan = at::vec::cast<int32_t>(x != x);
+      const iVec nan = vec::cast<int32_t>(x != x);
       store_codes(codes + i, (((e & low8) + above) & ~nan) | (nan & low8));
     }
   }
@@ -189,10 +177,10 @@ float quantize_block(const Quantizer& q, const float* in, int64_t n, uint8_t* co
 }
 
 // Built once per distinct map (the optimizers use two) and kept: 66 KB each.
-const Quantizer& quantizer_for(const at::Tensor& map) {
+const Quantizer& quantizer_for(const Tensor& map) {
   static std::mutex lock;
   static std::vector<std::unique_ptr<Quantizer>> built;
-  const float* values = map.const_data_ptr<float>();
+  const float* values = data<const float>(map);
   std::lock_guard<std::mutex> guard(lock);
   for (const auto& q : built) {
     if (std::equal(q->map.begin(), q->map.end(), values)) return *q;
@@ -248,7 +236,7 @@ void load_moment(MomentKind kind, void* state, const float* absmax, const Quanti
                  int64_t n, float* out) {
   switch (kind) {
     case MomentKind::kFloat: std::copy_n(static_cast<float*>(state) + at, n, out); break;
-    case MomentKind::kBFloat16: widen(static_cast<c10::BFloat16*>(state) + at, out, n); break;
+    case MomentKind::kBFloat16: widen(static_cast<BFloat16*>(state) + at, out, n); break;
     case MomentKind::kCodes:
       dequantize_block(*q, static_cast<uint8_t*>(state) + at, absmax[at / kQuantBlock], n, out);
   }
@@ -258,7 +246,7 @@ void store_moment(MomentKind kind, void* state, float* absmax, const Quantizer* 
                   const float* in) {
   switch (kind) {
     case MomentKind::kFloat: std::copy_n(in, n, static_cast<float*>(state) + at); break;
-    case MomentKind::kBFloat16: narrow(in, static_cast<c10::BFloat16*>(state) + at, n); break;
+    case MomentKind::kBFloat16: narrow(in, static_cast<BFloat16*>(state) + at, n); break;
     case MomentKind::kCodes:
       absmax[at / kQuantBlock] = quantize_block(*q, in, n, static_cast<uint8_t*>(state) + at);
   }
@@ -349,8 +337,8 @@ void codes_block(const CompactPtrs& t, const CompactKinds& k, int64_t at, const 
     if (k.weights == WeightKind::kRemainder) store2(w.data() + i, p0, p1);
     store2(m.data() + i, m0, m1);
     store2(v.data() + i, v0, v1);
-    m_top = at::vec::maximum(m_top, at::vec::maximum(m0.abs(), m1.abs()));
-    v_top = at::vec::maximum(v_top, at::vec::maximum(v0.abs(), v1.abs()));
+    m_top = vec::maximum(m_top, vec::maximum(m0.abs(), m1.abs()));
+    v_top = vec::maximum(v_top, vec::maximum(v0.abs(), v1.abs()));
   }
   if (k.weights == WeightKind::kRemainder) store_remainders_of<param_t>(t, at, kQuantBlock, w.data());
   const float m_max = max_abs(m_top), v_max = max_abs(v_top);
@@ -410,8 +398,8 @@ void adam_compact_step(const AdamCompactArgs& a) {
   std::vector<AdamCoeffs<float>> coeffs(a.params.size());
   for (size_t i = 0; i < a.params.size(); ++i) {
     ptrs[i] = {a.params[i].data_ptr(), st.grads[i].data_ptr(), a.exp_avgs[i].data_ptr(), a.exp_avg_sqs[i].data_ptr(),
-               quantized ? a.exp_avg_absmaxes[i].data_ptr<float>() : nullptr,
-               quantized ? a.exp_avg_sq_absmaxes[i].data_ptr<float>() : nullptr,
+               quantized ? data<float>(a.exp_avg_absmaxes[i]) : nullptr,
+               quantized ? data<float>(a.exp_avg_sq_absmaxes[i]) : nullptr,
                weights == WeightKind::kParam ? nullptr : a.master_params[i].data_ptr()};
     coeffs[i] = adam_coeffs<float>(st.lr, a.beta1, a.beta2, a.eps, a.weight_decay, st.step[i], a.bias_correction);
   }
@@ -429,9 +417,9 @@ void adam_compact_step(const AdamCompactArgs& a) {
 }
 
 }  // namespace
+CORE_OPS_CPU_END
 
-TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("fused_adam_compact_", &fused_adam_compact_<adam_compact_step>);
+CORE_OPS_CPU_KERNELS(m) {
+  using namespace core_ops::cpu;
+  m.impl("fused_adam_compact_", TORCH_BOX(&core_ops::fused_adam_compact_<adam_compact_step>));
 }
-
-}  // namespace core_ops::cpu

@@ -3,35 +3,32 @@
 // Each chunk sums squares in float vectors (two accumulators, 16K elements a chunk),
 // chunk sums are combined in double in a fixed order, so the result does not depend
 // on the thread count.
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include "chunk_loops.h"
+#include "level.h"
 
-namespace core_ops::cpu {
+CORE_OPS_CPU_BEGIN
 namespace {
 
 // Turns per-chunk sums of squares into (total norm, per-tensor norms).
-std::tuple<at::Tensor, at::Tensor> finish_norms(at::TensorList tensors,
-                                                const std::vector<Chunk>& chunks,
-                                                const std::vector<double>& sumsq,
-                                                bool per_tensor, at::ScalarType dtype) {
+std::tuple<Tensor, Tensor> finish_norms(TensorList tensors, const std::vector<Chunk>& chunks,
+                                        const std::vector<double>& sumsq, bool per_tensor, ScalarType dtype) {
   const int64_t n = static_cast<int64_t>(tensors.size());
   std::vector<double> per(n, 0.0);
   for (size_t i = 0; i < chunks.size(); ++i) per[chunks[i].tensor] += sumsq[i];
   double total = 0;
   for (double v : per) total += v;
-  auto opts = at::TensorOptions().dtype(dtype).device(at::kCPU);
-  at::Tensor total_t = at::empty({}, opts);
-  at::Tensor per_t = at::empty({per_tensor ? n : 0}, opts);
-  if (dtype == at::kDouble) {
-    *total_t.data_ptr<double>() = std::sqrt(total);
-    for (int64_t i = 0; per_tensor && i < n; ++i) per_t.data_ptr<double>()[i] = std::sqrt(per[i]);
+  const Device cpu(DeviceType::CPU);
+  Tensor total_t = core_ops::empty({}, dtype, cpu);
+  Tensor per_t = core_ops::empty({per_tensor ? n : 0}, dtype, cpu);
+  if (dtype == ScalarType::Double) {
+    *data<double>(total_t) = std::sqrt(total);
+    for (int64_t i = 0; per_tensor && i < n; ++i) data<double>(per_t)[i] = std::sqrt(per[i]);
   } else {
-    *total_t.data_ptr<float>() = static_cast<float>(std::sqrt(total));
+    *data<float>(total_t) = static_cast<float>(std::sqrt(total));
     for (int64_t i = 0; per_tensor && i < n; ++i)
-      per_t.data_ptr<float>()[i] = static_cast<float>(std::sqrt(per[i]));
+      data<float>(per_t)[i] = static_cast<float>(std::sqrt(per[i]));
   }
   return {total_t, per_t};
 }
@@ -39,8 +36,7 @@ std::tuple<at::Tensor, at::Tensor> finish_norms(at::TensorList tensors,
 // The shared body: f maps each element (identity for l2norm, times inv_scale for
 // unscale); kWrite writes the mapped value back in place.
 template <bool kWrite, bool kProbe>
-std::tuple<at::Tensor, at::Tensor> norm_impl(at::TensorList tensors, double mul,
-                                             bool per_tensor, bool* bad_out) {
+std::tuple<Tensor, Tensor> norm_impl(TensorList tensors, double mul, bool per_tensor, bool* bad_out) {
   ContiguousList ts(tensors, kWrite);
   const auto chunks = make_chunks(tensors);
   std::vector<double> sumsq(chunks.size(), 0.0);
@@ -49,7 +45,7 @@ std::tuple<at::Tensor, at::Tensor> norm_impl(at::TensorList tensors, double mul,
   if (is_double) {
     parallel_chunks(chunks, [&](const Chunk& c) {
       ChunkStats<double> st;
-      double* p = ts.tensors[c.tensor].data_ptr<double>();
+      double* p = data<double>(ts.tensors[c.tensor]);
       map_scalar<kWrite, kProbe, true>(p, p, c.begin, c.end,
                                        [mul](double v) { return scale_math(v, mul); }, st);
       sumsq[&c - chunks.data()] = st.sumsq;
@@ -59,7 +55,7 @@ std::tuple<at::Tensor, at::Tensor> norm_impl(at::TensorList tensors, double mul,
     const float mf = static_cast<float>(mul);
     CORE_OPS_DISPATCH_FLOAT_HALF_BF16(tensors[0].scalar_type(), "tensors", scalar_t,
       parallel_chunks(chunks, [&](const Chunk& c) {
-        scalar_t* p = ts.tensors[c.tensor].data_ptr<scalar_t>() + c.begin;
+        scalar_t* p = data<scalar_t>(ts.tensors[c.tensor]) + c.begin;
         const auto st = map_chunk<kWrite, kProbe, true>(
             p, p, c.end - c.begin, [mf](auto v) {
               // l2norm reads only: skip the multiply by one.
@@ -71,28 +67,28 @@ std::tuple<at::Tensor, at::Tensor> norm_impl(at::TensorList tensors, double mul,
   }
   ts.finish();
   if (bad_out) *bad_out = bad;
-  return finish_norms(tensors, chunks, sumsq, per_tensor, is_double ? at::kDouble : at::kFloat);
+  return finish_norms(tensors, chunks, sumsq, per_tensor, is_double ? ScalarType::Double : ScalarType::Float);
 }
 
-void check_tensors(at::TensorList tensors) {
+void check_tensors(TensorList tensors) {
   check_list(tensors, "tensors", tensors[0].device());
 }
 
-std::tuple<at::Tensor, at::Tensor> multi_tensor_l2norm(at::TensorList tensors, bool per_tensor) {
+std::tuple<Tensor, Tensor> multi_tensor_l2norm(TensorList tensors, bool per_tensor) {
   if (tensors.empty()) {
-    auto opts = at::TensorOptions().dtype(at::kFloat);
-    return {at::zeros({}, opts), at::empty({0}, opts)};
+    const Device cpu(DeviceType::CPU);
+    return {core_ops::zeros({}, ScalarType::Float, cpu), core_ops::empty({0}, ScalarType::Float, cpu)};
   }
   check_tensors(tensors);
   return norm_impl<false, false>(tensors, 1.0, per_tensor, nullptr);
 }
 
-std::tuple<at::Tensor, at::Tensor> multi_tensor_unscale_l2norm_(
-    at::TensorList tensors, const at::Tensor& inv_scale, const at::Tensor& found_inf,
+std::tuple<Tensor, Tensor> multi_tensor_unscale_l2norm_(
+    TensorList tensors, const Tensor& inv_scale, const Tensor& found_inf,
     bool per_tensor) {
   if (tensors.empty()) {
-    auto opts = at::TensorOptions().dtype(at::kFloat);
-    return {at::zeros({}, opts), at::empty({0}, opts)};
+    const Device cpu(DeviceType::CPU);
+    return {core_ops::zeros({}, ScalarType::Float, cpu), core_ops::empty({0}, ScalarType::Float, cpu)};
   }
   check_tensors(tensors);
   check_flag(found_inf, tensors[0].device());
@@ -103,10 +99,10 @@ std::tuple<at::Tensor, at::Tensor> multi_tensor_unscale_l2norm_(
 }
 
 }  // namespace
+CORE_OPS_CPU_END
 
-TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("multi_tensor_l2norm", &multi_tensor_l2norm);
-  m.impl("multi_tensor_unscale_l2norm_", &multi_tensor_unscale_l2norm_);
+CORE_OPS_CPU_KERNELS(m) {
+  using namespace core_ops::cpu;
+  m.impl("multi_tensor_l2norm", TORCH_BOX(&multi_tensor_l2norm));
+  m.impl("multi_tensor_unscale_l2norm_", TORCH_BOX(&multi_tensor_unscale_l2norm_));
 }
-
-}  // namespace core_ops::cpu

@@ -1,6 +1,6 @@
 // CPU kernels of the layer-norm and RMS-norm ops (Note [Norm ops] in _library.py): the
 // math is core_ops/norm_math.h; this file moves memory. Rows run in parallel; within a
-// row every pass is vectorized (at::vec, float32 lanes for float / half / bfloat16
+// row every pass is vectorized (vec.h, float32 lanes for float / half / bfloat16
 // input, double scalars for double) over values that stay in cache between passes:
 // forward reads a row three times (sum, centered squares, output), backward twice.
 // Weight and bias grads are summed per block of rows into the block's own buffer and
@@ -12,20 +12,21 @@
 #include <type_traits>
 #include <vector>
 
-#include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/ones.h>
-#include <ATen/ops/zeros.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
 
 #include <core_ops/bool_switch.h>
+#include <core_ops/dispatch.h>
 #include <core_ops/norm_args.h>
 #include <core_ops/norm_math.h>
+#include <core_ops/tensor.h>
 
+#include "level.h"
 #include "multi_tensor_apply.h"
 #include "stream_store.h"
 
-namespace core_ops::cpu::norms {
+CORE_OPS_CPU_BEGIN
+namespace norms {
 namespace {
 
 // Sum of (x - mean)^2 over a row.
@@ -41,8 +42,8 @@ acc_t centered_squares(const in_t* x, int64_t n, acc_t mean) {
       load2(x + j, a, b);
       a = a - m;
       b = b - m;
-      q0 = at::vec::fmadd(a, a, q0);
-      q1 = at::vec::fmadd(b, b, q1);
+      q0 = vec::fmadd(a, a, q0);
+      q1 = vec::fmadd(b, b, q1);
     }
     sq = horizontal_sum(q0 + q1);
   }
@@ -71,8 +72,8 @@ void row_stats(const in_t* x, int64_t n, double eps, acc_t& mean, acc_t& rstd) {
         s0 += a;
         s1 += b;
       }
-      q0 = at::vec::fmadd(a, a, q0);
-      q1 = at::vec::fmadd(b, b, q1);
+      q0 = vec::fmadd(a, a, q0);
+      q1 = vec::fmadd(b, b, q1);
     }
     sum = horizontal_sum(s0 + s1);
     sq = horizontal_sum(q0 + q1);
@@ -119,32 +120,31 @@ void row_out(const in_t* x, out_t* y, const acc_t* w, const acc_t* b, int64_t n,
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                                                        const std::optional<at::Tensor>& bias, int64_t hidden, double eps,
-                                                        std::optional<at::ScalarType> out_dtype, bool rms) {
+Tensor3 norm_fwd(const Tensor& input, const OptionalTensor& weight, const OptionalTensor& bias, int64_t hidden,
+                 double eps, std::optional<ScalarType> out_dtype, bool rms) {
   // Arguments checked by the op's entry point (norm_args.h layer_norm_fwd / rms_norm_fwd).
-  const at::Tensor x = input.contiguous();
+  const Tensor x = core_ops::contiguous(input);
   const int64_t rows = hidden > 0 ? x.numel() / hidden : 0;
-  const at::ScalarType in = x.scalar_type();
-  const at::ScalarType out_type = out_dtype.value_or(in);
-  const at::ScalarType acc = in == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor out = at::empty(input.sizes(), x.options().dtype(out_type));
-  at::Tensor mean = at::empty({rows}, x.options().dtype(acc));
-  at::Tensor rstd = at::empty({rows}, x.options().dtype(acc));
+  const ScalarType in = x.scalar_type();
+  const ScalarType out_type = out_dtype.value_or(in);
+  const ScalarType acc = in == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+  Tensor out = torch::stable::empty(input.sizes(), out_type, std::nullopt, x.device());
+  Tensor mean = core_ops::empty({rows}, acc, x.device());
+  Tensor rstd = core_ops::empty({rows}, acc, x.device());
   if (rows == 0) return {out, mean, rstd};
-  const at::Tensor w = acc_param(weight, hidden, acc, 1, x), b = acc_param(bias, hidden, acc, 0, x);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in, "core_ops norm forward", [&] {
+  const Tensor w = acc_param(weight, hidden, acc, 1, x), b = acc_param(bias, hidden, acc, 0, x);
+  CORE_OPS_DISPATCH_FLOATING(in, "input", scalar_t, [&] {
     using in_t = scalar_t;
     using acc_t = acc_of<in_t>;
     const auto run = [&](auto* y_base) {
-      const in_t* xp = x.const_data_ptr<in_t>();
-      acc_t *mp = mean.data_ptr<acc_t>(), *rp = rstd.data_ptr<acc_t>();
-      const acc_t *wp = w.const_data_ptr<acc_t>(), *bp = b.const_data_ptr<acc_t>();
+      const in_t* xp = data<const in_t>(x);
+      acc_t *mp = data<acc_t>(mean), *rp = data<acc_t>(rstd);
+      const acc_t *wp = data<const acc_t>(w), *bp = data<const acc_t>(b);
       const bool stream = stream_rows(y_base, rows, hidden);
       const auto rows_of = [&](auto is_rms) {
         constexpr bool R = decltype(is_rms)::value;
         const int64_t grain = std::max<int64_t>(1, kSerialBelow / hidden);
-        at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+        torch::stable::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
           for (int64_t r = r0; r < r1; ++r) {
             row_stats<R>(xp + r * hidden, hidden, eps, mp[r], rp[r]);
             row_out<R>(xp + r * hidden, y_base + r * hidden, wp, bp, hidden, mp[r], rp[r], stream);
@@ -155,13 +155,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input,
       bool_switch(rms, rows_of);
     };
     if (out_type == in) {
-      run(out.data_ptr<in_t>());
+      run(data<in_t>(out));
     } else {
-      TORCH_CHECK_TYPE(out_type == at::kFloat && in != at::kDouble, "out_dtype must be the input's dtype or, "
-                       "for half input, torch.float32; got ", core_ops::dtype_name(out_type));
-      run(out.data_ptr<float>());
+      CORE_OPS_CHECK_TYPE(out_type == ScalarType::Float && in != ScalarType::Double,
+                          "out_dtype must be the input's dtype or, for half input, torch.float32; got ",
+                          core_ops::dtype_name(out_type));
+      run(data<float>(out));
     }
-  });
+  }());
   return {out, mean, rstd};
 }
 
@@ -204,8 +205,8 @@ void row_backward(const out_t* dy, const saved_t* s, in_t* dx, const acc_t* w, c
       const fVec gg0 = d0 * w0, gg1 = d1 * w1;
       g0 += gg0;
       g1 += gg1;
-      h0 = at::vec::fmadd(gg0, xhat(v0, w0, b0), h0);
-      h1 = at::vec::fmadd(gg1, xhat(v1, w1, b1), h1);
+      h0 = vec::fmadd(gg0, xhat(v0, w0, b0), h0);
+      h1 = vec::fmadd(gg1, xhat(v1, w1, b1), h1);
     }
     sum_g = horizontal_sum(g0 + g1);
     sum_gx = horizontal_sum(h0 + h1);
@@ -230,7 +231,7 @@ void row_backward(const out_t* dy, const saved_t* s, in_t* dx, const acc_t* w, c
       const fVec x0 = xhat(v0, w0, b0), x1 = xhat(v1, w1, b1);
       store2(dx + j, layer_norm_dx(d0 * w0, x0, r, mg, mgx), layer_norm_dx(d1 * w1, x1, r, mg, mgx), stream);
       load2(dw + j, a0, a1);
-      VecIO<float>::store(dw + j, at::vec::fmadd(d0, x0, a0), at::vec::fmadd(d1, x1, a1));
+      VecIO<float>::store(dw + j, vec::fmadd(d0, x0, a0), vec::fmadd(d1, x1, a1));
       if constexpr (!rms) {  // RMS norm has no bias
         load2(db + j, c0, c1);
         VecIO<float>::store(db + j, c0 + d0, c1 + d1);
@@ -246,33 +247,31 @@ void row_backward(const out_t* dy, const saved_t* s, in_t* dx, const acc_t* w, c
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved,
-                                                        const at::Tensor& mean, const at::Tensor& rstd,
-                                                        const std::optional<at::Tensor>& weight,
-                                                        const std::optional<at::Tensor>& bias, int64_t hidden,
-                                                        bool memory_efficient, at::ScalarType dx_dtype, bool rms) {
+Tensor3 norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor& mean, const Tensor& rstd,
+                 const OptionalTensor& weight, const OptionalTensor& bias, int64_t hidden, bool memory_efficient,
+                 ScalarType dx_dtype, bool rms) {
   // Arguments checked by the op's entry point (norm_args.h layer_norm_bwd / rms_norm_bwd).
-  const at::Tensor dy = grad_out.contiguous(), s = saved.contiguous();
+  const Tensor dy = core_ops::contiguous(grad_out), s = core_ops::contiguous(saved);
   const int64_t rows = hidden > 0 ? s.numel() / hidden : 0;
-  const at::ScalarType acc = dx_dtype == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor dx = at::empty(saved.sizes(), s.options().dtype(dx_dtype));
-  const at::Tensor w = acc_param(weight, hidden, acc, 1, s), b = acc_param(bias, hidden, acc, 0, s);
+  const ScalarType acc = dx_dtype == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+  Tensor dx = torch::stable::empty(saved.sizes(), dx_dtype, std::nullopt, s.device());
+  const Tensor w = acc_param(weight, hidden, acc, 1, s), b = acc_param(bias, hidden, acc, 0, s);
   const bool affine = weight.has_value();
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>({rows, int64_t(at::get_num_threads()),
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>({rows, int64_t(torch::stable::get_num_threads()),
                                                                   std::max<int64_t>(1, rows * hidden / kSerialBelow)}));
-  at::Tensor partial = at::zeros({blocks, 2, hidden}, s.options().dtype(acc));
-  const at::Tensor m = rms ? rstd : mean.contiguous(), r = rstd.contiguous();
+  Tensor partial = core_ops::zeros({blocks, 2, hidden}, acc, s.device());
+  const Tensor m = rms ? rstd : core_ops::contiguous(mean), r = core_ops::contiguous(rstd);
   if (rows > 0) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dx_dtype, "core_ops norm backward", [&] {
+    CORE_OPS_DISPATCH_FLOATING(dx_dtype, "dx_dtype", scalar_t, [&] {
       using in_t = scalar_t;
       using acc_t = acc_of<in_t>;
       const auto run = [&](const auto* dyp, const auto* sp) {
-        in_t* dxp = dx.data_ptr<in_t>();
-        const acc_t *wp = w.const_data_ptr<acc_t>(), *bp = b.const_data_ptr<acc_t>();
-        const acc_t *mp = m.const_data_ptr<acc_t>(), *rp = r.const_data_ptr<acc_t>();
-        acc_t* pp = partial.data_ptr<acc_t>();
+        in_t* dxp = data<in_t>(dx);
+        const acc_t *wp = data<const acc_t>(w), *bp = data<const acc_t>(b);
+        const acc_t *mp = data<const acc_t>(m), *rp = data<const acc_t>(r);
+        acc_t* pp = data<acc_t>(partial);
         const bool stream = stream_rows(dxp, rows, hidden);
-        at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+        torch::stable::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
           for (int64_t blk = b0; blk < b1; ++blk) {
             acc_t* dwp = pp + blk * 2 * hidden;
             const auto run_rows = [&](auto is_rms, auto from_out, auto has_weight) {
@@ -290,25 +289,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_o
           if (stream) stream_fence();
         });
       };
-      const at::ScalarType out_type = dy.scalar_type();
-      TORCH_CHECK_TYPE(out_type == dx_dtype || (out_type == at::kFloat && dx_dtype != at::kDouble),
-                       "grad_out must be the input's dtype or, for half input, torch.float32; got ",
-                       core_ops::dtype_name(out_type));
-      TORCH_CHECK_TYPE(s.scalar_type() == (memory_efficient ? out_type : dx_dtype), "saved must be the ",
-                       memory_efficient ? "output's" : "input's", " dtype; got ", core_ops::dtype_name(s.scalar_type()));
+      const ScalarType out_type = dy.scalar_type();
+      CORE_OPS_CHECK_TYPE(out_type == dx_dtype || (out_type == ScalarType::Float && dx_dtype != ScalarType::Double),
+                          "grad_out must be the input's dtype or, for half input, torch.float32; got ",
+                          core_ops::dtype_name(out_type));
+      CORE_OPS_CHECK_TYPE(s.scalar_type() == (memory_efficient ? out_type : dx_dtype), "saved must be the ",
+                          memory_efficient ? "output's" : "input's", " dtype; got ",
+                          core_ops::dtype_name(s.scalar_type()));
       if (out_type == dx_dtype) {
-        run(dy.const_data_ptr<in_t>(), s.const_data_ptr<in_t>());
+        run(data<const in_t>(dy), data<const in_t>(s));
       } else if (memory_efficient) {
-        run(dy.const_data_ptr<float>(), s.const_data_ptr<float>());
+        run(data<const float>(dy), data<const float>(s));
       } else {
-        run(dy.const_data_ptr<float>(), s.const_data_ptr<in_t>());
+        run(data<const float>(dy), data<const in_t>(s));
       }
-    });
+    }());
   }
-  const at::Tensor sums = blocks == 1 ? partial[0] : partial.sum(0);  // the blocks in a fixed order
-  at::Tensor dw = affine ? sums[0].to(weight->scalar_type()).reshape(weight->sizes()) : at::empty({0}, s.options());
-  at::Tensor db = bias.has_value() ? sums[1].to(bias->scalar_type()).reshape(bias->sizes()) : at::empty({0}, s.options());
-  return {dx, dw, db};
+  const std::vector<int64_t> over_blocks{0};  // summed in a fixed order
+  const Tensor sums = blocks == 1 ? torch::stable::select(partial, 0, 0) : torch::stable::sum(partial, over_blocks);
+  // Row i of sums (0: weight grad, 1: bias grad) in p's dtype and shape, or no values.
+  const auto grad_of = [&](const OptionalTensor& p, int64_t i) {
+    if (!p.has_value()) return core_ops::empty({0}, s.scalar_type(), s.device());
+    return torch::stable::reshape(torch::stable::to(torch::stable::select(sums, 0, i), p->scalar_type()), p->sizes());
+  };
+  return {dx, grad_of(weight, 0), grad_of(bias, 1)};
 }
 
 // h = x + r for one row, rounded to in_t as the output h is (the norm then reads h).
@@ -340,21 +344,21 @@ void stream_row(const T* src, T* dst, int64_t n) {
   for (; j < n; ++j) dst[j] = src[j];
 }
 
-Tensor3 fused_add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residual,
-                               const std::optional<at::Tensor>& weight, int64_t hidden, double eps,
+Tensor3 fused_add_rms_norm_fwd(const Tensor& input, const Tensor& residual, const OptionalTensor& weight,
+                               int64_t hidden, double eps,
                                bool /*memory_efficient: for autograd*/) {
   auto [x, res, y, h, rstd, w, rows] = add_rms_norm_io(input, residual, weight, hidden);
   if (rows == 0) return {y, h, rstd};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "core_ops fused_add_rms_norm", [&] {
+  CORE_OPS_DISPATCH_FLOATING(x.scalar_type(), "input", scalar_t, [&] {
     using in_t = scalar_t;
     using acc_t = acc_of<in_t>;
-    const in_t *xp = x.const_data_ptr<in_t>(), *rp = res.const_data_ptr<in_t>();
-    in_t *hp = h.data_ptr<in_t>(), *yp = y.data_ptr<in_t>();
-    acc_t* sp = rstd.data_ptr<acc_t>();
-    const acc_t* wp = w.const_data_ptr<acc_t>();
+    const in_t *xp = data<const in_t>(x), *rp = data<const in_t>(res);
+    in_t *hp = data<in_t>(h), *yp = data<in_t>(y);
+    acc_t* sp = data<acc_t>(rstd);
+    const acc_t* wp = data<const acc_t>(w);
     // y and h are the same size and dtype, so both stream or neither.
     const bool stream = stream_rows(yp, rows, hidden) && stream_rows(hp, rows, hidden);
-    at::parallel_for(0, rows, std::max<int64_t>(1, kSerialBelow / hidden), [&](int64_t r0, int64_t r1) {
+    torch::stable::parallel_for(0, rows, std::max<int64_t>(1, kSerialBelow / hidden), [&](int64_t r0, int64_t r1) {
       // One pass over x and r from memory; the norm then reads the row of h from
       // cache: from h itself, or from a scratch row when h is streamed (a streamed
       // row is not in cache).
@@ -370,14 +374,15 @@ Tensor3 fused_add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residu
       }
       if (stream) stream_fence();
     });
-  });
+  }());
   return {y, h, rstd};
 }
 
 }  // namespace
+}  // namespace norms
+CORE_OPS_CPU_END
 
-TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  register_norm_kernels<&norm_fwd, &norm_bwd>(m, &fused_add_rms_norm_fwd);
+CORE_OPS_CPU_KERNELS(m) {
+  using namespace core_ops::cpu::norms;
+  core_ops::register_norm_kernels<&norm_fwd, &norm_bwd, &fused_add_rms_norm_fwd>(m);
 }
-
-}  // namespace core_ops::cpu::norms

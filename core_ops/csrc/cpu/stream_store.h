@@ -14,17 +14,22 @@
 #include <cstdint>
 #include <type_traits>
 
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-#include <immintrin.h>
-#endif
 #if defined(__linux__)
 #include <sys/mman.h>
 #include <unistd.h>
 #endif
 
+#include "level.h"
 #include "multi_tensor_apply.h"
+#include "vec.h"
 
-namespace core_ops::cpu {
+// Streaming stores take the vectors' registers: the instructions of the level vec.h
+// chose (Note [Vector levels]).
+#if defined(CORE_OPS_VEC_AVX512) || defined(CORE_OPS_VEC_AVX2)
+#include <immintrin.h>
+#endif
+
+CORE_OPS_CPU_BEGIN
 
 // Outputs of at least this many bytes are streamed: past the last-level cache of the
 // CPUs this runs on (32 MB here), so no later op finds them in cache anyway.
@@ -50,7 +55,7 @@ inline bool resident(const void* p) {
 // holds for the usual hidden sizes (multiples of 16 floats or 32 halves).
 template <typename T>
 bool stream_rows(const T* base, int64_t rows, int64_t hidden) {
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#if defined(CORE_OPS_VEC_AVX512) || defined(CORE_OPS_VEC_AVX2)
   constexpr int64_t align = sizeof(fVec);
   return rows * hidden * int64_t(sizeof(T)) >= kStreamFrom && reinterpret_cast<uintptr_t>(base) % align == 0 &&
          hidden * int64_t(sizeof(T)) % align == 0 && resident(base + rows * hidden / 2);
@@ -63,9 +68,9 @@ bool stream_rows(const T* base, int64_t rows, int64_t hidden) {
 // VecIO<T>::store with streaming stores; p is vector-aligned (stream_rows).
 template <typename T>
 inline void stream_store(T* p, const fVec& a, const fVec& b) {
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#if defined(CORE_OPS_VEC_AVX512) || defined(CORE_OPS_VEC_AVX2)
   if constexpr (std::is_same_v<T, float>) {
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CORE_OPS_VEC_AVX512)
     _mm512_stream_ps(p, a);
     _mm512_stream_ps(p + fVec::size(), b);
 #else
@@ -73,8 +78,8 @@ inline void stream_store(T* p, const fVec& a, const fVec& b) {
     _mm256_stream_ps(p + fVec::size(), b);
 #endif
   } else {
-    const auto v = at::vec::convert_from_float<T>(a, b);
-#if defined(CPU_CAPABILITY_AVX512)
+    const auto v = vec::convert_from_float<T>(a, b);
+#if defined(CORE_OPS_VEC_AVX512)
     _mm512_stream_si512(reinterpret_cast<__m512i*>(p), v);
 #else
     _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v);
@@ -96,9 +101,9 @@ inline void store2(T* p, const fVec& a, const fVec& b, bool stream) {
 }
 
 inline void stream_fence() {
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#if defined(CORE_OPS_VEC_AVX512) || defined(CORE_OPS_VEC_AVX2)
   _mm_sfence();
 #endif
 }
 
-}  // namespace core_ops::cpu
+CORE_OPS_CPU_END
