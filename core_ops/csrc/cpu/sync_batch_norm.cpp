@@ -7,28 +7,30 @@
 // "Rows" (channels-last input, or 2-D (N, C)): N * L rows of C channels; reductions
 // split the rows into one block per thread, vectorized across channels, and merge
 // the blocks in a fixed order (deterministic). Any other strides are copied to planes
-// first. Outputs take input's strides (at::empty_like), as the fake kernels promise.
+// first. Outputs take input's strides (empty_like), as the fake kernels promise.
 #include <algorithm>
 #include <array>
 #include <type_traits>
 #include <vector>
 
-#include <ATen/Dispatch.h>
-#include <ATen/ops/zeros_like.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
 
+#include <core_ops/dispatch.h>
 #include <core_ops/sync_batch_norm_args.h>
+#include <core_ops/tensor.h>
 #include <core_ops/welford_math.h>
 
+#include "level.h"
 #include "multi_tensor_apply.h"
 
-namespace core_ops::cpu {
+CORE_OPS_CPU_BEGIN
 namespace {
 
 // Rows [r0, r1) split evenly into one block per thread (at most), in a fixed order.
 template <typename F>
 void for_row_blocks(int64_t rows, int64_t cols, int64_t blocks, const F& f) {
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+  torch::stable::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) f(b, rows * b / blocks, rows * (b + 1) / blocks);
   });
 }
@@ -38,14 +40,14 @@ void for_row_blocks(int64_t rows, int64_t cols, int64_t blocks, const F& f) {
 template <typename F>
 void for_each_channel(const Layout& lay, const F& f) {
   const int64_t grain = std::max<int64_t>(1, kSerialBelow / std::max<int64_t>(1, lay.n * lay.l));
-  at::parallel_for(0, lay.c, grain, [&](int64_t c0, int64_t c1) {
+  torch::stable::parallel_for(0, lay.c, grain, [&](int64_t c0, int64_t c1) {
     for (int64_t ch = c0; ch < c1; ++ch) f(ch);
   });
 }
 
 int64_t row_blocks(int64_t rows, int64_t cols) {
   const int64_t by_size = std::max<int64_t>(1, rows * cols / kSerialBelow);
-  return std::max<int64_t>(1, std::min({rows, by_size, int64_t(at::get_num_threads())}));
+  return std::max<int64_t>(1, std::min({rows, by_size, int64_t(torch::stable::get_num_threads())}));
 }
 
 // --- statistics -------------------------------------------------------------------
@@ -142,17 +144,17 @@ void row_stats(const scalar_t* x, int64_t r0, int64_t r1, int64_t c, double* mea
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> sync_batch_norm_stats(const at::Tensor& input) {
+std::tuple<Tensor, Tensor> sync_batch_norm_stats(const Tensor& input) {
   check_batch_norm_args(input, nullptr, {}, std::nullopt, std::nullopt);
-  const auto acc = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor mean = at::empty({input.size(1)}, input.options().dtype(acc));
-  at::Tensor var = at::empty_like(mean);
+  const auto acc = input.scalar_type() == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+  Tensor mean = core_ops::empty({input.size(1)}, acc, input.device());
+  Tensor var = core_ops::empty_like(mean);
   const Layout lay = layout_of(input, reads_rows(input));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_stats", [&] {
+  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, [&] {
     using acc_t = acc_of<scalar_t>;
-    const scalar_t* x = lay.data.const_data_ptr<scalar_t>();
-    acc_t* pm = mean.data_ptr<acc_t>();
-    acc_t* pv = var.data_ptr<acc_t>();
+    const scalar_t* x = data<const scalar_t>(lay.data);
+    acc_t* pm = data<acc_t>(mean);
+    acc_t* pv = data<acc_t>(var);
     if (!lay.rows) {
       for_each_channel(lay, [&](int64_t ch) {
         double m, v;
@@ -175,7 +177,7 @@ std::tuple<at::Tensor, at::Tensor> sync_batch_norm_stats(const at::Tensor& input
       pm[ch] = static_cast<acc_t>(m);
       pv[ch] = static_cast<acc_t>(k > 0 ? q / k : 0.0);
     }
-  });
+  }());
   return {mean, var};
 }
 
@@ -260,21 +262,20 @@ void row_sums(const scalar_t* dy, const scalar_t* x, int64_t r0, int64_t r1, int
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> sync_batch_norm_backward_reduce(const at::Tensor& grad_out,
-                                                                   const at::Tensor& input,
-                                                                   const at::Tensor& mean) {
+std::tuple<Tensor, Tensor> sync_batch_norm_backward_reduce(const Tensor& grad_out, const Tensor& input,
+                                                           const Tensor& mean) {
   check_batch_norm_args(input, &grad_out, {{"mean", &mean}}, std::nullopt, std::nullopt);
-  at::Tensor sum_dy = at::empty_like(mean), sum_dy_xmu = at::empty_like(mean);
+  Tensor sum_dy = core_ops::empty_like(mean), sum_dy_xmu = core_ops::empty_like(mean);
   const bool rows = reads_rows(input);
   const Layout lay = layout_of(input, rows), g = layout_of(grad_out, rows);
-  const at::Tensor m = mean.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_backward_reduce", [&] {
+  const Tensor m = core_ops::contiguous(mean);
+  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, [&] {
     using acc_t = acc_of<scalar_t>;
-    const scalar_t* x = lay.data.const_data_ptr<scalar_t>();
-    const scalar_t* dy = g.data.const_data_ptr<scalar_t>();
-    const acc_t* pm = m.const_data_ptr<acc_t>();
-    acc_t* ps = sum_dy.data_ptr<acc_t>();
-    acc_t* pt = sum_dy_xmu.data_ptr<acc_t>();
+    const scalar_t* x = data<const scalar_t>(lay.data);
+    const scalar_t* dy = data<const scalar_t>(g.data);
+    const acc_t* pm = data<const acc_t>(m);
+    acc_t* ps = data<acc_t>(sum_dy);
+    acc_t* pt = data<acc_t>(sum_dy_xmu);
     if (!lay.rows) {
       for_each_channel(lay, [&](int64_t ch) {
         double sd, sx;
@@ -298,7 +299,7 @@ std::tuple<at::Tensor, at::Tensor> sync_batch_norm_backward_reduce(const at::Ten
       ps[ch] = static_cast<acc_t>(s);
       pt[ch] = static_cast<acc_t>(t);
     }
-  });
+  }());
   return {sum_dy, sum_dy_xmu};
 }
 
@@ -311,7 +312,7 @@ void elementwise(const Layout& lay, const scalar_t* x, const scalar_t* dy, scala
                  const std::array<const acc_t*, 4>& p, const F& f) {
   if (!lay.rows) {
     const int64_t grain = std::max<int64_t>(1, kChunk / std::max<int64_t>(1, lay.l));
-    at::parallel_for(0, lay.n * lay.c, grain, [&](int64_t r0, int64_t r1) {
+    torch::stable::parallel_for(0, lay.n * lay.c, grain, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t ch = r % lay.c, base = r * lay.l;
         int64_t i = 0;
@@ -335,7 +336,7 @@ void elementwise(const Layout& lay, const scalar_t* x, const scalar_t* dy, scala
   }
   const int64_t c = lay.c;
   const int64_t grain = std::max<int64_t>(1, kChunk / std::max<int64_t>(1, c));
-  at::parallel_for(0, lay.n * lay.l, grain, [&](int64_t r0, int64_t r1) {
+  torch::stable::parallel_for(0, lay.n * lay.l, grain, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t base = r * c;
       int64_t j = 0;
@@ -359,60 +360,83 @@ void elementwise(const Layout& lay, const scalar_t* x, const scalar_t* dy, scala
   });
 }
 
-at::Tensor sync_batch_norm_elemt(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
-                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias) {
+// The per-channel constants are computed as the reference computes them with tensor
+// ops, each product rounded once in the accumulation dtype: a weight or bias is first
+// converted to it (its values contiguous), then scale = invstd * weight.
+OptionalTensor acc_values(const OptionalTensor& t, ScalarType acc) {
+  if (!t.has_value()) return std::nullopt;
+  return core_ops::contiguous(torch::stable::to(*t, acc));
+}
+
+template <typename acc_t>
+std::vector<acc_t> times_weight(const acc_t* invstd, const OptionalTensor& weight, int64_t c) {
+  std::vector<acc_t> out(invstd, invstd + c);
+  if (weight.has_value()) {
+    const acc_t* w = data<const acc_t>(*weight);
+    for (int64_t ch = 0; ch < c; ++ch) out[ch] = invstd[ch] * w[ch];
+  }
+  return out;
+}
+
+Tensor sync_batch_norm_elemt(const Tensor& input, const Tensor& mean, const Tensor& invstd, const OptionalTensor& weight,
+                             const OptionalTensor& bias) {
   check_batch_norm_args(input, nullptr, {{"mean", &mean}, {"invstd", &invstd}}, weight, bias);
-  // Per-channel constants by tensor ops, rounded as the reference rounds them.
-  const at::Tensor scale = (weight.has_value() ? invstd.mul(weight->to(invstd.scalar_type())) : invstd).contiguous();
-  const at::Tensor shift = bias.has_value() ? bias->to(invstd.scalar_type()).contiguous() : at::zeros_like(invstd);
-  const at::Tensor m = mean.contiguous();
+  const Tensor inv = core_ops::contiguous(invstd), m = core_ops::contiguous(mean);
+  const OptionalTensor w = acc_values(weight, invstd.scalar_type()), b = acc_values(bias, invstd.scalar_type());
   const Layout lay = layout_of(input, reads_rows(input));
-  at::Tensor out = empty_in(lay, input);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_elemt", [&] {
+  Tensor out = empty_in(lay, input);
+  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, [&] {
     using acc_t = acc_of<scalar_t>;
-    const std::array<const acc_t*, 4> p{m.const_data_ptr<acc_t>(), scale.const_data_ptr<acc_t>(),
-                                        shift.const_data_ptr<acc_t>(), shift.const_data_ptr<acc_t>()};
-    elementwise<scalar_t, acc_t>(lay, lay.data.const_data_ptr<scalar_t>(), nullptr, out.data_ptr<scalar_t>(), p,
+    const int64_t c = lay.c;
+    const std::vector<acc_t> scale = times_weight(data<const acc_t>(inv), w, c);
+    std::vector<acc_t> shift(c, acc_t(0));
+    if (b.has_value()) std::copy_n(data<const acc_t>(*b), c, shift.begin());
+    const std::array<const acc_t*, 4> p{data<const acc_t>(m), scale.data(), shift.data(), shift.data()};
+    elementwise<scalar_t, acc_t>(lay, data<const scalar_t>(lay.data), nullptr, data<scalar_t>(out), p,
                                  [](auto x, auto, auto mu, auto s, auto b, auto) {
                                    return batch_norm_elemt_math(x, mu, s, b);
                                  });
-  });
+  }());
   return with_input_strides(out, input);
 }
 
-at::Tensor sync_batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tensor& input,
-                                          const at::Tensor& mean, const at::Tensor& invstd,
-                                          const std::optional<at::Tensor>& weight,
-                                          const at::Tensor& mean_dy, const at::Tensor& mean_dy_xmu) {
+Tensor sync_batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& input, const Tensor& mean,
+                                      const Tensor& invstd, const OptionalTensor& weight, const Tensor& mean_dy,
+                                      const Tensor& mean_dy_xmu) {
   check_batch_norm_args(input, &grad_out,
              {{"mean", &mean}, {"invstd", &invstd}, {"mean_dy", &mean_dy}, {"mean_dy_xmu", &mean_dy_xmu}},
              weight, std::nullopt);
-  const at::Tensor scale = (weight.has_value() ? invstd.mul(weight->to(invstd.scalar_type())) : invstd).contiguous();
-  const at::Tensor k = invstd.mul(invstd).mul(mean_dy_xmu).contiguous();
-  const at::Tensor m = mean.contiguous(), mdy = mean_dy.contiguous();
+  const Tensor inv = core_ops::contiguous(invstd), m = core_ops::contiguous(mean), mdy = core_ops::contiguous(mean_dy);
+  const Tensor mdxm = core_ops::contiguous(mean_dy_xmu);
+  const OptionalTensor w = acc_values(weight, invstd.scalar_type());
   const bool rows = reads_rows(input);
   const Layout lay = layout_of(input, rows), g = layout_of(grad_out, rows);
-  at::Tensor out = empty_in(lay, input);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_backward_elemt", [&] {
+  Tensor out = empty_in(lay, input);
+  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, [&] {
     using acc_t = acc_of<scalar_t>;
-    const std::array<const acc_t*, 4> p{m.const_data_ptr<acc_t>(), mdy.const_data_ptr<acc_t>(),
-                                        k.const_data_ptr<acc_t>(), scale.const_data_ptr<acc_t>()};
-    elementwise<scalar_t, acc_t>(lay, lay.data.const_data_ptr<scalar_t>(), g.data.const_data_ptr<scalar_t>(),
-                                 out.data_ptr<scalar_t>(), p,
+    const int64_t c = lay.c;
+    const acc_t* pi = data<const acc_t>(inv);
+    const acc_t* px = data<const acc_t>(mdxm);
+    const std::vector<acc_t> scale = times_weight(pi, w, c);
+    std::vector<acc_t> k(c);
+    for (int64_t ch = 0; ch < c; ++ch) k[ch] = pi[ch] * pi[ch] * px[ch];  // invstd.mul(invstd).mul(mean_dy_xmu)
+    const std::array<const acc_t*, 4> p{data<const acc_t>(m), data<const acc_t>(mdy), k.data(), scale.data()};
+    elementwise<scalar_t, acc_t>(lay, data<const scalar_t>(lay.data), data<const scalar_t>(g.data),
+                                 data<scalar_t>(out), p,
                                  [](auto x, auto dy, auto mu, auto mdy_, auto k_, auto s) {
                                    return batch_norm_backward_elemt_math(dy, x, mu, mdy_, k_, s);
                                  });
-  });
+  }());
   return with_input_strides(out, input);
 }
 
 }  // namespace
+CORE_OPS_CPU_END
 
-TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
-  m.impl("sync_batch_norm_stats", &sync_batch_norm_stats);
-  m.impl("sync_batch_norm_elemt", &sync_batch_norm_elemt);
-  m.impl("sync_batch_norm_backward_reduce", &sync_batch_norm_backward_reduce);
-  m.impl("sync_batch_norm_backward_elemt", &sync_batch_norm_backward_elemt);
+CORE_OPS_CPU_KERNELS(m) {
+  using namespace core_ops::cpu;
+  m.impl("sync_batch_norm_stats", TORCH_BOX(&sync_batch_norm_stats));
+  m.impl("sync_batch_norm_elemt", TORCH_BOX(&sync_batch_norm_elemt));
+  m.impl("sync_batch_norm_backward_reduce", TORCH_BOX(&sync_batch_norm_backward_reduce));
+  m.impl("sync_batch_norm_backward_elemt", TORCH_BOX(&sync_batch_norm_backward_elemt));
 }
-
-}  // namespace core_ops::cpu
