@@ -1,8 +1,8 @@
 """The layer-norm and RMS-norm ops (Note [Norm ops] in _library.py): native kernels
 against the reference (which test_norm_reference.py checks against torch in fp64), for
 every dtype, row lengths around the vector width, empty batches and large rows; the
-public functions' autograd (gradcheck in fp64), torch.compile, memory_efficient, the
-mixed output dtype, the fused residual form and bad input."""
+public functions under torch.compile, the mixed output dtype, the fused residual form
+and bad input (their autograd: test_norm_autograd.py)."""
 
 import os
 import subprocess
@@ -171,36 +171,6 @@ def test_empty_batches_shapes_and_nan_rows(device):
     torch.testing.assert_close(layer_norm(x, (4, 5)), F.layer_norm(x, (4, 5)), rtol=2e-6, atol=2e-6)
 
 
-@pytest.mark.parametrize("memory_efficient", [False, True], ids=["saves_x", "saves_y"])
-def test_gradcheck_fp64(device, memory_efficient):
-    x = torch.randn(3, 2, 9, device=device, dtype=torch.float64, requires_grad=True)
-    w = (torch.rand(9, device=device, dtype=torch.float64) + 0.5).requires_grad_()
-    b = torch.randn(9, device=device, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, w, b: layer_norm(x, (9,), w, b, memory_efficient=memory_efficient),
-                                    (x, w, b))
-    assert torch.autograd.gradcheck(lambda x, w: rms_norm(x, (9,), w, memory_efficient=memory_efficient), (x, w))
-    assert torch.autograd.gradcheck(lambda x, r, w: fused_add_rms_norm(x, r, w, memory_efficient=memory_efficient),
-                                    (x, torch.randn_like(x, requires_grad=True), w))
-
-
-def test_memory_efficient_saves_the_output_not_the_input(device):
-    x = torch.randn(8, 64, device=device, requires_grad=True)
-    w = torch.rand(64, device=device).add(0.5).requires_grad_()
-    for fn in (lambda me: layer_norm(x, (64,), w, None, memory_efficient=me),
-               lambda me: rms_norm(x, (64,), w, memory_efficient=me)):
-        results = {}
-        for me in (False, True):
-            saved = []
-            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-                y = fn(me)
-            keeps_x = any(t.data_ptr() == x.data_ptr() for t in saved)
-            keeps_y = any(t.data_ptr() == y.data_ptr() for t in saved)
-            assert (keeps_x, keeps_y) == ((False, True) if me else (True, False))
-            results[me] = torch.autograd.grad(y, (x, w), torch.ones_like(y))
-        for a, b in zip(results[False], results[True]):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # xhat from y: a few float32 roundings
-
-
 def test_torch_compile_equals_eager(device):
     def step(x, w, b):
         y = layer_norm(x, (32,), w, b) + rms_norm(x, (32,), w)
@@ -322,8 +292,8 @@ def _no_kernel(name):
 @pytest.mark.parametrize("case", ["weight", "bias", "shape", "dtype", "out_dtype", "residual"])
 def test_bad_input_raises_before_any_op_runs(device, case, monkeypatch):
     """Note [Norm checks before dispatch]: the public functions check in Python before
-    calling an op, so a bad input never reaches device code or the C++ autograd (on
-    the H200, layer_norm with a short weight took the CUDA process down)."""
+    calling an op, so a bad input never reaches device code or the autograd (on the
+    H200, layer_norm with a short weight took the CUDA process down)."""
     import core_ops.normalization.fused as fused
     monkeypatch.setattr(fused, "op", _no_kernel)
     x = torch.randn(4, 8, device=device, requires_grad=True)
@@ -341,9 +311,9 @@ def test_bad_input_raises_before_any_op_runs(device, case, monkeypatch):
 
 
 def test_ops_called_directly_check_before_their_autograd_and_kernels(device):
-    """The ops themselves, with grad (the C++ autograd at Autograd<Device>, which checks
-    before it builds a node) and without (the kernel's own checks); and the backwards'
-    statistics, which the kernels index by row: a short rstd was read past its end."""
+    """The ops themselves, with grad (the kernel's checks raise inside the autograd's
+    forward, before a node is built) and without; and the backwards' statistics, which
+    the kernels index by row: a short rstd was read past its end."""
     x = torch.randn(4, 8, device=device)
     for grad in (True, False):
         xi = x.clone().requires_grad_(grad)
