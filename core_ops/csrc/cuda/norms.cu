@@ -22,20 +22,19 @@
 // - The flags (RMS, memory_efficient, affine) are uniform over a launch, so their
 //   branches cost nothing and are not template parameters (fewer kernels to compile).
 #include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 
-#include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/ones.h>
-#include <ATen/ops/zeros.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
+#include <core_ops/dispatch.h>
 #include <core_ops/norm_args.h>
 #include <core_ops/norm_math.h>
+#include <core_ops/tensor.h>
+
+#include "stream.cuh"
 
 namespace core_ops::cuda::norms {
 namespace {
@@ -343,13 +342,13 @@ int cached_threads(int64_t packs) {
   return static_cast<int>(std::clamp<int64_t>(want, 32, kMaxThreads));
 }
 
-// Blocks of `threads` that run at once on the current device: the backward's grid.
+// Blocks of `threads` that run at once on `device`: the backward's grid.
 template <typename Kernel>
-int64_t one_wave(Kernel kernel, int threads) {
-  int device = 0, sms = 0, per_sm = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+int64_t one_wave(Kernel kernel, int threads, DeviceIndex device) {
+  int sms = 0, per_sm = 0;
+  check_runtime(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  check_runtime(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0),
+                "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   return int64_t(sms) * std::max(per_sm, 1);
 }
 
@@ -362,148 +361,162 @@ void launch_fwd(const in_t* x, out_t* y, const acc_t* w, const acc_t* b, acc_t* 
   } else {
     norm_fwd_kernel<false, N><<<rows, kLongRowThreads, 0, stream>>>(x, y, w, b, mean, rstd, n, eps, rms);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  check_launch("norm_fwd_kernel");
 }
 
 // dx, and dw and db unless `dw` is null.
 template <int N, typename in_t, typename out_t, typename saved_t, typename acc_t>
 void launch_bwd(const out_t* dy, const saved_t* s, in_t* dx, const acc_t* w, const acc_t* b, const acc_t* m,
                 const acc_t* r, int64_t rows, int64_t n, bool rms, bool from_out, bool affine, acc_t* dw, acc_t* db,
-                const at::TensorOptions& acc_options, cudaStream_t stream) {
+                const Device& device, cudaStream_t stream) {
   const int64_t packs = n / N;
   const dim3 col_block(kColTile, kRowGroups), col_grid((n + kColTile - 1) / kColTile);
   if (cached<N>(packs)) {
     const auto kernel = norm_bwd_kernel<true, N, in_t, out_t, saved_t, acc_t>;
     const int threads = cached_threads<N>(packs);
-    const int64_t blocks = std::min(rows, one_wave(kernel, threads));
+    const int64_t blocks = std::min(rows, one_wave(kernel, threads, device.index()));
     // Each block's partial dw and db rows; freed to the caching allocator on this stream.
-    const at::Tensor part = dw ? at::empty({2, blocks, n}, acc_options) : at::Tensor();
+    const ScalarType acc = std::is_same_v<acc_t, double> ? ScalarType::Double : ScalarType::Float;
+    const OptionalTensor part = dw ? OptionalTensor(empty({2, blocks, n}, acc, device)) : std::nullopt;
     kernel<<<blocks, threads, 0, stream>>>(dy, s, dx, w, b, m, r, rows, n, rms, from_out, affine,
-                                           dw ? part.data_ptr<acc_t>() : nullptr);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+                                           dw ? data<acc_t>(*part) : nullptr);
+    check_launch("norm_bwd_kernel");
     if (dw) {
-      partial_sums_kernel<<<col_grid, col_block, 0, stream>>>(part.const_data_ptr<acc_t>(), blocks, n, dw, db);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      partial_sums_kernel<<<col_grid, col_block, 0, stream>>>(data<const acc_t>(*part), blocks, n, dw, db);
+      check_launch("partial_sums_kernel");
     }
   } else {
     const auto kernel = norm_bwd_kernel<false, N, in_t, out_t, saved_t, acc_t>;
-    const int64_t blocks = std::min(rows, one_wave(kernel, kLongRowThreads));
+    const int64_t blocks = std::min(rows, one_wave(kernel, kLongRowThreads, device.index()));
     kernel<<<blocks, kLongRowThreads, 0, stream>>>(dy, s, dx, w, b, m, r, rows, n, rms, from_out, affine, nullptr);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    check_launch("norm_bwd_kernel");
     if (dw) {
       norm_bwd_dw_kernel<<<col_grid, col_block, 0, stream>>>(dy, s, w, b, m, r, rows, n, rms, from_out, affine, dw, db);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      check_launch("norm_bwd_dw_kernel");
     }
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                                                        const std::optional<at::Tensor>& bias, int64_t hidden, double eps,
-                                                        std::optional<at::ScalarType> out_dtype, bool rms) {
+// A new contiguous tensor of `like`'s shape and device.
+Tensor empty_shaped(const Tensor& like, ScalarType dtype) {
+  return torch::stable::empty(like.sizes(), dtype, std::nullopt, like.device());
+}
+
+Tensor3 norm_fwd(const Tensor& input, const OptTensor& weight, const OptTensor& bias, int64_t hidden, double eps,
+                 std::optional<ScalarType> out_dtype, bool rms) {
   // Arguments checked by the op's entry point (norm_args.h layer_norm_fwd / rms_norm_fwd).
-  const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor x = input.contiguous();
+  const DeviceIndex device = input.get_device_index();
+  const DeviceGuard guard(device);
+  const Tensor x = core_ops::contiguous(input);
   const int64_t rows = x.numel() / hidden;
-  const at::ScalarType in = x.scalar_type(), out_type = out_dtype.value_or(in);
-  const at::ScalarType acc = in == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor out = at::empty(input.sizes(), x.options().dtype(out_type));
-  at::Tensor mean = at::empty({rows}, x.options().dtype(acc)), rstd = at::empty({rows}, x.options().dtype(acc));
+  const ScalarType in = x.scalar_type(), out_type = out_dtype.value_or(in);
+  const ScalarType acc = in == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+  const Tensor out = empty_shaped(input, out_type);
+  const Tensor mean = empty({rows}, acc, x.device()), rstd = empty({rows}, acc, x.device());
   if (rows == 0) return {out, mean, rstd};
-  const at::Tensor w = acc_param(weight, hidden, acc, 1, x), b = acc_param(bias, hidden, acc, 0, x);
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in, "core_ops norm forward (CUDA)", [&] {
-    using in_t = scalar_t;
+  const Tensor w = acc_param(weight, hidden, acc, 1, x), b = acc_param(bias, hidden, acc, 0, x);
+  const cudaStream_t stream = current_stream(device);
+  const auto run = [&](auto in_tag) {
+    using in_t = decltype(in_tag);
     using acc_t = acc_of<in_t>;
     constexpr int N = 16 / sizeof(in_t);
     const auto launch = [&](auto* y) {
       using out_t = std::remove_pointer_t<decltype(y)>;
-      const auto args = std::make_tuple(x.const_data_ptr<in_t>(), y, w.const_data_ptr<acc_t>(),
-                                        b.const_data_ptr<acc_t>(), mean.data_ptr<acc_t>(), rstd.data_ptr<acc_t>(),
-                                        rows, hidden, acc_t(eps), rms, stream.stream());
-      if (hidden % N == 0 && aligned(x.const_data_ptr(), 16) && aligned(y, sizeof(out_t) * N)) {
-        std::apply([](auto... a) { launch_fwd<N>(a...); }, args);
+      const auto args = std::make_tuple(data<const in_t>(x), y, data<const acc_t>(w), data<const acc_t>(b),
+                                        data<acc_t>(mean), data<acc_t>(rstd), rows, hidden, acc_t(eps), rms, stream);
+      if (hidden % N == 0 && aligned(x.data_ptr(), 16) && aligned(y, sizeof(out_t) * N)) {
+        std::apply([&](auto... a) { launch_fwd<N>(a...); }, args);
       } else {
         std::apply([](auto... a) { launch_fwd<1>(a...); }, args);
       }
     };
     if (out_type == in) {
-      launch(out.data_ptr<in_t>());
+      launch(data<in_t>(out));
     } else {
-      launch(out.data_ptr<float>());
+      launch(data<float>(out));
     }
-  });
+  };
+  CORE_OPS_DISPATCH_FLOATING(in, "input", in_t, run(in_t{}));
   return {out, mean, rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& grad_out, const at::Tensor& saved,
-                                                        const at::Tensor& mean, const at::Tensor& rstd,
-                                                        const std::optional<at::Tensor>& weight,
-                                                        const std::optional<at::Tensor>& bias, int64_t hidden,
-                                                        bool memory_efficient, at::ScalarType dx_dtype, bool rms) {
-  // Arguments checked by the op's entry point (norm_args.h layer_norm_bwd / rms_norm_bwd).
-  const c10::cuda::CUDAGuard guard(saved.device());
-  const at::Tensor dy = grad_out.contiguous(), s = saved.contiguous();
-  const int64_t rows = s.numel() / hidden;
-  const at::ScalarType acc = dx_dtype == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor dx = at::empty(saved.sizes(), s.options().dtype(dx_dtype));
-  const at::Tensor w = acc_param(weight, hidden, acc, 1, s), b = acc_param(bias, hidden, acc, 0, s);
-  const bool affine = weight.has_value(), want_wb = affine || bias.has_value();
-  // The kernels write every column of dw and db when there are rows to sum.
-  const auto make_wb = [&] { return rows > 0 ? at::empty({hidden}, s.options().dtype(acc)) : at::zeros({hidden}, s.options().dtype(acc)); };
-  at::Tensor dw = want_wb ? make_wb() : at::Tensor(), db = want_wb ? make_wb() : at::Tensor();
-  const at::Tensor m = (rms ? rstd : mean).contiguous(), r = rstd.contiguous();
-  const at::ScalarType out_type = dy.scalar_type();
-  TORCH_CHECK_TYPE(out_type == dx_dtype || (out_type == at::kFloat && dx_dtype != at::kDouble),
-                   "grad_out must be the input's dtype or, for half input, torch.float32; got ", dtype_name(out_type));
-  TORCH_CHECK_TYPE(s.scalar_type() == (memory_efficient ? out_type : dx_dtype), "saved must be the ",
-                   memory_efficient ? "output's" : "input's", " dtype; got ", dtype_name(s.scalar_type()));
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  if (rows > 0) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dx_dtype, "core_ops norm backward (CUDA)", [&] {
-      using in_t = scalar_t;
-      using acc_t = acc_of<in_t>;
-      constexpr int N = 16 / sizeof(in_t);
-      const auto launch = [&](const auto* dyp, const auto* sp) {
-        const auto args = std::make_tuple(dyp, sp, dx.data_ptr<in_t>(), w.const_data_ptr<acc_t>(),
-                                          b.const_data_ptr<acc_t>(), m.const_data_ptr<acc_t>(), r.const_data_ptr<acc_t>(),
-                                          rows, hidden, rms, memory_efficient, affine,
-                                          want_wb ? dw.data_ptr<acc_t>() : nullptr,
-                                          want_wb ? db.data_ptr<acc_t>() : nullptr, s.options().dtype(acc),
-                                          stream.stream());
-        if (hidden % N == 0 && aligned(dyp, sizeof(*dyp) * N) && aligned(sp, sizeof(*sp) * N) &&
-            aligned(dx.data_ptr(), 16)) {
-          std::apply([](auto... a) { launch_bwd<N>(a...); }, args);
-        } else {
-          std::apply([](auto... a) { launch_bwd<1>(a...); }, args);
-        }
-      };
-      if (out_type == dx_dtype) {
-        launch(dy.const_data_ptr<in_t>(), s.const_data_ptr<in_t>());
-      } else if (memory_efficient) {
-        launch(dy.const_data_ptr<float>(), s.const_data_ptr<float>());
-      } else {
-        launch(dy.const_data_ptr<float>(), s.const_data_ptr<in_t>());
-      }
-    });
-  }
-  at::Tensor dweight = affine ? dw.to(weight->scalar_type()).reshape(weight->sizes()) : at::empty({0}, s.options());
-  at::Tensor dbias = bias.has_value() ? db.to(bias->scalar_type()).reshape(bias->sizes()) : at::empty({0}, s.options());
-  return {dx, dweight, dbias};
+// A weight's or bias's grad: the column sums in its dtype and shape; absent, an empty
+// tensor of saved's dtype.
+Tensor param_grad(const OptionalTensor& sums, const OptTensor& param, const Tensor& saved) {
+  if (!param.has_value()) return empty({0}, saved.scalar_type(), saved.device());
+  return torch::stable::reshape(torch::stable::to(*sums, param->scalar_type()), param->sizes());
 }
 
-Tensor3 fused_add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residual,
-                               const std::optional<at::Tensor>& weight, int64_t hidden, double eps,
-                               bool /*memory_efficient: for autograd*/) {
-  const c10::cuda::CUDAGuard guard(input.device());
-  auto [x, res, y, h, rstd, w, rows] = add_rms_norm_io(input, residual, weight, hidden);
-  if (rows == 0) return {y, h, rstd};
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "core_ops fused_add_rms_norm (CUDA)", [&] {
-    using in_t = scalar_t;
+Tensor3 norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor& mean, const Tensor& rstd,
+                 const OptTensor& weight, const OptTensor& bias, int64_t hidden, bool memory_efficient,
+                 ScalarType dx_dtype, bool rms) {
+  // Arguments checked by the op's entry point (norm_args.h layer_norm_bwd / rms_norm_bwd).
+  const DeviceIndex device = saved.get_device_index();
+  const DeviceGuard guard(device);
+  const Tensor dy = core_ops::contiguous(grad_out), s = core_ops::contiguous(saved);
+  const int64_t rows = s.numel() / hidden;
+  const ScalarType acc = dx_dtype == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+  const Tensor dx = empty_shaped(saved, dx_dtype);
+  const Tensor w = acc_param(weight, hidden, acc, 1, s), b = acc_param(bias, hidden, acc, 0, s);
+  const bool affine = weight.has_value(), want_wb = affine || bias.has_value();
+  // The kernels write every column of dw and db when there are rows to sum.
+  const auto make_wb = [&] {
+    return OptionalTensor(rows > 0 ? empty({hidden}, acc, s.device()) : zeros({hidden}, acc, s.device()));
+  };
+  const OptionalTensor dw = want_wb ? make_wb() : std::nullopt, db = want_wb ? make_wb() : std::nullopt;
+  const Tensor m = core_ops::contiguous(rms ? rstd : mean), r = core_ops::contiguous(rstd);
+  const ScalarType out_type = dy.scalar_type();
+  CORE_OPS_CHECK_TYPE(out_type == dx_dtype || (out_type == ScalarType::Float && dx_dtype != ScalarType::Double),
+                      "grad_out must be the input's dtype or, for half input, torch.float32; got ",
+                      dtype_name(out_type));
+  CORE_OPS_CHECK_TYPE(s.scalar_type() == (memory_efficient ? out_type : dx_dtype), "saved must be the ",
+                      memory_efficient ? "output's" : "input's", " dtype; got ", dtype_name(s.scalar_type()));
+  const cudaStream_t stream = current_stream(device);
+  const auto run = [&](auto in_tag) {
+    using in_t = decltype(in_tag);
     using acc_t = acc_of<in_t>;
     constexpr int N = 16 / sizeof(in_t);
-    const auto args = std::make_tuple(x.const_data_ptr<in_t>(), res.const_data_ptr<in_t>(), h.data_ptr<in_t>(),
-                                      y.data_ptr<in_t>(), w.const_data_ptr<acc_t>(), rstd.data_ptr<acc_t>(), hidden,
+    const auto launch = [&](const auto* dyp, const auto* sp) {
+      const auto args = std::make_tuple(dyp, sp, data<in_t>(dx), data<const acc_t>(w), data<const acc_t>(b),
+                                        data<const acc_t>(m), data<const acc_t>(r), rows, hidden, rms,
+                                        memory_efficient, affine, want_wb ? data<acc_t>(*dw) : nullptr,
+                                        want_wb ? data<acc_t>(*db) : nullptr, s.device(), stream);
+      if (hidden % N == 0 && aligned(dyp, sizeof(*dyp) * N) && aligned(sp, sizeof(*sp) * N) &&
+          aligned(dx.data_ptr(), 16)) {
+        std::apply([&](auto... a) { launch_bwd<N>(a...); }, args);
+      } else {
+        std::apply([](auto... a) { launch_bwd<1>(a...); }, args);
+      }
+    };
+    if (out_type == dx_dtype) {
+      launch(data<const in_t>(dy), data<const in_t>(s));
+    } else if (memory_efficient) {
+      launch(data<const float>(dy), data<const float>(s));
+    } else {
+      launch(data<const float>(dy), data<const in_t>(s));
+    }
+  };
+  if (rows > 0) {
+    CORE_OPS_DISPATCH_FLOATING(dx_dtype, "dx_dtype", in_t, run(in_t{}));
+  }
+  return {dx, param_grad(dw, weight, s), param_grad(db, bias, s)};
+}
+
+Tensor3 fused_add_rms_norm_fwd(const Tensor& input, const Tensor& residual, const OptTensor& weight, int64_t hidden,
+                               double eps, bool /*memory_efficient: for autograd*/) {
+  const DeviceIndex device = input.get_device_index();
+  const DeviceGuard guard(device);
+  // Named members, not structured bindings: C++17 lambdas cannot capture those.
+  const AddRmsNormIo io = add_rms_norm_io(input, residual, weight, hidden);
+  const int64_t rows = io.rows;
+  if (rows == 0) return {io.y, io.h, io.rstd};
+  const cudaStream_t stream = current_stream(device);
+  const auto run = [&](auto in_tag) {
+    using in_t = decltype(in_tag);
+    using acc_t = acc_of<in_t>;
+    constexpr int N = 16 / sizeof(in_t);
+    const auto args = std::make_tuple(data<const in_t>(io.x), data<const in_t>(io.residual), data<in_t>(io.h),
+                                      data<in_t>(io.y), data<const acc_t>(io.w), data<acc_t>(io.rstd), hidden,
                                       acc_t(eps));
     const auto launch = [&](auto pack) {
       constexpr int P = decltype(pack)::value;
@@ -514,21 +527,22 @@ Tensor3 fused_add_rms_norm_fwd(const at::Tensor& input, const at::Tensor& residu
       } else {
         std::apply([&](auto... a) { add_rms_fwd_kernel<false, P><<<rows, kLongRowThreads, 0, stream>>>(a...); }, args);
       }
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      check_launch("add_rms_fwd_kernel");
     };
-    if (hidden % N == 0 && aligned(x.const_data_ptr(), 16) && aligned(res.const_data_ptr(), 16)) {
+    if (hidden % N == 0 && aligned(io.x.data_ptr(), 16) && aligned(io.residual.data_ptr(), 16)) {
       launch(std::integral_constant<int, N>());
     } else {
       launch(std::integral_constant<int, 1>());
     }
-  });
-  return {y, h, rstd};
+  };
+  CORE_OPS_DISPATCH_FLOATING(io.x.scalar_type(), "input", in_t, run(in_t{}));
+  return {io.y, io.h, io.rstd};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
-  register_norm_kernels<&norm_fwd, &norm_bwd>(m, &fused_add_rms_norm_fwd);
+STABLE_TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
+  register_norm_kernels<&norm_fwd, &norm_bwd, &fused_add_rms_norm_fwd>(m);
 }
 
 }  // namespace core_ops::cuda::norms

@@ -18,18 +18,19 @@
 // instead of dividing by L and C per element (a 64-bit division is a software routine
 // of about a hundred instructions on the GPU).
 #include <algorithm>
+#include <optional>
+#include <tuple>
+#include <type_traits>
 
-#include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
+#include <core_ops/dispatch.h>
 #include <core_ops/sync_batch_norm_args.h>
+#include <core_ops/tensor.h>
 #include <core_ops/welford_math.h>
+
+#include "stream.cuh"
 
 namespace core_ops::cuda {
 namespace {
@@ -209,9 +210,10 @@ __global__ void merge_kernel(const acc_t* partial, int64_t slices, int64_t c, ac
   }
 }
 
-int sm_count(const at::Tensor& on) {
+int sm_count(const Tensor& on) {
   int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, on.get_device()));
+  check_runtime(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, on.get_device_index()),
+                "cudaDeviceGetAttribute");
   return std::max(sms, 1);
 }
 
@@ -219,17 +221,18 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Note [CUDA batch-norm reductions]: out0 / out1 get the channel results of Acc.
 template <typename Acc, typename acc_t>
-void reduce_channels(const Acc& proto, const Layout& lay, const at::Tensor& like, acc_t* out0, acc_t* out1) {
+void reduce_channels(const Acc& proto, const Layout& lay, const Tensor& like, acc_t* out0, acc_t* out1) {
   const int64_t per_channel = lay.n * lay.l;
   const int64_t channel_blocks = lay.rows ? ceil_div(lay.c, kTileC) : lay.c;
   const int64_t wanted = ceil_div(4 * int64_t(sm_count(like)), channel_blocks);
   const int64_t slices = std::clamp<int64_t>(std::min(wanted, per_channel / kMinPerSlice), 1, kMaxSlices);
   // An empty batch (n * l == 0) has zero partials: mean, variance and sums 0, as the
   // CPU kernel and the reference give (and no division by l == 0 below).
-  const at::Tensor partial = per_channel == 0 ? at::zeros({Acc::kFields * slices * lay.c}, like.options())
-                                              : at::empty({Acc::kFields * slices * lay.c}, like.options());
-  acc_t* p = partial.data_ptr<acc_t>();
-  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t size = Acc::kFields * slices * lay.c;
+  const Tensor partial = per_channel == 0 ? zeros({size}, like.scalar_type(), like.device())
+                                          : empty({size}, like.scalar_type(), like.device());
+  acc_t* p = data<acc_t>(partial);
+  const cudaStream_t stream = current_stream(like.get_device_index());
   if (per_channel == 0) {
     // nothing to read
   } else if (lay.rows) {
@@ -238,10 +241,10 @@ void reduce_channels(const Acc& proto, const Layout& lay, const at::Tensor& like
   } else {
     plane_reduce_kernel<Acc, acc_t><<<dim3(lay.c, slices), kThreads, 0, stream>>>(proto, lay.n, lay.c, lay.l, p);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  check_launch(lay.rows ? "row_reduce_kernel" : "plane_reduce_kernel");
   const int merge_blocks = static_cast<int>(std::min<int64_t>(ceil_div(lay.c, kThreads), 65535));
   merge_kernel<Acc, acc_t><<<merge_blocks, kThreads, 0, stream>>>(p, slices, lay.c, out0, out1);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  check_launch("merge_kernel");
 }
 
 // --- elementwise (Note [Channel cursor]) ------------------------------------------------
@@ -328,100 +331,100 @@ struct ElemtBackward {
 };
 
 // weight / bias as contiguous accumulation-type tensors (no copy when they already
-// are), or undefined when absent.
-at::Tensor per_channel_or_none(const std::optional<at::Tensor>& t, at::ScalarType acc) {
-  return t.has_value() ? t->to(acc).contiguous() : at::Tensor();
+// are), or none when absent.
+OptionalTensor per_channel_or_none(const OptionalTensor& t, ScalarType acc) {
+  if (!t.has_value()) return std::nullopt;
+  return core_ops::contiguous(torch::stable::to(*t, acc));
 }
 
 template <typename acc_t>
-const acc_t* ptr_or_null(const at::Tensor& t) {
-  return t.defined() ? t.const_data_ptr<acc_t>() : nullptr;
+const acc_t* ptr_or_null(const OptionalTensor& t) {
+  return t.has_value() ? data<const acc_t>(*t) : nullptr;
 }
 
 template <typename F>
-void map_channels(const F& f, const Layout& lay, const at::Tensor& like) {
+void map_channels(const F& f, const Layout& lay, const Tensor& like) {
   const int64_t numel = lay.n * lay.c * lay.l;
   if (numel == 0) return;
   // 8 blocks of 256 threads fill an SM; more only repeat the grid-stride loop.
   const int64_t blocks = std::min<int64_t>(ceil_div(numel, kThreads * kIlp), 8 * int64_t(sm_count(like)));
-  channel_map_kernel<F><<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  channel_map_kernel<F><<<blocks, kThreads, 0, current_stream(like.get_device_index())>>>(
       f, numel, stride_of(lay, blocks * kThreads));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  check_launch("channel_map_kernel");
 }
 
 // --- the ops ----------------------------------------------------------------------------
 
-std::tuple<at::Tensor, at::Tensor> sync_batch_norm_stats(const at::Tensor& input) {
+std::tuple<Tensor, Tensor> sync_batch_norm_stats(const Tensor& input) {
   check_batch_norm_args(input, nullptr, {}, std::nullopt, std::nullopt);
-  const c10::cuda::CUDAGuard guard(input.device());
-  const auto acc = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor mean = at::empty({input.size(1)}, input.options().dtype(acc));
-  at::Tensor var = at::empty_like(mean);
+  const DeviceGuard guard(input.get_device_index());
+  const ScalarType acc = input.scalar_type() == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+  const Tensor mean = empty({input.size(1)}, acc, input.device());
+  const Tensor var = core_ops::empty_like(mean);
   const Layout lay = layout_of(input, reads_rows(input));
   if (lay.c == 0) return {mean, var};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_stats", [&] {
+  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, {
     using acc_t = acc_of<scalar_t>;
-    StatsAcc<scalar_t, acc_t> proto{lay.data.const_data_ptr<scalar_t>()};
-    reduce_channels(proto, lay, mean, mean.data_ptr<acc_t>(), var.data_ptr<acc_t>());
+    StatsAcc<scalar_t, acc_t> proto{data<const scalar_t>(lay.data)};
+    reduce_channels(proto, lay, mean, data<acc_t>(mean), data<acc_t>(var));
   });
   return {mean, var};
 }
 
-std::tuple<at::Tensor, at::Tensor> sync_batch_norm_backward_reduce(const at::Tensor& grad_out, const at::Tensor& input,
-                                                                   const at::Tensor& mean) {
+std::tuple<Tensor, Tensor> sync_batch_norm_backward_reduce(const Tensor& grad_out, const Tensor& input,
+                                                           const Tensor& mean) {
   check_batch_norm_args(input, &grad_out, {{"mean", &mean}}, std::nullopt, std::nullopt);
-  const c10::cuda::CUDAGuard guard(input.device());
-  at::Tensor sum_dy = at::empty_like(mean), sum_dy_xmu = at::empty_like(mean);
+  const DeviceGuard guard(input.get_device_index());
+  const Tensor sum_dy = core_ops::empty_like(mean), sum_dy_xmu = core_ops::empty_like(mean);
   const bool rows = reads_rows(input);
   const Layout lay = layout_of(input, rows), g = layout_of(grad_out, rows);
-  const at::Tensor m = mean.contiguous();
+  const Tensor m = core_ops::contiguous(mean);
   if (lay.c == 0) return {sum_dy, sum_dy_xmu};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_backward_reduce", [&] {
+  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, {
     using acc_t = acc_of<scalar_t>;
-    SumsAcc<scalar_t, acc_t> proto{g.data.const_data_ptr<scalar_t>(), lay.data.const_data_ptr<scalar_t>(),
-                                   m.const_data_ptr<acc_t>()};
-    reduce_channels(proto, lay, mean, sum_dy.data_ptr<acc_t>(), sum_dy_xmu.data_ptr<acc_t>());
+    SumsAcc<scalar_t, acc_t> proto{data<const scalar_t>(g.data), data<const scalar_t>(lay.data),
+                                   data<const acc_t>(m)};
+    reduce_channels(proto, lay, mean, data<acc_t>(sum_dy), data<acc_t>(sum_dy_xmu));
   });
   return {sum_dy, sum_dy_xmu};
 }
 
-at::Tensor sync_batch_norm_elemt(const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
-                                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias) {
+Tensor sync_batch_norm_elemt(const Tensor& input, const Tensor& mean, const Tensor& invstd,
+                             const OptionalTensor& weight, const OptionalTensor& bias) {
   check_batch_norm_args(input, nullptr, {{"mean", &mean}, {"invstd", &invstd}}, weight, bias);
-  const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor w = per_channel_or_none(weight, invstd.scalar_type());
-  const at::Tensor b = per_channel_or_none(bias, invstd.scalar_type());
-  const at::Tensor m = mean.contiguous(), is = invstd.contiguous();
+  const DeviceGuard guard(input.get_device_index());
+  const OptionalTensor w = per_channel_or_none(weight, invstd.scalar_type());
+  const OptionalTensor b = per_channel_or_none(bias, invstd.scalar_type());
+  const Tensor m = core_ops::contiguous(mean), is = core_ops::contiguous(invstd);
   const Layout lay = layout_of(input, reads_rows(input));
-  at::Tensor out = empty_in(lay, input);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_elemt", [&] {
+  const Tensor out = empty_in(lay, input);
+  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, {
     using acc_t = acc_of<scalar_t>;
-    ElemtForward<scalar_t, acc_t> f{lay.data.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                                    m.const_data_ptr<acc_t>(), is.const_data_ptr<acc_t>(), ptr_or_null<acc_t>(w),
-                                    ptr_or_null<acc_t>(b)};
+    ElemtForward<scalar_t, acc_t> f{data<const scalar_t>(lay.data), data<scalar_t>(out), data<const acc_t>(m),
+                                    data<const acc_t>(is), ptr_or_null<acc_t>(w), ptr_or_null<acc_t>(b)};
     map_channels(f, lay, input);
   });
   return with_input_strides(out, input);
 }
 
-at::Tensor sync_batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean,
-                                          const at::Tensor& invstd, const std::optional<at::Tensor>& weight,
-                                          const at::Tensor& mean_dy, const at::Tensor& mean_dy_xmu) {
+Tensor sync_batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& input, const Tensor& mean,
+                                      const Tensor& invstd, const OptionalTensor& weight, const Tensor& mean_dy,
+                                      const Tensor& mean_dy_xmu) {
   check_batch_norm_args(input, &grad_out,
                         {{"mean", &mean}, {"invstd", &invstd}, {"mean_dy", &mean_dy}, {"mean_dy_xmu", &mean_dy_xmu}},
                         weight, std::nullopt);
-  const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor w = per_channel_or_none(weight, invstd.scalar_type());
-  const at::Tensor m = mean.contiguous(), is = invstd.contiguous(), mdy = mean_dy.contiguous(),
-                   mdxmu = mean_dy_xmu.contiguous();
+  const DeviceGuard guard(input.get_device_index());
+  const OptionalTensor w = per_channel_or_none(weight, invstd.scalar_type());
+  const Tensor m = core_ops::contiguous(mean), is = core_ops::contiguous(invstd), mdy = core_ops::contiguous(mean_dy),
+               mdxmu = core_ops::contiguous(mean_dy_xmu);
   const bool rows = reads_rows(input);
   const Layout lay = layout_of(input, rows), g = layout_of(grad_out, rows);
-  at::Tensor out = empty_in(lay, input);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "sync_batch_norm_backward_elemt", [&] {
+  const Tensor out = empty_in(lay, input);
+  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, {
     using acc_t = acc_of<scalar_t>;
-    ElemtBackward<scalar_t, acc_t> f{g.data.const_data_ptr<scalar_t>(), lay.data.const_data_ptr<scalar_t>(),
-                                     out.data_ptr<scalar_t>(), m.const_data_ptr<acc_t>(), is.const_data_ptr<acc_t>(),
-                                     ptr_or_null<acc_t>(w), mdy.const_data_ptr<acc_t>(), mdxmu.const_data_ptr<acc_t>()};
+    ElemtBackward<scalar_t, acc_t> f{data<const scalar_t>(g.data), data<const scalar_t>(lay.data),
+                                     data<scalar_t>(out), data<const acc_t>(m), data<const acc_t>(is),
+                                     ptr_or_null<acc_t>(w), data<const acc_t>(mdy), data<const acc_t>(mdxmu)};
     map_channels(f, lay, input);
   });
   return with_input_strides(out, input);
@@ -429,11 +432,11 @@ at::Tensor sync_batch_norm_backward_elemt(const at::Tensor& grad_out, const at::
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
-  m.impl("sync_batch_norm_stats", &sync_batch_norm_stats);
-  m.impl("sync_batch_norm_elemt", &sync_batch_norm_elemt);
-  m.impl("sync_batch_norm_backward_reduce", &sync_batch_norm_backward_reduce);
-  m.impl("sync_batch_norm_backward_elemt", &sync_batch_norm_backward_elemt);
+STABLE_TORCH_LIBRARY_IMPL(core_ops, CUDA, m) {
+  m.impl("sync_batch_norm_stats", TORCH_BOX(&sync_batch_norm_stats));
+  m.impl("sync_batch_norm_elemt", TORCH_BOX(&sync_batch_norm_elemt));
+  m.impl("sync_batch_norm_backward_reduce", TORCH_BOX(&sync_batch_norm_backward_reduce));
+  m.impl("sync_batch_norm_backward_elemt", TORCH_BOX(&sync_batch_norm_backward_elemt));
 }
 
 }  // namespace core_ops::cuda
