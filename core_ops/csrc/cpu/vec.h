@@ -30,6 +30,9 @@
 // Comparisons return masks: lanes of all ones (true) or all zeros, as at::vec's
 // operators (not its eq() / gt() methods, which return 1.0 / 0.0 and are not here).
 // blendv(a, b, mask) takes b where mask's lane is all ones, a where it is zero.
+// loadu(p, count) reads the first count lanes and zeroes the others (at::vec's int
+// vectors put 1 there; no kernel loads a partial int vector); store(p, count) writes
+// the first count lanes only.
 #pragma once
 
 #include <cstdint>
