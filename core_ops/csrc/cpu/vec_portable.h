@@ -53,31 +53,40 @@ struct Halves {
   H lo, hi;
 };
 
-template <>
-class Vectorized<float> {
+// The loads and stores of a vector (Derived) of two halves H, in lanes of Lane.
+template <typename Derived, typename H, typename Lane>
+class Stored {
  public:
-  Halves<f32x4> h;
+  Halves<H> h;
 
-  using value_type = float;
-  static constexpr int size() { return 8; }
-  Vectorized() = default;
-  Vectorized(Halves<f32x4> v) : h(v) {}
-  Vectorized(f32x4 lo, f32x4 hi) : h{lo, hi} {}
-  Vectorized(float x) : h{splat_f(x), splat_f(x)} {}
-
-  static Vectorized loadu(const void* p) {
-    Vectorized out;
+  static constexpr int size() { return int(sizeof(Halves<H>) / sizeof(Lane)); }
+  static Derived loadu(const void* p) {
+    Derived out;
     std::memcpy(&out.h, p, sizeof(out.h));
     return out;
   }
   // The first `count` lanes from p, the others zero; reads nothing past them.
-  static Vectorized loadu(const void* p, int64_t count) {
-    Vectorized out(0.f);
-    std::memcpy(&out.h, p, static_cast<size_t>(clamp(count)) * sizeof(float));
+  static Derived loadu(const void* p, int64_t count) {
+    Derived out;
+    out.h = Halves<H>{H{}, H{}};
+    std::memcpy(&out.h, p, static_cast<size_t>(clamp(count)) * sizeof(Lane));
     return out;
   }
   void store(void* p) const { std::memcpy(p, &h, sizeof(h)); }
-  void store(void* p, int64_t count) const { std::memcpy(p, &h, static_cast<size_t>(clamp(count)) * sizeof(float)); }
+  void store(void* p, int64_t count) const { std::memcpy(p, &h, static_cast<size_t>(clamp(count)) * sizeof(Lane)); }
+
+ private:
+  static int64_t clamp(int64_t count) { return count < 0 ? 0 : count > size() ? size() : count; }
+};
+
+template <>
+class Vectorized<float> : public Stored<Vectorized<float>, f32x4, float> {
+ public:
+  using value_type = float;
+  Vectorized() = default;
+  Vectorized(Halves<f32x4> v) { h = v; }
+  Vectorized(f32x4 lo, f32x4 hi) { h = {lo, hi}; }
+  Vectorized(float x) { h = {splat_f(x), splat_f(x)}; }
 
   Vectorized abs() const { return {as_f(as_i(h.lo) & splat(0x7FFFFFFF)), as_f(as_i(h.hi) & splat(0x7FFFFFFF))}; }
   Vectorized neg() const { return {as_f(as_i(h.lo) ^ splat(INT32_MIN)), as_f(as_i(h.hi) ^ splat(INT32_MIN))}; }
@@ -95,9 +104,6 @@ class Vectorized<float> {
   static Vectorized blendv(const Vectorized& a, const Vectorized& b, const Vectorized& mask) {
     return {select(as_i(mask.h.lo), b.h.lo, a.h.lo), select(as_i(mask.h.hi), b.h.hi, a.h.hi)};
   }
-
- private:
-  static int64_t clamp(int64_t count) { return count < 0 ? 0 : count > size() ? size() : count; }
 };
 
 inline Vectorized<float> operator+(const Vectorized<float>& a, const Vectorized<float>& b) { return {a.h.lo + b.h.lo, a.h.hi + b.h.hi}; }
@@ -140,29 +146,13 @@ inline Vectorized<float> minimum(const Vectorized<float>& a, const Vectorized<fl
 }
 
 template <>
-class Vectorized<int32_t> {
+class Vectorized<int32_t> : public Stored<Vectorized<int32_t>, i32x4, int32_t> {
  public:
-  Halves<i32x4> h;
-
   using value_type = int32_t;
-  static constexpr int size() { return 8; }
   Vectorized() = default;
-  Vectorized(Halves<i32x4> v) : h(v) {}
-  Vectorized(i32x4 lo, i32x4 hi) : h{lo, hi} {}
-  Vectorized(int32_t x) : h{splat(x), splat(x)} {}
-
-  static Vectorized loadu(const void* p) {
-    Vectorized out;
-    std::memcpy(&out.h, p, sizeof(out.h));
-    return out;
-  }
-  static Vectorized loadu(const void* p, int64_t count) {
-    Vectorized out(0);
-    std::memcpy(&out.h, p, static_cast<size_t>(clamp(count)) * sizeof(int32_t));
-    return out;
-  }
-  void store(void* p) const { std::memcpy(p, &h, sizeof(h)); }
-  void store(void* p, int64_t count) const { std::memcpy(p, &h, static_cast<size_t>(clamp(count)) * sizeof(int32_t)); }
+  Vectorized(Halves<i32x4> v) { h = v; }
+  Vectorized(i32x4 lo, i32x4 hi) { h = {lo, hi}; }
+  Vectorized(int32_t x) { h = {splat(x), splat(x)}; }
 
   Vectorized abs() const { return {select(h.lo < 0, -h.lo, h.lo), select(h.hi < 0, -h.hi, h.hi)}; }
   Vectorized neg() const { return {-h.lo, -h.hi}; }
@@ -178,9 +168,6 @@ class Vectorized<int32_t> {
   static Vectorized blendv(const Vectorized& a, const Vectorized& b, const Vectorized& mask) {
     return {select(mask.h.lo, b.h.lo, a.h.lo), select(mask.h.hi, b.h.hi, a.h.hi)};
   }
-
- private:
-  static int64_t clamp(int64_t count) { return count < 0 ? 0 : count > size() ? size() : count; }
 };
 
 // Wrapping arithmetic, as the hardware's (computed unsigned: no signed overflow).
@@ -241,33 +228,14 @@ inline Vectorized<T> gather(const T* base, const Vectorized<int32_t>& index) {
 
 // 16 half or bfloat16 lanes (their bits).
 template <typename T>
-class Vectorized {
+class Vectorized : public Stored<Vectorized<T>, u16x8, T> {
   static_assert(std::is_same_v<T, torch::headeronly::Half> || std::is_same_v<T, torch::headeronly::BFloat16>,
                 "vec::Vectorized holds float, int32_t, Half or BFloat16");
 
  public:
-  Halves<u16x8> h;
-
   using value_type = T;
-  static constexpr int size() { return 16; }
   Vectorized() = default;
-  Vectorized(u16x8 lo, u16x8 hi) : h{lo, hi} {}
-
-  static Vectorized loadu(const void* p) {
-    Vectorized out;
-    std::memcpy(&out.h, p, sizeof(out.h));
-    return out;
-  }
-  static Vectorized loadu(const void* p, int64_t count) {
-    Vectorized out(u16x8{}, u16x8{});
-    std::memcpy(&out.h, p, static_cast<size_t>(clamp(count)) * sizeof(T));
-    return out;
-  }
-  void store(void* p) const { std::memcpy(p, &h, sizeof(h)); }
-  void store(void* p, int64_t count) const { std::memcpy(p, &h, static_cast<size_t>(clamp(count)) * sizeof(T)); }
-
- private:
-  static int64_t clamp(int64_t count) { return count < 0 ? 0 : count > size() ? size() : count; }
+  Vectorized(u16x8 lo, u16x8 hi) { this->h = {lo, hi}; }
 };
 
 // 16-bit lanes 0-3 (low) or 4-7 (high) of x, widened to 32 bits.
