@@ -140,7 +140,9 @@ def cuda_flags() -> list[str]:
     # does, and the two agree bit for bit; nvcc's default contraction into FMAs moved
     # results by an ulp a step, differently per op. Division and sqrt stay IEEE
     # (-prec-div / -prec-sqrt default to true). The kernels are bound by memory.
-    return ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "-fmad=false", _cpu_build.TARGET_FLAG]
+    # Hidden visibility: as the CPU library's (_cpu_build.common_flags), nothing exported.
+    return ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "-fmad=false", "-Xcompiler=-fvisibility=hidden",
+            _cpu_build.TARGET_FLAG]
 
 
 def build_key(kind: str, arch: str | None = None, toolchain: bool = True) -> str:

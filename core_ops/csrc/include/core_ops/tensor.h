@@ -94,24 +94,26 @@ std::string words(const Args&... args) {
 }
 
 // Note [Typed errors]: a kernel's refusal reaches Python as the exception the
-// reference kernel raises for the same call (TypeError for a wrong dtype or kind,
-// ValueError for a wrong size, device or value). Exceptions cross the stable ABI as
-// their message only on some torch releases, so the class travels in the message, as a
-// "[TypeError] " / "[ValueError] " prefix that core_ops/_library.py's op() turns back
-// into the class and removes.
-[[noreturn]] inline void raise_tagged(const char* tag, const std::string& message) {
-  throw std::runtime_error(std::string("[") + tag + "] " + message);
+// reference kernel raises for the same call: ValueError for a wrong size, device or
+// value, TypeError for a wrong dtype or kind. torch turns a std::invalid_argument into
+// ValueError (2.10 to 2.15 alike), but nothing into TypeError, so that class travels in
+// the message, as a "[TypeError] " prefix that core_ops/_library.py's op() turns back
+// into the class and removes (an op called as torch.ops.core_ops.* raises RuntimeError
+// with the prefix).
+[[noreturn]] inline void raise_value_error(const std::string& message) { throw std::invalid_argument(message); }
+[[noreturn]] inline void raise_type_error(const std::string& message) {
+  throw std::runtime_error("[TypeError] " + message);
 }
 
 }  // namespace core_ops
 
 #define CORE_OPS_CHECK_VALUE(cond, ...) \
   do {                                  \
-    if (!(cond)) ::core_ops::raise_tagged("ValueError", ::core_ops::words(__VA_ARGS__)); \
+    if (!(cond)) ::core_ops::raise_value_error(::core_ops::words(__VA_ARGS__)); \
   } while (0)
 #define CORE_OPS_CHECK_TYPE(cond, ...) \
   do {                                 \
-    if (!(cond)) ::core_ops::raise_tagged("TypeError", ::core_ops::words(__VA_ARGS__)); \
+    if (!(cond)) ::core_ops::raise_type_error(::core_ops::words(__VA_ARGS__)); \
   } while (0)
 // A broken invariant of core_ops itself, not of the call.
 #define CORE_OPS_ASSERT(cond, ...) \
@@ -155,7 +157,7 @@ inline double item(const Tensor& t) {
     case ScalarType::BFloat16: return static_cast<float>(*data<BFloat16>(t));
     case ScalarType::Int: return *data<int32_t>(t);
     case ScalarType::Long: return static_cast<double>(*data<int64_t>(t));
-    default: raise_tagged("TypeError", words("expected a floating or integer scalar tensor, got ", t.scalar_type()));
+    default: raise_type_error(words("expected a floating or integer scalar tensor, got ", t.scalar_type()));
   }
 }
 
@@ -182,7 +184,8 @@ inline bool same_tensor(const Tensor& a, const Tensor& b) {
          a.strides() == b.strides();
 }
 
-// Whether b covers some but not all of a's memory, or starts elsewhere inside it: the
+// Whether b covers some but not all of a's memory, starts elsewhere inside it, or covers
+// the same memory in another order (ATen's get_overlap_status(a, b) == Partial): the
 // kernels read and write in chunks, in parallel, so such a pair's result would depend on
 // the order. Judged, as ATen does, only for dense tensors (others: not partial).
 inline bool partly_overlaps(const Tensor& a, const Tensor& b) {
@@ -191,7 +194,9 @@ inline bool partly_overlaps(const Tensor& a, const Tensor& b) {
   const auto* b0 = static_cast<const char*>(b.data_ptr());
   const auto* a1 = a0 + a.numel() * a.element_size();
   const auto* b1 = b0 + b.numel() * b.element_size();
-  if (a0 == b0 && a1 == b1) return false;  // the same memory: in place
+  // The same memory: in place when walked in the same order (the same strides), else
+  // partial (m and m.t(): an element is written before another reads it).
+  if (a0 == b0 && a1 == b1) return a.strides() != b.strides();
   return a0 < b1 && b0 < a1;
 }
 
