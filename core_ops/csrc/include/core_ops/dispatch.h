@@ -29,16 +29,12 @@
 
 // Binds NAME to double, float, core_ops::Half or core_ops::BFloat16 by TYPE (the norm
 // and batch-norm kernels; a body that returns early is a lambda called in place).
-#define CORE_OPS_DISPATCH_FLOATING(TYPE, ARG, NAME, ...)                                              \
-  switch (TYPE) {                                                                                     \
-    CORE_OPS_CASE_TYPE(::core_ops::ScalarType::Double, double, NAME, __VA_ARGS__)                     \
-    CORE_OPS_CASE_TYPE(::core_ops::ScalarType::Float, float, NAME, __VA_ARGS__)                       \
-    CORE_OPS_CASE_TYPE(::core_ops::ScalarType::Half, ::core_ops::Half, NAME, __VA_ARGS__)             \
-    CORE_OPS_CASE_TYPE(::core_ops::ScalarType::BFloat16, ::core_ops::BFloat16, NAME, __VA_ARGS__)     \
-    default:                                                                                          \
-      CORE_OPS_CHECK_TYPE(false, ARG, ": expected float32, float16, bfloat16 or float64 tensors, got ", \
-                          ::core_ops::dtype_name(TYPE));                                              \
-  }
+#define CORE_OPS_DISPATCH_FLOATING(TYPE, ARG, NAME, ...)    \
+  if ((TYPE) == ::core_ops::ScalarType::Double) {           \
+    using NAME = double;                                    \
+    __VA_ARGS__;                                            \
+  } else                                                    \
+    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(TYPE, ARG, NAME, __VA_ARGS__)
 
 namespace core_ops {
 
