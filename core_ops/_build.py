@@ -307,6 +307,9 @@ def _unavailable(kind: str, reason: str, warn: bool) -> Backend:
 
 def _precondition(kind: str) -> str | None:
     """Why a native library for ``kind`` cannot be built here, or None."""
+    if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < _cpu_build.TARGET_TORCH:
+        return (f"torch {torch.__version__} is older than the kernels' stable ABI target "
+                f"({'.'.join(map(str, _cpu_build.TARGET_TORCH))}); pip install 'torch>=2.10'")
     if kind == "cpu" and cxx() is None:
         return "no C++ compiler found (set CXX or install g++)"
     if kind == "cuda":

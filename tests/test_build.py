@@ -69,7 +69,8 @@ def with_broken_source(tmp_path):
     broken = tmp_path / "csrc"
     shutil.copytree(_build.CSRC, broken)
     (broken / "cpu" / "broken.cpp").write_text("this is not C++;\n")
-    return f"import core_ops._build as b; b.CSRC = __import__('pathlib').Path({str(broken)!r})\n" + CALL
+    return (f"import core_ops._build as b, core_ops._cpu_build as c\n"
+            f"b.CSRC = c.CSRC = __import__('pathlib').Path({str(broken)!r})\n" + CALL)
 
 
 def test_compile_error_falls_back_and_is_not_retried(tmp_path):
@@ -155,7 +156,7 @@ def test_a_mistyped_backend_is_refused_not_ignored(tmp_path):
         proc = subprocess.run(command, capture_output=True, text=True, env=env)
         assert proc.returncode != 0
         assert proc.stderr.strip().splitlines()[-1].startswith(
-            "core_ops._environment.BadEnvironment: CORE_OPS_BACKEND='refernce': expected one of auto, reference"), \
+            "core_ops._environment.BadEnvironment: CORE_OPS_BACKEND='refernce': expected one of auto, jit, reference"), \
             proc.stderr[-2000:]
     for value in ("auto", "Reference", ""):
         env = dict(os.environ, CORE_OPS_BACKEND=value)  # the suite's cache: nothing to build

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 pip() { .venv/bin/python -m pip -q --disable-pip-version-check "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
-# CI and the README use torch 2.14.1; pyproject admits 2.9 to 2.15 (tools/compat.sh
+# CI and the README use torch 2.14.1; pyproject admits 2.10 to 2.15 (tools/compat.sh
 # runs the suite on the others).
 .venv/bin/python -c "import torch" 2>/dev/null || pip install "torch==2.14.1"
 # [cuda]: NVIDIA's pip-packaged CUDA compiler, so that the test of a build without a
