@@ -54,5 +54,7 @@ rc=$?
 summary=$(grep -E "(passed|failed|error)" "$DIR/suite.log" | tail -n 1)
 [ $rc = 0 ] || { tail -n 30 "$DIR/suite.log"; fail "the CPU kernel tests: $summary"; }
 [ -z "$(ls -A "$cache")" ] || fail "the tests wrote to the kernel cache: $(ls -A "$cache" | head -3)"
+# A figure, not a check: the time a user waits before the first step (issue target: 3 s).
+cp -r "$repo/bench" "$DIR/src/" && run bench/bench_first_step.py --runs 3 | tail -n 1
 echo "wheel_check: $(basename "$wheel") on $("$py" -c 'import torch; print(torch.__version__)'), no compiler," \
   "empty cache: $(grep -m1 '^\[cpu\]' "$DIR/info.log" | cut -c1-60)...; $summary ($((SECONDS - start)) s)"
