@@ -12,6 +12,7 @@
 #   bash tools/compat.sh --no-cuda 2.9        # skip the CUDA kernels' build (~4 min each)
 #   bash tools/compat.sh --dir /tmp/compat 2.9
 #   bash tools/compat.sh --wheel dist/core_ops-*.whl 2.10 2.15   # one wheel (tools/wheel.sh) in each
+#   bash tools/compat.sh --paths "tests/optimizers tests/normalization" 2.15   # these tests only
 #
 # With --wheel, each venv gets that wheel instead of the sources, nothing is built, and
 # the suite runs with every compiler hidden and an empty kernel cache (which must stay
@@ -26,22 +27,23 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 source "$repo/tools/without_compilers.sh"
 DIR=${XDG_CACHE_HOME:-$HOME/.cache}/core-ops-compat
 PYTHON=${PYTHON:-python3}
-subset=() past_pin=0 cuda=1 releases=() rows=() wheel=""
+subset=() paths=() past_pin=0 cuda=1 releases=() rows=() wheel=""
 
 parse_args() {
   while [ $# -gt 0 ]; do
     case $1 in
       -k) subset=(-k "$2"); shift 2 ;;
+      --paths) read -r -a paths <<<"$2"; shift 2 ;;
       --past-pin) past_pin=1; shift ;;
       --no-cuda) cuda=0; shift ;;
       --wheel) wheel=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); cuda=0; shift 2 ;;
       --dir) DIR=$2; shift 2 ;;
-      -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+      -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
       -*) echo "compat.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
       *) releases+=("$1"); shift ;;
     esac
   done
-  [ ${#releases[@]} -gt 0 ] || { echo "usage: tools/compat.sh [-k EXPR] [--past-pin] [--no-cuda] [--wheel WHEEL] [--dir DIR] RELEASE..." >&2; exit 2; }
+  [ ${#releases[@]} -gt 0 ] || { echo "usage: tools/compat.sh [-k EXPR] [--paths 'PATH ...'] [--past-pin] [--no-cuda] [--wheel WHEEL] [--dir DIR] RELEASE..." >&2; exit 2; }
   mkdir -p "$DIR"
 }
 
@@ -141,7 +143,7 @@ one_release() {
     fi
   fi
   cd "$home/src" || return
-  suite_s=$( { seconds "${run_env[@]}" "$(command -v timeout)" 5400 "$py" -m pytest -q -p no:cacheprovider -rfE "${subset[@]}" \
+  suite_s=$( { seconds "${run_env[@]}" "$(command -v timeout)" 5400 "$py" -m pytest -q -p no:cacheprovider -rfE "${subset[@]}" "${paths[@]}" \
     >"$log/suite.log" 2>&1; } 3>&1 )
   cd "$repo" || return
   summary=$(grep -E "(passed|failed|error).* in [0-9.]+s" "$log/suite.log" | tail -n 1 | tr -d '=' | sed -E 's/^ +| +$//g')
@@ -165,7 +167,7 @@ main() {
     one_release "$release"
   done
   {
-    echo "| torch | install | native CPU kernels | CUDA kernels | the suite${subset[*]:+ (${subset[*]})} | failed |"
+    echo "| torch | install | native CPU kernels | CUDA kernels | the suite${subset[*]:+ (${subset[*]})}${paths[*]:+ (${paths[*]})} | failed |"
     echo "|---|---|---|---|---|---|"
     printf '%s\n' "${rows[@]}"
   } | tee "$DIR/table.md"
