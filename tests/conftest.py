@@ -2,6 +2,7 @@
 process group of the tests that need a group but not a second rank."""
 
 import datetime
+import os
 import socket
 
 import pytest
@@ -63,13 +64,22 @@ def both_native():
         assert backend.native, backend.reason
 
 
+def _has_cxx():
+    """Whether inductor can compile its CPU code here (it needs a C++ compiler, as the
+    JIT route of core_ops does; a wheel install on a slim machine has none)."""
+    import shutil
+    return shutil.which(os.environ.get("CXX") or "g++") is not None
+
+
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    no_cxx = pytest.mark.skip(reason="inductor's CPU code needs a C++ compiler, and none is here")
+    cuda, cxx = torch.cuda.is_available(), _has_cxx()
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not cuda:
+            item.add_marker(no_gpu)
+        if "inductor_cpu" in item.keywords and not cxx:
+            item.add_marker(no_cxx)
 
 
 def assert_axpby_close(out, x, y, a, b):

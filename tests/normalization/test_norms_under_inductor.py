@@ -10,6 +10,8 @@ from torch import nn
 
 from core_ops.normalization import FusedLayerNorm, FusedRMSNorm, fused_add_rms_norm
 
+pytestmark = pytest.mark.inductor_cpu
+
 
 class AddNorm(nn.Module):
     def __init__(self):

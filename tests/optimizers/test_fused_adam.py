@@ -331,6 +331,7 @@ def test_bad_input():
         opt.load_state_dict(other.state_dict())
 
 
+@pytest.mark.inductor_cpu
 def test_compiled_step_with_master_weights_matches_eager():
     """Updates below a bf16 ulp accumulate in the masters under torch.compile too: the
     write check of Note [Writes to half params] stays out of the compiled step (its

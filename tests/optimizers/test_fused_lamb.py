@@ -222,6 +222,7 @@ def test_mixed_precision_lamb_checks_the_dtype_of_added_groups():
     assert len(opt.param_groups) == 3
 
 
+@pytest.mark.inductor_cpu
 @pytest.mark.parametrize("scaler", ["torch.amp.GradScaler", "LossScaler"])
 def test_compiled_scaler_step_with_clipping_matches_eager(scaler):
     """torch.compile of scaler.step(opt) where the step clips by global norm (FusedLAMB's
