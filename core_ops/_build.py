@@ -310,7 +310,7 @@ def _precondition(kind: str) -> str | None:
     if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < _cpu_build.TARGET_TORCH:
         return (f"torch {torch.__version__} is older than the kernels' stable ABI target "
                 f"({'.'.join(map(str, _cpu_build.TARGET_TORCH))}); pip install 'torch>=2.10'")
-    if kind == "cpu" and cxx() is None:
+    if cxx() is None:  # nvcc needs the host compiler too
         return "no C++ compiler found (set CXX or install g++)"
     if kind == "cuda":
         if torch.version.cuda is None:
@@ -395,6 +395,11 @@ def ensure(kind: str, *, build: bool = True, force: bool = False, arch: str | No
     root, _ = _cache_trust.choose(root, _default_root(), root / name / f"{name}.so")
     build_dir = root / name
     library = build_dir / f"{name}.so"
+    if not build and not force:  # a look, not a build: the cache is read, never written
+        if _complete(library) and not (build_dir / "FAILED").exists():
+            return _load(kind, library, warn)
+        return _unavailable(kind, "not built yet: it builds on first use, or run `python -m core_ops build`",
+                            warn=False)
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(_file_lock(root / f"{name}.lock"))
