@@ -112,7 +112,7 @@ one_release() {
   if [ -n "$wheel" ]; then
     mkdir -p "$home/kernels"
     run_env=(env -u CUDA_HOME PATH="$(without_compilers "$home/nocc")" CXX=/nonexistent/c++)
-    "${run_env[@]}" "$py" -m core_ops info >"$log/info.log" 2>&1
+    (cd "$home/src" && "${run_env[@]}" "$py" -m core_ops info >"$log/info.log" 2>&1)  # the venv's core_ops
     cpu=$(grep -m1 "^\[cpu\]" "$log/info.log" | cut -c1-200)
     if [[ $cpu == "[cpu] native: the wheel's"* ]] && ! awk '/^\[cpu\]/{on=1; next} /^\[/{on=0} on && NF>=2 && $2 != "native" {bad=1} END {exit !bad}' "$log/info.log"; then
       cpu="the wheel's, every op native, level ${cpu##*; level }"
