@@ -126,7 +126,11 @@ class FusedAdam(FusedOptimizer):
 
     def _step_compact(self, group, ps, device, lr, lr_tensor, grad_scale, found_inf):
         remainders = self._remainders(group, ps)
-        maps = self.__dict__.setdefault("_maps", compact_state.Maps())
+        # getattr / setattr, not __dict__.setdefault: torch 2.10's dynamo cannot trace
+        # the latter, which broke the compiled step into two graphs there.
+        maps = getattr(self, "_maps", None)
+        if maps is None:
+            maps = self._maps = compact_state.Maps()
         by_dtype = {}
         for i, p in enumerate(ps):
             by_dtype.setdefault(compact_state.moment_dtype(self.state_dtype, p, self.min_8bit_size), []).append(i)
@@ -187,7 +191,11 @@ class FusedAdam(FusedOptimizer):
     def _restore_exact(self, state_dict):
         if not self.compact and not _holds_compact(state_dict):
             return super()._restore_exact(state_dict)
-        maps = self.__dict__.setdefault("_maps", compact_state.Maps())
+        # getattr / setattr, not __dict__.setdefault: torch 2.10's dynamo cannot trace
+        # the latter, which broke the compiled step into two graphs there.
+        maps = getattr(self, "_maps", None)
+        if maps is None:
+            maps = self._maps = compact_state.Maps()
         for saved, p in self._saved_states(state_dict):
             state = self.state[p]
             compact_state.convert_loaded(state, saved, p, self.state_dtype, self.master_weights, maps,

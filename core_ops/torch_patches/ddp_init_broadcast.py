@@ -19,7 +19,7 @@ WHEN_OFF = ("torch's DistributedDataParallel gives each rank rank 0's half weigh
             "each rank made them: give every rank the same float32 weights before amp.initialize (one seed, or a "
             "loaded checkpoint), or use core_ops.parallel.DistributedDataParallel, which broadcasts the masters "
             "itself.")
-PATCH = Patch(__name__, ("2.9", "2.16"), "tools/upstream/ddp_no_hook_after_init_broadcast.py", WHEN_OFF)
+PATCH = Patch(__name__, ("2.10", "2.16"), "tools/upstream/ddp_no_hook_after_init_broadcast.py", WHEN_OFF)
 
 _MARK = "_core_ops_syncs_amp_masters"
 # (module, process_group, src, skip): run after torch broadcast ``module``'s params from

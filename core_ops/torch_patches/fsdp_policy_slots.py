@@ -31,7 +31,7 @@ from ._patch import Patch
 WHEN_OFF = ("amp.initialize cannot give an FSDP2 unit sharded without one a mixed-precision policy, so O2 refuses "
             "it: shard it with fully_shard(..., mp_policy=core_ops.amp.fsdp_policy(opt_level, half_dtype)), as "
             "the Lightning and Accelerate plugins do.")
-PATCH = Patch(__name__, ("2.9", "2.16"), "tools/upstream/fsdp2_no_policy_setter.py", WHEN_OFF)
+PATCH = Patch(__name__, ("2.10", "2.16"), "tools/upstream/fsdp2_no_policy_setter.py", WHEN_OFF)
 
 
 class LayoutError(RuntimeError):

@@ -21,7 +21,7 @@ from ._patch import Patch
 WHEN_OFF = ("a step that torch.amp.GradScaler runs and that is skipped for a norm overflowing float32 (LAMB's "
             "clipping norm, NovoGrad's layer norms) leaves GradScaler's scale growing; core_ops.amp.LossScaler "
             "(or step(grad_scale=, found_inf=)) sees the skip without it.")
-PATCH = Patch(__name__, ("2.9", "2.16"), "tools/upstream/grad_scaler_misses_step_overflow.py", WHEN_OFF)
+PATCH = Patch(__name__, ("2.10", "2.16"), "tools/upstream/grad_scaler_misses_step_overflow.py", WHEN_OFF)
 
 
 def found_inf_of_calling_scaler(optimizer, depth=16):

@@ -21,7 +21,7 @@ from ._patch import Patch
 WHEN_OFF = ("inductor calls the norm ops' native kernels as opaque calls, unfused with the ops around them (a "
             "compiled CPU transformer step with FusedRMSNorm took 1.05x the step with nn.RMSNorm); results are "
             "eager's bit for bit.")
-PATCH = Patch(__name__, ("2.9", "2.16"), "tools/upstream/inductor_custom_op_opaque.py", WHEN_OFF)
+PATCH = Patch(__name__, ("2.10", "2.16"), "tools/upstream/inductor_custom_op_opaque.py", WHEN_OFF)
 
 _MODULE = "torch._inductor.decomposition"
 

@@ -25,7 +25,7 @@ from ._patch import Patch
 WHEN_OFF = ("inductor fails to compile, on a CPU, a half model with two outputs that are one reduction (two "
             "Linear biases fed one gradient, as GPT-NeoX's parallel residual): compile it in float32, or with "
             "another backend (aot_eager).")
-PATCH = Patch(__name__, ("2.9", "2.16"), "tools/upstream/inductor_cpu_twin_reduction.py", WHEN_OFF)
+PATCH = Patch(__name__, ("2.10", "2.16"), "tools/upstream/inductor_cpu_twin_reduction.py", WHEN_OFF)
 
 _MARK = "_core_ops_scoped_reduction_stores"
 _MODULE = "torch._inductor.codegen.cpp"

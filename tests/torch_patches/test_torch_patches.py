@@ -90,12 +90,12 @@ def test_the_variable_is_declared_and_a_bad_value_stops_the_import():
 def test_a_torch_outside_the_releases_is_left_unpatched_saying_what_that_costs(monkeypatch):
     from core_ops.torch_patches import inductor_norms
     patch = inductor_norms.PATCH
-    assert [patch.applies(v) for v in ("2.8.1", "2.9.0", "2.15.2+cu130", "2.16.0.dev20270101")] == [
+    assert [patch.applies(v) for v in ("2.9.1", "2.10.0", "2.15.2+cu130", "2.16.0.dev20270101")] == [
         False, True, True, False]
     monkeypatch.setattr(_patch, "_WARNED", set())
     monkeypatch.setattr(torch, "__version__", "2.16.0")
     with pytest.warns(RuntimeWarning, match=r"torch_patches.inductor_norms: torch 2.16.0 is outside the releases "
-                                            r"it was checked on \[2.9, 2.16\)\. inductor calls the norm ops'"):
+                                            r"it was checked on \[2.10, 2.16\)\. inductor calls the norm ops'"):
         assert not patch.active({})
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once only

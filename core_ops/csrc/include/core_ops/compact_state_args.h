@@ -19,7 +19,7 @@ inline void check_like_params(TensorList params, TensorList ts, const char* name
   check_list(ts, name, params[0].device());
   check_same_numel(params, "params", ts, name);
   for (size_t i = 0; i < ts.size(); ++i) {
-    CORE_OPS_CHECK_VALUE(ts[i].numel() <= 1 || ts[i].strides() == params[i].strides(), name, "[", i,
+    CORE_OPS_CHECK_VALUE(ts[i].numel() <= 1 || ts[i].strides().equals(params[i].strides()), name, "[", i,
                          "] must have the shape and strides of params[", i, "] ", params[i].strides(),
                          ", got ", ts[i].strides());
   }

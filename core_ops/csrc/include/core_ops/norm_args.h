@@ -59,7 +59,7 @@ inline void check_norm_bwd_args(const Tensor& grad_out, const Tensor& saved,
 }
 
 inline void check_residual(const Tensor& input, const Tensor& residual) {
-  CORE_OPS_CHECK_VALUE(residual.sizes() == input.sizes() && residual.scalar_type() == input.scalar_type() &&
+  CORE_OPS_CHECK_VALUE(residual.sizes().equals(input.sizes()) && residual.scalar_type() == input.scalar_type() &&
                            residual.device() == input.device(),
                        "residual must match input: got ", residual.sizes(), " ", dtype_name(residual.scalar_type()),
                        " on ", residual.device(), ", input ", input.sizes(), " ", dtype_name(input.scalar_type()),

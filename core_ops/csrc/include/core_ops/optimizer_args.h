@@ -50,7 +50,7 @@ inline void check_layouts(TensorList params, std::initializer_list<std::pair<Ten
                          params[i].strides());
     for (const auto& [ts, name] : states) {
       if (ts.empty()) continue;
-      CORE_OPS_CHECK_VALUE(ts[i].strides() == params[i].strides(), name, "[", i,
+      CORE_OPS_CHECK_VALUE(ts[i].strides().equals(params[i].strides()), name, "[", i,
                            "] must have the strides of params[", i, "] ", params[i].strides(),
                            ", got ", ts[i].strides());
     }
@@ -60,7 +60,7 @@ inline void check_layouts(TensorList params, std::initializer_list<std::pair<Ten
 inline std::vector<Tensor> grads_like_params(TensorList params, TensorList grads) {
   std::vector<Tensor> out(grads.begin(), grads.end());
   for (size_t i = 0; i < out.size(); ++i) {
-    if (out[i].strides() != params[i].strides()) {
+    if (!out[i].strides().equals(params[i].strides())) {
       out[i] = core_ops::empty_like(params[i]);
       core_ops::copy_(out[i], grads[i]);
     }

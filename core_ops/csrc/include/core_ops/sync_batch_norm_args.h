@@ -22,19 +22,19 @@ struct Layout {
   int64_t n, c, l;
 };
 
-// t with its channel dimension (1) moved last, as t.movedim(1, -1): (N, *, C).
+// t with its channel dimension (1) moved last, as t.movedim(1, -1): (N, *, C). A chain
+// of transposes, not permute, which torch 2.10's stable headers lack.
 inline Tensor channels_last_view(const Tensor& t) {
-  std::vector<int64_t> dims{0};
-  for (int64_t d = 2; d < t.dim(); ++d) dims.push_back(d);
-  dims.push_back(1);
-  return torch::stable::permute(t, dims);
+  Tensor v = t;
+  for (int64_t d = 1; d + 1 < t.dim(); ++d) v = torch::stable::transpose(v, d, d + 1);
+  return v;
 }
 
 // The inverse: (N, *, C) viewed as (N, C, *), as t.movedim(-1, 1).
 inline Tensor channels_first_view(const Tensor& t) {
-  std::vector<int64_t> dims{0, t.dim() - 1};
-  for (int64_t d = 1; d < t.dim() - 1; ++d) dims.push_back(d);
-  return torch::stable::permute(t, dims);
+  Tensor v = t;
+  for (int64_t d = t.dim() - 1; d > 1; --d) v = torch::stable::transpose(v, d - 1, d);
+  return v;
 }
 
 inline Layout layout_of(const Tensor& t, bool rows) {
@@ -58,9 +58,9 @@ inline Tensor with_input_strides(const Tensor& result, const Tensor& input) {
   // allocating a tensor only to compare strides made two outputs' worth of memory live
   // at once, which glibc then returned to the system after each call, so that every
   // call paid a page fault per page written (~4x the time of the kernel itself on CPU).
-  if (is_dense(input) && input.strides() == result.strides()) return result;
+  if (is_dense(input) && input.strides().equals(result.strides())) return result;
   Tensor out = core_ops::empty_like(input);
-  if (out.strides() == result.strides()) return result;
+  if (out.strides().equals(result.strides())) return result;
   core_ops::copy_(out, result);
   return out;
 }
@@ -88,7 +88,7 @@ inline void check_batch_norm_args(const Tensor& input, const Tensor* grad_out,
   const int64_t channels = input.size(1);
   const auto acc = dt == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   if (grad_out != nullptr) {
-    CORE_OPS_CHECK_VALUE(grad_out->sizes() == input.sizes() && grad_out->scalar_type() == dt &&
+    CORE_OPS_CHECK_VALUE(grad_out->sizes().equals(input.sizes()) && grad_out->scalar_type() == dt &&
                              grad_out->device() == input.device(),
                          "grad_out has shape ", shape_str(*grad_out), " and dtype ",
                          dtype_name(grad_out->scalar_type()), " on ", grad_out->device(), " but input has ",

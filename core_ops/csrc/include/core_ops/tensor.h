@@ -180,8 +180,8 @@ inline bool is_floating(ScalarType t) {
 }
 
 inline bool same_tensor(const Tensor& a, const Tensor& b) {
-  return a.data_ptr() == b.data_ptr() && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         a.strides() == b.strides();
+  return a.data_ptr() == b.data_ptr() && a.scalar_type() == b.scalar_type() && a.sizes().equals(b.sizes()) &&
+         a.strides().equals(b.strides());
 }
 
 // Whether b covers some but not all of a's memory, starts elsewhere inside it, or covers
@@ -196,7 +196,7 @@ inline bool partly_overlaps(const Tensor& a, const Tensor& b) {
   const auto* b1 = b0 + b.numel() * b.element_size();
   // The same memory: in place when walked in the same order (the same strides), else
   // partial (m and m.t(): an element is written before another reads it).
-  if (a0 == b0 && a1 == b1) return a.strides() != b.strides();
+  if (a0 == b0 && a1 == b1) return !a.strides().equals(b.strides());
   return a0 < b1 && b0 < a1;
 }
 

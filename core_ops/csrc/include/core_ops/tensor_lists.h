@@ -9,16 +9,24 @@
 
 #include <torch/headeronly/core/Layout.h>
 
+#include <torch/headeronly/version.h>
+
 #include <core_ops/dispatch.h>
 #include <core_ops/tensor.h>
 
 namespace core_ops {
 
-// A layout as Python prints it ("torch.sparse_coo"), as _validate.py's check_lists words it.
-inline const char* layout_name(torch::headeronly::Layout layout) {
+// The layout of a tensor that is not strided, as Python prints it ("torch.sparse_coo",
+// as _validate.py's check_lists words it); nullptr for a
+// strided one. torch 2.10's headers have no Tensor::layout() (its ABI has the shim, so
+// a library built against newer headers asks it): built against them, every tensor
+// counts as strided here and a sparse one is refused by the Python checks that run
+// before any kernel (_validate.tensor_list), or by torch when its data is read.
+inline const char* non_strided_layout(const Tensor& t) {
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 11
   using torch::headeronly::Layout;
-  switch (layout) {
-    case Layout::Strided: return "torch.strided";
+  switch (t.layout()) {
+    case Layout::Strided: return nullptr;
     case Layout::Sparse: return "torch.sparse_coo";
     case Layout::SparseCsr: return "torch.sparse_csr";
     case Layout::SparseCsc: return "torch.sparse_csc";
@@ -28,6 +36,10 @@ inline const char* layout_name(torch::headeronly::Layout layout) {
     case Layout::Jagged: return "torch.jagged";
     default: return "non-strided";
   }
+#else
+  (void)t;
+  return nullptr;
+#endif
 }
 
 inline void check_same_length(TensorList a, const char* a_name, TensorList b, const char* b_name) {
@@ -44,15 +56,15 @@ inline void check_list(TensorList ts, const char* name, const Device& device) {
     CORE_OPS_CHECK_TYPE(ts[i].scalar_type() == dtype, name, "[", i, "] has dtype ",
                         dtype_name(ts[i].scalar_type()), " but ", name, "[0] has ", dtype_name(dtype),
                         "; group tensors by dtype first");
-    CORE_OPS_CHECK_TYPE(ts[i].layout() == torch::headeronly::Layout::Strided, name, "[", i, "] is a ",
-                        layout_name(ts[i].layout()),
+    const char* layout = non_strided_layout(ts[i]);
+    CORE_OPS_CHECK_TYPE(layout == nullptr, name, "[", i, "] is a ", layout,
                         " tensor; only dense tensors are supported (sparse gradients cannot be fused)");
   }
 }
 
 inline void check_same_numel(TensorList a, const char* a_name, TensorList b, const char* b_name) {
   for (size_t i = 0; i < a.size(); ++i) {
-    CORE_OPS_CHECK_VALUE(a[i].sizes() == b[i].sizes(), b_name, "[", i, "] has shape ", b[i].sizes(),
+    CORE_OPS_CHECK_VALUE(a[i].sizes().equals(b[i].sizes()), b_name, "[", i, "] has shape ", b[i].sizes(),
                          " but ", a_name, "[", i, "] has shape ", a[i].sizes());
   }
 }
