@@ -46,7 +46,8 @@ shown=$(audit show "$wheel" 2>&1 || true)
 policy=$(printf '%s\n' "$shown" | grep -o -m1 '"manylinux_[0-9_]*_[a-z0-9_]*"' | tr -d '"' || true)
 [ -n "$policy" ] || { printf 'wheel.sh: auditwheel found no manylinux policy:\n%s\n' "$shown" >&2; exit 1; }
 rm -f "$out"/core_ops-*.whl
-audit repair --plat "$policy" --exclude 'libtorch_cpu.so' --exclude 'libc10.so' --exclude 'libcudart.so.*' \
+audit repair --plat "$policy" --exclude 'libtorch*.so' --exclude 'libc10*.so' --exclude 'libcudart.so.*' \
+  --exclude 'libcuda.so.*' \
   -w "$out" "$wheel" >"$work/repair.log" 2>&1 || { cat "$work/repair.log" >&2; exit 1; }
 built=("$out"/core_ops-*.whl)
 [ ${#built[@]} = 1 ] || { echo "wheel.sh: expected one wheel in $out, found ${#built[@]}" >&2; exit 1; }
