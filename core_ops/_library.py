@@ -460,10 +460,11 @@ def op(name):
 
 
 # Note [Typed errors] (csrc/include/core_ops/tensor.h): a native kernel's "[TypeError] ..."
-# arrives as a RuntimeError (torch maps no C++ exception to TypeError); it is raised
-# again as a TypeError with the message alone.
-_TAGGED = re.compile(r"\[(TypeError)\] ([^\n]*)")
-_CLASSES = {"TypeError": TypeError}
+# or "[ValueError] ..." arrives as a RuntimeError (the stable ABI carries messages; the
+# classes torch gives C++ exceptions differ between releases); it is raised again as
+# that class, with the message alone.
+_TAGGED = re.compile(r"\[(TypeError|ValueError)\] ([^\n]*)")
+_CLASSES = {"TypeError": TypeError, "ValueError": ValueError}
 
 
 def _call_typed(fn, *args, **kwargs):

@@ -6,6 +6,7 @@ import torch
 import core_ops
 from core_ops.multi_tensor_apply import ops
 from core_ops.reference import KERNELS as REF
+from core_ops._library import op
 
 
 @pytest.fixture(params=["native", "reference"])
@@ -86,6 +87,6 @@ def test_native_op_called_directly_guards_memory():
     from core_ops import _build
     assert _build.ensure("cpu").native
     with pytest.raises(ValueError, match="shape"):
-        torch.ops.core_ops.multi_tensor_scale_([f32(8)], [f32(4)], torch.ones(1), torch.zeros(1))
+        op("multi_tensor_scale_")([f32(8)], [f32(4)], torch.ones(1), torch.zeros(1))
     with pytest.raises(ValueError, match="tensors"):
-        torch.ops.core_ops.multi_tensor_axpby_([f32(4)], [f32(4), f32(4)], [f32(4)], 1.0, 1.0, torch.zeros(1), -1)
+        op("multi_tensor_axpby_")([f32(4)], [f32(4), f32(4)], [f32(4)], 1.0, 1.0, torch.zeros(1), -1)

@@ -8,6 +8,7 @@ import torch
 import core_ops  # noqa: F401
 from core_ops import _build
 from core_ops.reference import KERNELS as REF
+from core_ops._library import op
 
 
 def adam_call(kernel, step_a, step_b):
@@ -21,7 +22,7 @@ def adam_call(kernel, step_a, step_b):
 
 @pytest.mark.parametrize("kind", ["native", "reference"])
 def test_one_step_tensor_for_two_params_is_rejected(kind):
-    kernel = torch.ops.core_ops.fused_adam_ if kind == "native" else REF["fused_adam_"]
+    kernel = op("fused_adam_") if kind == "native" else REF["fused_adam_"]
     if kind == "native":
         assert _build.ensure("cpu").native
     shared = torch.zeros(())

@@ -95,12 +95,15 @@ std::string words(const Args&... args) {
 
 // Note [Typed errors]: a kernel's refusal reaches Python as the exception the
 // reference kernel raises for the same call: ValueError for a wrong size, device or
-// value, TypeError for a wrong dtype or kind. torch turns a std::invalid_argument into
-// ValueError (2.10 to 2.15 alike), but nothing into TypeError, so that class travels in
-// the message, as a "[TypeError] " prefix that core_ops/_library.py's op() turns back
-// into the class and removes (an op called as torch.ops.core_ops.* raises RuntimeError
-// with the prefix).
-[[noreturn]] inline void raise_value_error(const std::string& message) { throw std::invalid_argument(message); }
+// value, TypeError for a wrong dtype or kind. Which C++ exception torch turns into which
+// Python class changes between releases (a std::invalid_argument is a ValueError up to
+// 2.14, a RuntimeError on 2.15; nothing becomes a TypeError), so the class travels in
+// the message, as a "[ValueError] " / "[TypeError] " prefix that core_ops/_library.py's
+// op() turns back into the class and removes. An op called as torch.ops.core_ops.*
+// raises RuntimeError with the prefix.
+[[noreturn]] inline void raise_value_error(const std::string& message) {
+  throw std::runtime_error("[ValueError] " + message);
+}
 [[noreturn]] inline void raise_type_error(const std::string& message) {
   throw std::runtime_error("[TypeError] " + message);
 }
