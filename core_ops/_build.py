@@ -217,8 +217,7 @@ def _library_name(kind: str, key: str) -> str:
 
 def _compile(kind: str, name: str, build_dir: Path, arch: str | None) -> None:
     if kind == "cpu":
-        ninja = shutil.which("ninja") or shutil.which("ninja", path=_pip_ninja_folder() or "")
-        _cpu_build.build(build_dir / f"{name}.so", build_dir, [_cpu_build.host_level()], cxx(), ninja,
+        _cpu_build.build(build_dir / f"{name}.so", build_dir, [_cpu_build.host_level()], cxx(), ninja(),
                          jobs=_usable_cores(), verbose=os.environ.get("CORE_OPS_VERBOSE_BUILD") == "1")
         return
     home = cuda_home()
@@ -307,7 +306,7 @@ def _unavailable(kind: str, reason: str, warn: bool) -> Backend:
 
 def _precondition(kind: str) -> str | None:
     """Why a native library for ``kind`` cannot be built here, or None."""
-    if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < _cpu_build.TARGET_TORCH:
+    if _cpu_build.release(torch.__version__) < _cpu_build.TARGET_TORCH:
         return (f"torch {torch.__version__} is older than the kernels' stable ABI target "
                 f"({'.'.join(map(str, _cpu_build.TARGET_TORCH))}); pip install 'torch>=2.10'")
     if cxx() is None:  # nvcc needs the host compiler too
@@ -338,6 +337,11 @@ def _pip_ninja_folder() -> str | None:
         return None
     folder = getattr(ninja, "BIN_DIR", None)
     return folder if folder and shutil.which("ninja", path=folder) else None
+
+
+def ninja() -> str | None:
+    """The ninja to run: the one on PATH, else the pip package's."""
+    return shutil.which("ninja") or shutil.which("ninja", path=_pip_ninja_folder() or "")
 
 
 @contextlib.contextmanager

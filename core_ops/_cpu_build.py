@@ -34,6 +34,12 @@ LEVELS = {
 _TORCH_CAPABILITY = {"AVX512": "avx512", "AVX2": "avx2"}
 
 
+def release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string ("2.14.1+cu130" -> (2, 14))."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
 def is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from ._cpu_build import release
+
 LIB_DIR = Path(__file__).resolve().parent / "lib"
 MANIFEST = LIB_DIR / "BUILD.json"
 
@@ -29,11 +31,6 @@ def manifest() -> dict | None:
         return json.loads(MANIFEST.read_text())
     except (OSError, ValueError):
         return None
-
-
-def _release(version: str) -> tuple[int, int]:
-    major, minor = version.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
 
 
 def library(kind: str) -> tuple[Path | None, str]:
@@ -46,7 +43,7 @@ def library(kind: str) -> tuple[Path | None, str]:
     if entry is None:
         return None, f"this wheel has no {kind.upper()} library (a --cpu-only wheel)"
     target = built["torch_target"]
-    if _release(torch.__version__) < _release(target):
+    if release(torch.__version__) < release(target):
         return None, f"torch {torch.__version__} is older than the wheel's libraries (torch >= {target})"
     if platform.machine().lower() not in entry.get("machines", []):
         return None, f"the wheel's library is for {', '.join(entry.get('machines', []))}, not {platform.machine()}"

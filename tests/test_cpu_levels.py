@@ -24,7 +24,7 @@ RUNNABLE = _RUNS.get(torch.backends.cpu.get_cpu_capability(), ["baseline"])
 
 @pytest.fixture(scope="module")
 def library(tmp_path_factory):
-    cxx, ninja = _build.cxx(), shutil.which("ninja") or shutil.which("ninja", path=_build._pip_ninja_folder() or "")
+    cxx, ninja = _build.cxx(), _build.ninja()
     if cxx is None or ninja is None:
         pytest.skip("no C++ compiler or ninja: the levels cannot be built here")
     folder = tmp_path_factory.mktemp("levels")

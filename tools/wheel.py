@@ -38,7 +38,7 @@ def _sources_importable(staging: Path) -> None:
 def build_cpu(staging: Path, work: Path) -> dict:
     from core_ops import _build, _cpu_build
     levels = list(_cpu_build.LEVELS) if _cpu_build.is_x86() else ["baseline"]
-    ninja = shutil.which("ninja") or shutil.which("ninja", path=_build._pip_ninja_folder() or "")
+    ninja = _build.ninja()
     if ninja is None or _build.cxx() is None:
         raise SystemExit("wheel.py: the wheel's build needs a C++ compiler and ninja (pip install ninja)")
     library = staging / "core_ops" / "lib" / "core_ops_cpu.so"
