@@ -419,3 +419,17 @@ def test_kernels_include_nothing_of_torch_but_its_stable_abi():
                     and not included.group(1).startswith(allowed):
                 offenders.append(f"{path.relative_to(_build.CSRC)}:{n}: {included.group(1)}")
     assert not offenders, offenders
+
+
+def test_kernels_read_dtypes_through_dtype_of():
+    """Note [Dtype lookup]: Tensor::scalar_type() costs up to 22 calls into torch; the
+    kernels read a dtype with core_ops::dtype_of (one call), which alone may call it."""
+    offenders = []
+    for path in sorted(_build.CSRC.rglob("*")):
+        if path.suffix not in (".h", ".cpp", ".cu", ".cuh"):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("//")[0]
+            if re.search(r"(\.|->)scalar_type\(\)", code) and "return t.scalar_type();" not in code:
+                offenders.append(f"{path.relative_to(_build.CSRC)}:{n}: {line.strip()}")
+    assert not offenders, offenders

@@ -406,7 +406,7 @@ void adam_compact_step(const AdamCompactArgs& a) {
   const auto chunks = make_chunks(a.params);
   bool_switch(a.adam_w_mode, [&](auto adamw) {
     bool_switch(st.unscale.div() != 1.0, [&](auto divide) {
-      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(a.params[0].scalar_type(), "params", param_t,
+      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(a.params[0]), "params", param_t,
         parallel_chunks(chunks, [&](const Chunk& ch) {
           compact_chunk<decltype(adamw)::value, decltype(divide)::value, param_t>(
               ptrs[ch.tensor], kinds, ch.begin, ch.end, coeffs[ch.tensor], st.unscale);

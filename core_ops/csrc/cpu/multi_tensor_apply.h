@@ -131,7 +131,7 @@ inline double read_scalar(const Tensor& t, const char* name) {
 
 // Host memory only: the CUDA kernels set the flag on the device.
 inline void set_flag(const Tensor& found_inf) {
-  if (found_inf.scalar_type() == ScalarType::Float) {
+  if (dtype_of(found_inf) == ScalarType::Float) {
     *data<float>(found_inf) = 1.f;
   } else {
     *data<int32_t>(found_inf) = 1;

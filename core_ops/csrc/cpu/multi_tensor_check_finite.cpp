@@ -19,15 +19,15 @@ void multi_tensor_check_finite_(TensorList tensors, const Tensor& found_inf) {
     parallel_chunks(chunks, [&](const Chunk& c) {
       if (bad) return;  // the answer is known: the other chunks need not be read
       ChunkStats<double> st;
-      const double* p = data<double>(ts.tensors[c.tensor]);
+      const double* p = ts.data<double>(c.tensor);
       map_scalar<false, true, false>(p, static_cast<double*>(nullptr), c.begin, c.end, identity, st);
       if (st.nonfinite()) bad = true;
     });
   } else {
-    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(tensors[0].scalar_type(), "tensors", scalar_t,
+    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(tensors[0]), "tensors", scalar_t,
       parallel_chunks(chunks, [&](const Chunk& c) {
         if (bad) return;
-        const scalar_t* p = data<scalar_t>(ts.tensors[c.tensor]) + c.begin;
+        const scalar_t* p = ts.data<scalar_t>(c.tensor) + c.begin;
         const auto st = map_chunk<false, true, false>(p, static_cast<scalar_t*>(nullptr),
                                                       c.end - c.begin, identity);
         if (st.nonfinite()) bad = true;

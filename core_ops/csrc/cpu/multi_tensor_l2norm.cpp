@@ -45,7 +45,7 @@ std::tuple<Tensor, Tensor> norm_impl(TensorList tensors, double mul, bool per_te
   if (is_double) {
     parallel_chunks(chunks, [&](const Chunk& c) {
       ChunkStats<double> st;
-      double* p = data<double>(ts.tensors[c.tensor]);
+      double* p = ts.data<double>(c.tensor);
       map_scalar<kWrite, kProbe, true>(p, p, c.begin, c.end,
                                        [mul](double v) { return scale_math(v, mul); }, st);
       sumsq[&c - chunks.data()] = st.sumsq;
@@ -53,9 +53,9 @@ std::tuple<Tensor, Tensor> norm_impl(TensorList tensors, double mul, bool per_te
     });
   } else {
     const float mf = static_cast<float>(mul);
-    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(tensors[0].scalar_type(), "tensors", scalar_t,
+    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(tensors[0]), "tensors", scalar_t,
       parallel_chunks(chunks, [&](const Chunk& c) {
-        scalar_t* p = data<scalar_t>(ts.tensors[c.tensor]) + c.begin;
+        scalar_t* p = ts.data<scalar_t>(c.tensor) + c.begin;
         const auto st = map_chunk<kWrite, kProbe, true>(
             p, p, c.end - c.begin, [mf](auto v) {
               // l2norm reads only: skip the multiply by one.

@@ -19,19 +19,19 @@ void multi_tensor_scale_(TensorList src, TensorList dst, const Tensor& scale,
   if (all_or_no_double({src, dst}, "src and dst")) {
     parallel_chunks(chunks, [&](const Chunk& c) {
       ChunkStats<double> st;
-      map_scalar<true, true, false>(data<double>(in.tensors[c.tensor]),
-                                    data<double>(out.tensors[c.tensor]), c.begin, c.end,
+      map_scalar<true, true, false>(in.data<double>(c.tensor),
+                                    out.data<double>(c.tensor), c.begin, c.end,
                                     [s](double v) { return scale_math(v, s); }, st);
       if (st.nonfinite()) bad = true;
     });
   } else {
     const float sf = static_cast<float>(s);
-    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(src[0].scalar_type(), "src", in_t,
-      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dst[0].scalar_type(), "dst", out_t,
+    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(src[0]), "src", in_t,
+      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(dst[0]), "dst", out_t,
         parallel_chunks(chunks, [&](const Chunk& c) {
           const auto st = map_chunk<true, true, false>(
-              data<in_t>(in.tensors[c.tensor]) + c.begin,
-              data<out_t>(out.tensors[c.tensor]) + c.begin, c.end - c.begin,
+              in.data<in_t>(c.tensor) + c.begin,
+              out.data<out_t>(c.tensor) + c.begin, c.end - c.begin,
               [sf](auto v) { return scale_math(v, decltype(v)(sf)); });
           if (st.nonfinite()) bad = true;
         })));
@@ -52,21 +52,21 @@ void multi_tensor_axpby_(TensorList x, TensorList y, TensorList out_list,
   if (all_or_no_double({x, y, out_list}, "x, y and out")) {
     parallel_chunks(chunks, [&](const Chunk& c) {
       double px = 0, py = 0;
-      axpby_scalar<double>(data<double>(xs.tensors[c.tensor]),
-                           data<double>(ys.tensors[c.tensor]),
-                           data<double>(outs.tensors[c.tensor]), c.begin, c.end, a, b, px, py);
+      axpby_scalar<double>(xs.data<double>(c.tensor),
+                           ys.data<double>(c.tensor),
+                           outs.data<double>(c.tensor), c.begin, c.end, a, b, px, py);
       if (!(px == px)) x_bad = true;
       if (!(py == py)) y_bad = true;
     });
   } else {
     const float af = static_cast<float>(a), bf = static_cast<float>(b);
-    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(x[0].scalar_type(), "x", x_t,
-      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(y[0].scalar_type(), "y", y_t,
-        CORE_OPS_DISPATCH_FLOAT_HALF_BF16(out_list[0].scalar_type(), "out", out_t,
+    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(x[0]), "x", x_t,
+      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(y[0]), "y", y_t,
+        CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(out_list[0]), "out", out_t,
           parallel_chunks(chunks, [&](const Chunk& c) {
-            const auto st = axpby_chunk(data<x_t>(xs.tensors[c.tensor]) + c.begin,
-                                        data<y_t>(ys.tensors[c.tensor]) + c.begin,
-                                        data<out_t>(outs.tensors[c.tensor]) + c.begin,
+            const auto st = axpby_chunk(xs.data<x_t>(c.tensor) + c.begin,
+                                        ys.data<y_t>(c.tensor) + c.begin,
+                                        outs.data<out_t>(c.tensor) + c.begin,
                                         c.end - c.begin, af, bf);
             if (st.x_nonfinite) x_bad = true;
             if (st.y_nonfinite) y_bad = true;

@@ -125,7 +125,7 @@ Tensor3 norm_fwd(const Tensor& input, const OptionalTensor& weight, const Option
   // Arguments checked by the op's entry point (norm_args.h layer_norm_fwd / rms_norm_fwd).
   const Tensor x = core_ops::contiguous(input);
   const int64_t rows = hidden > 0 ? x.numel() / hidden : 0;
-  const ScalarType in = x.scalar_type();
+  const ScalarType in = dtype_of(x);
   const ScalarType out_type = out_dtype.value_or(in);
   const ScalarType acc = in == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   Tensor out = torch::stable::empty(input.sizes(), out_type, std::nullopt, x.device());
@@ -289,13 +289,13 @@ Tensor3 norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor& mean
           if (stream) stream_fence();
         });
       };
-      const ScalarType out_type = dy.scalar_type();
+      const ScalarType out_type = dtype_of(dy);
       CORE_OPS_CHECK_TYPE(out_type == dx_dtype || (out_type == ScalarType::Float && dx_dtype != ScalarType::Double),
                           "grad_out must be the input's dtype or, for half input, torch.float32; got ",
                           core_ops::dtype_name(out_type));
-      CORE_OPS_CHECK_TYPE(s.scalar_type() == (memory_efficient ? out_type : dx_dtype), "saved must be the ",
+      CORE_OPS_CHECK_TYPE(dtype_of(s) == (memory_efficient ? out_type : dx_dtype), "saved must be the ",
                           memory_efficient ? "output's" : "input's", " dtype; got ",
-                          core_ops::dtype_name(s.scalar_type()));
+                          core_ops::dtype_name(dtype_of(s)));
       if (out_type == dx_dtype) {
         run(data<const in_t>(dy), data<const in_t>(s));
       } else if (memory_efficient) {
@@ -309,8 +309,8 @@ Tensor3 norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor& mean
   const Tensor sums = blocks == 1 ? torch::stable::select(partial, 0, 0) : torch::stable::sum(partial, over_blocks);
   // Row i of sums (0: weight grad, 1: bias grad) in p's dtype and shape, or no values.
   const auto grad_of = [&](const OptionalTensor& p, int64_t i) {
-    if (!p.has_value()) return core_ops::empty({0}, s.scalar_type(), s.device());
-    return torch::stable::reshape(torch::stable::to(torch::stable::select(sums, 0, i), p->scalar_type()), p->sizes());
+    if (!p.has_value()) return core_ops::empty({0}, dtype_of(s), s.device());
+    return torch::stable::reshape(torch::stable::to(torch::stable::select(sums, 0, i), dtype_of(*p)), p->sizes());
   };
   return {dx, grad_of(weight, 0), grad_of(bias, 1)};
 }
@@ -349,7 +349,7 @@ Tensor3 fused_add_rms_norm_fwd(const Tensor& input, const Tensor& residual, cons
                                bool /*memory_efficient: for autograd*/) {
   auto [x, res, y, h, rstd, w, rows] = add_rms_norm_io(input, residual, weight, hidden);
   if (rows == 0) return {y, h, rstd};
-  CORE_OPS_DISPATCH_FLOATING(x.scalar_type(), "input", scalar_t, [&] {
+  CORE_OPS_DISPATCH_FLOATING(dtype_of(x), "input", scalar_t, [&] {
     using in_t = scalar_t;
     using acc_t = acc_of<in_t>;
     const in_t *xp = data<const in_t>(x), *rp = data<const in_t>(res);

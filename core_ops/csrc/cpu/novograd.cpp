@@ -17,7 +17,7 @@ double element_at(const Tensor& t, size_t i) { return data<acc_t>(t)[i]; }
 void novograd_step(const NovoGradArgs& a) {
   if (flag_is_set(a.found_inf)) return;
   const CpuStep st(a.params, a.grads, a.steps, a.lr, a.lr_tensor, a.grad_scale, a.maximize);
-  const bool is_double = a.params[0].scalar_type() == ScalarType::Double;
+  const bool is_double = dtype_of(a.params[0]) == ScalarType::Double;
   const Tensor norms = core_ops::contiguous(a.grad_norms);
   // The per-tensor second moments, before any element reads its denom.
   std::vector<double> second(a.params.size());

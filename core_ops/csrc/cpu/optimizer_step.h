@@ -19,7 +19,7 @@ CORE_OPS_CPU_BEGIN
 
 inline bool flag_is_set(const OptionalTensor& found_inf) {
   if (!found_inf.has_value()) return false;
-  return found_inf->scalar_type() == ScalarType::Float ? *data<float>(*found_inf) > 0
+  return dtype_of(*found_inf) == ScalarType::Float ? *data<float>(*found_inf) > 0
                                                        : *data<int32_t>(*found_inf) > 0;
 }
 
@@ -44,7 +44,7 @@ inline std::vector<double> advance_steps(TensorList steps) {
 template <typename F>
 void for_each_param_chunk(TensorList params, bool master, F&& f) {
   const auto chunks = make_chunks(params);
-  for_param_types(params[0].scalar_type(), master, [&](auto param, auto, auto has_master) {
+  for_param_types(dtype_of(params[0]), master, [&](auto param, auto, auto has_master) {
     parallel_chunks(chunks, [&](const Chunk& c) { f(param, has_master, c); });
   });
 }

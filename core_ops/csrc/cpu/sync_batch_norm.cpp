@@ -146,11 +146,11 @@ void row_stats(const scalar_t* x, int64_t r0, int64_t r1, int64_t c, double* mea
 
 std::tuple<Tensor, Tensor> sync_batch_norm_stats(const Tensor& input) {
   check_batch_norm_args(input, nullptr, {}, std::nullopt, std::nullopt);
-  const auto acc = input.scalar_type() == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+  const auto acc = dtype_of(input) == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   Tensor mean = core_ops::empty({input.size(1)}, acc, input.device());
   Tensor var = core_ops::empty_like(mean);
   const Layout lay = layout_of(input, reads_rows(input));
-  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, [&] {
+  CORE_OPS_DISPATCH_FLOATING(dtype_of(input), "input", scalar_t, [&] {
     using acc_t = acc_of<scalar_t>;
     const scalar_t* x = data<const scalar_t>(lay.data);
     acc_t* pm = data<acc_t>(mean);
@@ -269,7 +269,7 @@ std::tuple<Tensor, Tensor> sync_batch_norm_backward_reduce(const Tensor& grad_ou
   const bool rows = reads_rows(input);
   const Layout lay = layout_of(input, rows), g = layout_of(grad_out, rows);
   const Tensor m = core_ops::contiguous(mean);
-  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, [&] {
+  CORE_OPS_DISPATCH_FLOATING(dtype_of(input), "input", scalar_t, [&] {
     using acc_t = acc_of<scalar_t>;
     const scalar_t* x = data<const scalar_t>(lay.data);
     const scalar_t* dy = data<const scalar_t>(g.data);
@@ -382,10 +382,10 @@ Tensor sync_batch_norm_elemt(const Tensor& input, const Tensor& mean, const Tens
                              const OptionalTensor& bias) {
   check_batch_norm_args(input, nullptr, {{"mean", &mean}, {"invstd", &invstd}}, weight, bias);
   const Tensor inv = core_ops::contiguous(invstd), m = core_ops::contiguous(mean);
-  const OptionalTensor w = acc_values(weight, invstd.scalar_type()), b = acc_values(bias, invstd.scalar_type());
+  const OptionalTensor w = acc_values(weight, dtype_of(invstd)), b = acc_values(bias, dtype_of(invstd));
   const Layout lay = layout_of(input, reads_rows(input));
   Tensor out = empty_in(lay, input);
-  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, [&] {
+  CORE_OPS_DISPATCH_FLOATING(dtype_of(input), "input", scalar_t, [&] {
     using acc_t = acc_of<scalar_t>;
     const int64_t c = lay.c;
     const std::vector<acc_t> scale = times_weight(data<const acc_t>(inv), w, c);
@@ -408,11 +408,11 @@ Tensor sync_batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& inpu
              weight, std::nullopt);
   const Tensor inv = core_ops::contiguous(invstd), m = core_ops::contiguous(mean), mdy = core_ops::contiguous(mean_dy);
   const Tensor mdxm = core_ops::contiguous(mean_dy_xmu);
-  const OptionalTensor w = acc_values(weight, invstd.scalar_type());
+  const OptionalTensor w = acc_values(weight, dtype_of(invstd));
   const bool rows = reads_rows(input);
   const Layout lay = layout_of(input, rows), g = layout_of(grad_out, rows);
   Tensor out = empty_in(lay, input);
-  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, [&] {
+  CORE_OPS_DISPATCH_FLOATING(dtype_of(input), "input", scalar_t, [&] {
     using acc_t = acc_of<scalar_t>;
     const int64_t c = lay.c;
     const acc_t* pi = data<const acc_t>(inv);

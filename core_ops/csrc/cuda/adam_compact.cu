@@ -232,7 +232,7 @@ void adam_compact_step(const AdamCompactArgs& a) {
 
   bool_switch(a.adam_w_mode, [&](auto adamw) {
     bool_switch(master, [&](auto has_master) {
-      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(a.params[0].scalar_type(), "params", param_t, ([&] {
+      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(a.params[0]), "params", param_t, ([&] {
         constexpr bool kW = decltype(adamw)::value, kM = decltype(has_master)::value;
         const auto run = [&](const auto& op) {
           launch.run(op, {a.exp_avgs, a.exp_avg_sqs}, a.master_params, scalars);

@@ -258,7 +258,7 @@ struct FoundInf {
 };
 
 inline FoundInf found_inf_arg(const Tensor& found_inf) {
-  return {found_inf.data_ptr(), found_inf.scalar_type() == ScalarType::Int};
+  return {found_inf.data_ptr(), dtype_of(found_inf) == ScalarType::Int};
 }
 
 // A summed Note [Non-finite probe] is nan exactly when a probed value was not finite.

@@ -42,7 +42,7 @@ void multi_tensor_check_finite_(TensorList tensors, const Tensor& found_inf) {
   if (is_double_list(tensors)) {
     multi_tensor_apply<1>({ts.tensors}, CheckFiniteOp<double, double>{flag});
   } else {
-    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(tensors[0].scalar_type(), "tensors", scalar_t,
+    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(tensors[0]), "tensors", scalar_t,
       multi_tensor_apply<1>({ts.tensors}, CheckFiniteOp<scalar_t, float>{flag}));
   }
 }

@@ -151,7 +151,7 @@ std::tuple<Tensor, Tensor> norm_impl(TensorList tensors, const Tensor* inv_scale
         data<double>(partial), kUnscale ? data<double>(*s) : nullptr, flag});
     finish_norms<double>(starts, partial, total, per, per_tensor, stream);
   } else {
-    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(tensors[0].scalar_type(), "tensors", scalar_t,
+    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(tensors[0]), "tensors", scalar_t,
       multi_tensor_apply<1>({ts.tensors}, NormOp<scalar_t, float, kUnscale>{
           data<float>(partial), kUnscale ? data<float>(*s) : nullptr, flag}));
     finish_norms<float>(starts, partial, total, per, per_tensor, stream);

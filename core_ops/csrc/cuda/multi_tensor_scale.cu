@@ -85,8 +85,8 @@ void multi_tensor_scale_(TensorList src, TensorList dst, const Tensor& scale,
     multi_tensor_apply<2>({in.tensors, out.tensors}, ScaleOp<double, double, double>{data<double>(s), flag});
   } else {
     const Tensor s = device_scalar(scale, "scale", device, ScalarType::Float);
-    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(src[0].scalar_type(), "src", in_t,
-      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dst[0].scalar_type(), "dst", out_t,
+    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(src[0]), "src", in_t,
+      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(dst[0]), "dst", out_t,
         multi_tensor_apply<2>({in.tensors, out.tensors},
                               ScaleOp<in_t, out_t, float>{data<float>(s), flag})));
   }
@@ -109,9 +109,9 @@ void multi_tensor_axpby_(TensorList x, TensorList y, TensorList out_list,
                           AxpbyOp<double, double, double, double>{a, b, flag, check});
   } else {
     const float af = static_cast<float>(a), bf = static_cast<float>(b);
-    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(x[0].scalar_type(), "x", x_t,
-      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(y[0].scalar_type(), "y", y_t,
-        CORE_OPS_DISPATCH_FLOAT_HALF_BF16(out_list[0].scalar_type(), "out", out_t,
+    CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(x[0]), "x", x_t,
+      CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(y[0]), "y", y_t,
+        CORE_OPS_DISPATCH_FLOAT_HALF_BF16(dtype_of(out_list[0]), "out", out_t,
           multi_tensor_apply<3>({xs.tensors, ys.tensors, outs.tensors},
                                 AxpbyOp<x_t, y_t, out_t, float>{af, bf, flag, check}))));
   }

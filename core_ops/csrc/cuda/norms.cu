@@ -409,7 +409,7 @@ Tensor3 norm_fwd(const Tensor& input, const OptTensor& weight, const OptTensor& 
   const DeviceGuard guard(device);
   const Tensor x = core_ops::contiguous(input);
   const int64_t rows = x.numel() / hidden;
-  const ScalarType in = x.scalar_type(), out_type = out_dtype.value_or(in);
+  const ScalarType in = dtype_of(x), out_type = out_dtype.value_or(in);
   const ScalarType acc = in == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   const Tensor out = empty_shaped(input, out_type);
   const Tensor mean = empty({rows}, acc, x.device()), rstd = empty({rows}, acc, x.device());
@@ -443,8 +443,8 @@ Tensor3 norm_fwd(const Tensor& input, const OptTensor& weight, const OptTensor& 
 // A weight's or bias's grad: the column sums in its dtype and shape; absent, an empty
 // tensor of saved's dtype.
 Tensor param_grad(const OptionalTensor& sums, const OptTensor& param, const Tensor& saved) {
-  if (!param.has_value()) return empty({0}, saved.scalar_type(), saved.device());
-  return torch::stable::reshape(torch::stable::to(*sums, param->scalar_type()), param->sizes());
+  if (!param.has_value()) return empty({0}, dtype_of(saved), saved.device());
+  return torch::stable::reshape(torch::stable::to(*sums, dtype_of(*param)), param->sizes());
 }
 
 Tensor3 norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor& mean, const Tensor& rstd,
@@ -465,12 +465,12 @@ Tensor3 norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor& mean
   };
   const OptionalTensor dw = want_wb ? make_wb() : std::nullopt, db = want_wb ? make_wb() : std::nullopt;
   const Tensor m = core_ops::contiguous(rms ? rstd : mean), r = core_ops::contiguous(rstd);
-  const ScalarType out_type = dy.scalar_type();
+  const ScalarType out_type = dtype_of(dy);
   CORE_OPS_CHECK_TYPE(out_type == dx_dtype || (out_type == ScalarType::Float && dx_dtype != ScalarType::Double),
                       "grad_out must be the input's dtype or, for half input, torch.float32; got ",
                       dtype_name(out_type));
-  CORE_OPS_CHECK_TYPE(s.scalar_type() == (memory_efficient ? out_type : dx_dtype), "saved must be the ",
-                      memory_efficient ? "output's" : "input's", " dtype; got ", dtype_name(s.scalar_type()));
+  CORE_OPS_CHECK_TYPE(dtype_of(s) == (memory_efficient ? out_type : dx_dtype), "saved must be the ",
+                      memory_efficient ? "output's" : "input's", " dtype; got ", dtype_name(dtype_of(s)));
   const cudaStream_t stream = current_stream(device);
   const auto run = [&](auto in_tag) {
     using in_t = decltype(in_tag);
@@ -535,7 +535,7 @@ Tensor3 fused_add_rms_norm_fwd(const Tensor& input, const Tensor& residual, cons
       launch(std::integral_constant<int, 1>());
     }
   };
-  CORE_OPS_DISPATCH_FLOATING(io.x.scalar_type(), "input", in_t, run(in_t{}));
+  CORE_OPS_DISPATCH_FLOATING(dtype_of(io.x), "input", in_t, run(in_t{}));
   return {io.y, io.h, io.rstd};
 }
 

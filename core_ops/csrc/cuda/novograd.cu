@@ -82,7 +82,7 @@ void novograd_step(const NovoGradArgs& a) {
   const NovoGradScalars s{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, launch.step(), a.norm_type,
                           a.bias_correction, a.grad_averaging, a.init_zero};
   const std::vector<Tensor> norms = per_tensor_views(a.grad_norms);
-  if (a.params[0].scalar_type() == ScalarType::Double) {
+  if (dtype_of(a.params[0]) == ScalarType::Double) {
     multi_tensor_apply<1, 2>({a.exp_avg_sqs}, {a.steps, norms}, SecondMomentOp<double>{s});
   } else {
     multi_tensor_apply<1, 2>({a.exp_avg_sqs}, {a.steps, norms}, SecondMomentOp<float>{s});

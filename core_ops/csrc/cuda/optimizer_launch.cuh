@@ -80,7 +80,7 @@ class OptimizerLaunch {
   template <typename MakePolicy>
   void elementwise(MakePolicy&& make_policy, std::initializer_list<TensorList> lists, TensorList masters,
                    std::vector<TensorList> scalars = {}) {
-    for_param_types(params_[0].scalar_type(), !masters.empty(), [&](auto param, auto acc, auto has_master) {
+    for_param_types(dtype_of(params_[0]), !masters.empty(), [&](auto param, auto acc, auto has_master) {
       const auto policy = make_policy(param, acc, has_master);
       using Op = ElementwiseStep<decltype(param), decltype(acc), decltype(has_master)::value,
                                  std::decay_t<decltype(policy)>>;

@@ -46,9 +46,9 @@ struct DeviceScalar {
 
 inline DeviceScalar device_scalar_arg(const OptionalTensor& t, OptionalTensor& keep) {
   if (!t.has_value()) return {nullptr, false};
-  const auto dtype = t->scalar_type();
+  const auto dtype = dtype_of(*t);
   keep = (dtype == ScalarType::Float || dtype == ScalarType::Double) ? *t : torch::stable::to(*t, ScalarType::Double);
-  return {keep->data_ptr(), keep->scalar_type() == ScalarType::Double};
+  return {keep->data_ptr(), dtype_of(*keep) == ScalarType::Double};
 }
 
 // How a step reads its grads, on the device: divided by grad_scale (by -grad_scale for

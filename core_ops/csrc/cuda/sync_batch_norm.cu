@@ -229,8 +229,8 @@ void reduce_channels(const Acc& proto, const Layout& lay, const Tensor& like, ac
   // An empty batch (n * l == 0) has zero partials: mean, variance and sums 0, as the
   // CPU kernel and the reference give (and no division by l == 0 below).
   const int64_t size = Acc::kFields * slices * lay.c;
-  const Tensor partial = per_channel == 0 ? zeros({size}, like.scalar_type(), like.device())
-                                          : empty({size}, like.scalar_type(), like.device());
+  const Tensor partial = per_channel == 0 ? zeros({size}, dtype_of(like), like.device())
+                                          : empty({size}, dtype_of(like), like.device());
   acc_t* p = data<acc_t>(partial);
   const cudaStream_t stream = current_stream(like.get_device_index());
   if (per_channel == 0) {
@@ -358,12 +358,12 @@ void map_channels(const F& f, const Layout& lay, const Tensor& like) {
 std::tuple<Tensor, Tensor> sync_batch_norm_stats(const Tensor& input) {
   check_batch_norm_args(input, nullptr, {}, std::nullopt, std::nullopt);
   const DeviceGuard guard(input.get_device_index());
-  const ScalarType acc = input.scalar_type() == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+  const ScalarType acc = dtype_of(input) == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   const Tensor mean = empty({input.size(1)}, acc, input.device());
   const Tensor var = core_ops::empty_like(mean);
   const Layout lay = layout_of(input, reads_rows(input));
   if (lay.c == 0) return {mean, var};
-  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, {
+  CORE_OPS_DISPATCH_FLOATING(dtype_of(input), "input", scalar_t, {
     using acc_t = acc_of<scalar_t>;
     StatsAcc<scalar_t, acc_t> proto{data<const scalar_t>(lay.data)};
     reduce_channels(proto, lay, mean, data<acc_t>(mean), data<acc_t>(var));
@@ -380,7 +380,7 @@ std::tuple<Tensor, Tensor> sync_batch_norm_backward_reduce(const Tensor& grad_ou
   const Layout lay = layout_of(input, rows), g = layout_of(grad_out, rows);
   const Tensor m = core_ops::contiguous(mean);
   if (lay.c == 0) return {sum_dy, sum_dy_xmu};
-  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, {
+  CORE_OPS_DISPATCH_FLOATING(dtype_of(input), "input", scalar_t, {
     using acc_t = acc_of<scalar_t>;
     SumsAcc<scalar_t, acc_t> proto{data<const scalar_t>(g.data), data<const scalar_t>(lay.data),
                                    data<const acc_t>(m)};
@@ -393,12 +393,12 @@ Tensor sync_batch_norm_elemt(const Tensor& input, const Tensor& mean, const Tens
                              const OptionalTensor& weight, const OptionalTensor& bias) {
   check_batch_norm_args(input, nullptr, {{"mean", &mean}, {"invstd", &invstd}}, weight, bias);
   const DeviceGuard guard(input.get_device_index());
-  const OptionalTensor w = per_channel_or_none(weight, invstd.scalar_type());
-  const OptionalTensor b = per_channel_or_none(bias, invstd.scalar_type());
+  const OptionalTensor w = per_channel_or_none(weight, dtype_of(invstd));
+  const OptionalTensor b = per_channel_or_none(bias, dtype_of(invstd));
   const Tensor m = core_ops::contiguous(mean), is = core_ops::contiguous(invstd);
   const Layout lay = layout_of(input, reads_rows(input));
   const Tensor out = empty_in(lay, input);
-  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, {
+  CORE_OPS_DISPATCH_FLOATING(dtype_of(input), "input", scalar_t, {
     using acc_t = acc_of<scalar_t>;
     ElemtForward<scalar_t, acc_t> f{data<const scalar_t>(lay.data), data<scalar_t>(out), data<const acc_t>(m),
                                     data<const acc_t>(is), ptr_or_null<acc_t>(w), ptr_or_null<acc_t>(b)};
@@ -414,13 +414,13 @@ Tensor sync_batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& inpu
                         {{"mean", &mean}, {"invstd", &invstd}, {"mean_dy", &mean_dy}, {"mean_dy_xmu", &mean_dy_xmu}},
                         weight, std::nullopt);
   const DeviceGuard guard(input.get_device_index());
-  const OptionalTensor w = per_channel_or_none(weight, invstd.scalar_type());
+  const OptionalTensor w = per_channel_or_none(weight, dtype_of(invstd));
   const Tensor m = core_ops::contiguous(mean), is = core_ops::contiguous(invstd), mdy = core_ops::contiguous(mean_dy),
                mdxmu = core_ops::contiguous(mean_dy_xmu);
   const bool rows = reads_rows(input);
   const Layout lay = layout_of(input, rows), g = layout_of(grad_out, rows);
   const Tensor out = empty_in(lay, input);
-  CORE_OPS_DISPATCH_FLOATING(input.scalar_type(), "input", scalar_t, {
+  CORE_OPS_DISPATCH_FLOATING(dtype_of(input), "input", scalar_t, {
     using acc_t = acc_of<scalar_t>;
     ElemtBackward<scalar_t, acc_t> f{data<const scalar_t>(g.data), data<const scalar_t>(lay.data),
                                      data<scalar_t>(out), data<const acc_t>(m), data<const acc_t>(is),

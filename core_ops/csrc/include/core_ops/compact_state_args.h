@@ -29,11 +29,11 @@ inline MomentKind check_compact_moments(TensorList params, TensorList exp_avgs,
                                         TensorList exp_avg_sqs) {
   check_like_params(params, exp_avgs, "exp_avgs");
   check_like_params(params, exp_avg_sqs, "exp_avg_sqs");
-  const auto dtype = exp_avgs[0].scalar_type();
+  const auto dtype = dtype_of(exp_avgs[0]);
   CORE_OPS_CHECK_TYPE(dtype == ScalarType::Float || dtype == ScalarType::BFloat16 || dtype == ScalarType::Byte,
                       "exp_avgs: expected float32, bfloat16 or uint8 tensors, got ", dtype_name(dtype));
-  CORE_OPS_CHECK_TYPE(exp_avg_sqs[0].scalar_type() == dtype, "exp_avg_sqs have dtype ",
-                      dtype_name(exp_avg_sqs[0].scalar_type()), " but exp_avgs ", dtype_name(dtype));
+  CORE_OPS_CHECK_TYPE(dtype_of(exp_avg_sqs[0]) == dtype, "exp_avg_sqs have dtype ",
+                      dtype_name(dtype_of(exp_avg_sqs[0])), " but exp_avgs ", dtype_name(dtype));
   return dtype == ScalarType::Float ? MomentKind::kFloat
                              : (dtype == ScalarType::BFloat16 ? MomentKind::kBFloat16 : MomentKind::kCodes);
 }
@@ -47,12 +47,12 @@ inline void check_absmaxes(TensorList params, TensorList absmaxes, const char* n
   check_same_length(params, "params", absmaxes, name);
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t blocks = (params[i].numel() + kQuantBlock - 1) / kQuantBlock;
-    CORE_OPS_CHECK_VALUE(absmaxes[i].scalar_type() == ScalarType::Float && absmaxes[i].device() == params[i].device() &&
+    CORE_OPS_CHECK_VALUE(dtype_of(absmaxes[i]) == ScalarType::Float && absmaxes[i].device() == params[i].device() &&
                              absmaxes[i].dim() == 1 && absmaxes[i].numel() == blocks && absmaxes[i].is_contiguous(),
                          name, "[", i, "] must be a contiguous float32 tensor of ", blocks, " block maxima on ",
                          params[i].device());
   }
-  CORE_OPS_CHECK_VALUE(map.has_value() && map->scalar_type() == ScalarType::Float && map->numel() == kMapSize &&
+  CORE_OPS_CHECK_VALUE(map.has_value() && dtype_of(*map) == ScalarType::Float && map->numel() == kMapSize &&
                            map->dim() == 1 && map->device() == params[0].device() && map->is_contiguous(),
                        map_name, " must be a contiguous float32 tensor of 256 values on ", params[0].device(),
                        " for uint8 moments");
@@ -61,8 +61,8 @@ inline void check_absmaxes(TensorList params, TensorList absmaxes, const char* n
 inline WeightKind check_compact_masters(TensorList params, TensorList master_params) {
   if (master_params.empty()) return WeightKind::kParam;
   check_like_params(params, master_params, "master_params");
-  const auto dtype = master_params[0].scalar_type();
-  const auto param = params[0].scalar_type();
+  const auto dtype = dtype_of(master_params[0]);
+  const auto param = dtype_of(params[0]);
   CORE_OPS_CHECK_TYPE(dtype == ScalarType::Float || dtype == ScalarType::Short,
                       "master_params: expected float32 or int16 tensors, got ", dtype_name(dtype));
   CORE_OPS_CHECK_TYPE(dtype != ScalarType::Short || param == ScalarType::BFloat16,
@@ -73,7 +73,7 @@ inline WeightKind check_compact_masters(TensorList params, TensorList master_par
 }
 
 inline void check_compact_params(TensorList params) {
-  const auto dtype = params[0].scalar_type();
+  const auto dtype = dtype_of(params[0]);
   CORE_OPS_CHECK_TYPE(dtype == ScalarType::Float || dtype == ScalarType::Half || dtype == ScalarType::BFloat16,
                       "params: compact Adam state is for float32, float16 or bfloat16 params, got ",
                       dtype_name(dtype));

@@ -20,8 +20,8 @@ namespace core_ops {
 inline void check_norm_args(const Tensor& input, int64_t hidden,
                             std::initializer_list<std::pair<const char*, const OptionalTensor*>> params,
                             std::optional<ScalarType> out_dtype = std::nullopt, const char* name = "input") {
-  CORE_OPS_CHECK_TYPE(is_floating(input.scalar_type()), name, " must be a floating-point tensor, got ",
-                      dtype_name(input.scalar_type()));
+  CORE_OPS_CHECK_TYPE(is_floating(dtype_of(input)), name, " must be a floating-point tensor, got ",
+                      dtype_name(dtype_of(input)));
   CORE_OPS_CHECK_VALUE(hidden >= 1 && (input.numel() % hidden == 0), name, " of shape ", input.sizes(),
                        " does not hold whole rows of hidden=", hidden, " values");
   for (const auto& [pname, p] : params) {
@@ -30,13 +30,13 @@ inline void check_norm_args(const Tensor& input, int64_t hidden,
     CORE_OPS_CHECK_VALUE(t.numel() == hidden, pname, " has ", t.numel(), " elements; expected hidden=", hidden);
     CORE_OPS_CHECK_VALUE(t.device() == input.device(), pname, " is on ", t.device(), ", ", name, " on ",
                          input.device());
-    CORE_OPS_CHECK_TYPE(is_floating(t.scalar_type()), pname, " must be floating-point, got ",
-                        dtype_name(t.scalar_type()));
+    CORE_OPS_CHECK_TYPE(is_floating(dtype_of(t)), pname, " must be floating-point, got ",
+                        dtype_name(dtype_of(t)));
   }
-  if (out_dtype.has_value() && *out_dtype != input.scalar_type()) {
-    const bool half = input.scalar_type() == ScalarType::Half || input.scalar_type() == ScalarType::BFloat16;
+  if (out_dtype.has_value() && *out_dtype != dtype_of(input)) {
+    const bool half = dtype_of(input) == ScalarType::Half || dtype_of(input) == ScalarType::BFloat16;
     CORE_OPS_CHECK_TYPE(*out_dtype == ScalarType::Float && half, "out_dtype must be ", name, "'s dtype (",
-                        dtype_name(input.scalar_type()), ") or, for half input, torch.float32; got ",
+                        dtype_name(dtype_of(input)), ") or, for half input, torch.float32; got ",
                         dtype_name(*out_dtype));
   }
 }
@@ -52,17 +52,17 @@ inline void check_norm_bwd_args(const Tensor& grad_out, const Tensor& saved,
   const int64_t rows = hidden >= 1 ? saved.numel() / hidden : 0;
   const ScalarType acc = dx_dtype == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   for (const auto& [name, t] : stats) {
-    CORE_OPS_CHECK_VALUE(t->numel() == rows && t->scalar_type() == acc && t->device() == saved.device(), name,
+    CORE_OPS_CHECK_VALUE(t->numel() == rows && dtype_of(*t) == acc && t->device() == saved.device(), name,
                          " must hold ", rows, " ", dtype_name(acc), " values (one per row) on ", saved.device(),
-                         ", got ", t->numel(), " ", dtype_name(t->scalar_type()), " on ", t->device());
+                         ", got ", t->numel(), " ", dtype_name(dtype_of(*t)), " on ", t->device());
   }
 }
 
 inline void check_residual(const Tensor& input, const Tensor& residual) {
-  CORE_OPS_CHECK_VALUE(residual.sizes().equals(input.sizes()) && residual.scalar_type() == input.scalar_type() &&
+  CORE_OPS_CHECK_VALUE(residual.sizes().equals(input.sizes()) && dtype_of(residual) == dtype_of(input) &&
                            residual.device() == input.device(),
-                       "residual must match input: got ", residual.sizes(), " ", dtype_name(residual.scalar_type()),
-                       " on ", residual.device(), ", input ", input.sizes(), " ", dtype_name(input.scalar_type()),
+                       "residual must match input: got ", residual.sizes(), " ", dtype_name(dtype_of(residual)),
+                       " on ", residual.device(), ", input ", input.sizes(), " ", dtype_name(dtype_of(input)),
                        " on ", input.device());
 }
 
@@ -91,9 +91,9 @@ inline AddRmsNormIo add_rms_norm_io(const Tensor& input, const Tensor& residual,
   check_norm_args(input, hidden, {{"weight", &weight}});
   check_residual(input, residual);
   const Tensor x = core_ops::contiguous(input);
-  const ScalarType acc = x.scalar_type() == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+  const ScalarType acc = dtype_of(x) == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   const int64_t rows = x.numel() / hidden;
-  const auto like_x = [&] { return torch::stable::empty(input.sizes(), x.scalar_type(), std::nullopt, x.device()); };
+  const auto like_x = [&] { return torch::stable::empty(input.sizes(), dtype_of(x), std::nullopt, x.device()); };
   return {x, core_ops::contiguous(residual), like_x(), like_x(), core_ops::empty({rows}, acc, x.device()),
           acc_param(weight, hidden, acc, 1, x), rows};
 }

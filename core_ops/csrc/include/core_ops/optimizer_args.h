@@ -26,16 +26,16 @@ inline void check_state_list(TensorList params, TensorList ts, const char* name,
   if (params.empty()) return;
   check_list(ts, name, params[0].device());
   check_same_numel(params, "params", ts, name);
-  const auto want = state_dtype(params[0].scalar_type());
-  CORE_OPS_CHECK_TYPE(ts[0].scalar_type() == want, name, " must be ", dtype_name(want),
-                      " for ", dtype_name(params[0].scalar_type()), " params, got ",
-                      dtype_name(ts[0].scalar_type()));
+  const auto want = state_dtype(dtype_of(params[0]));
+  CORE_OPS_CHECK_TYPE(dtype_of(ts[0]) == want, name, " must be ", dtype_name(want),
+                      " for ", dtype_name(dtype_of(params[0])), " params, got ",
+                      dtype_name(dtype_of(ts[0])));
 }
 
 // Master weights are float32 copies of reduced-precision params.
 inline void check_masters(TensorList params, TensorList masters) {
   check_state_list(params, masters, "master_params", true);
-  CORE_OPS_CHECK_VALUE(masters.empty() || params[0].scalar_type() != ScalarType::Double,
+  CORE_OPS_CHECK_VALUE(masters.empty() || dtype_of(params[0]) != ScalarType::Double,
                        "float64 params take no master_params");
 }
 
@@ -114,12 +114,12 @@ inline bool check_optimizer_group(TensorList params, TensorList grads,
                                   bool has_steps = true) {
   if (!check_matching_lists(params, "params", grads, "grads")) return false;
   const auto device = params[0].device();
-  CORE_OPS_CHECK_TYPE(grads[0].scalar_type() == params[0].scalar_type(), "grads have dtype ",
-                      dtype_name(grads[0].scalar_type()), " but params have ",
-                      dtype_name(params[0].scalar_type()));
+  CORE_OPS_CHECK_TYPE(dtype_of(grads[0]) == dtype_of(params[0]), "grads have dtype ",
+                      dtype_name(dtype_of(grads[0])), " but params have ",
+                      dtype_name(dtype_of(params[0])));
   if (has_steps) check_same_length(params, "params", steps, "steps");
   for (size_t i = 0; i < steps.size(); ++i) {
-    CORE_OPS_CHECK_VALUE(steps[i].numel() == 1 && steps[i].scalar_type() == ScalarType::Float &&
+    CORE_OPS_CHECK_VALUE(steps[i].numel() == 1 && dtype_of(steps[i]) == ScalarType::Float &&
                              steps[i].device() == device,
                          "steps[", i, "] must be a one-element float32 tensor on ", device);
   }

@@ -143,14 +143,14 @@ inline void check_novograd_per_tensor_state(TensorList params, TensorList exp_av
                                             const Tensor& grad_norms) {
   check_same_length(params, "params", exp_avg_sqs, "exp_avg_sqs");
   const auto device = params[0].device();
-  const auto want = state_dtype(params[0].scalar_type());
+  const auto want = state_dtype(dtype_of(params[0]));
   for (size_t i = 0; i < exp_avg_sqs.size(); ++i) {
     CORE_OPS_CHECK_VALUE(exp_avg_sqs[i].numel() == 1 && exp_avg_sqs[i].device() == device &&
-                             exp_avg_sqs[i].scalar_type() == want,
+                             dtype_of(exp_avg_sqs[i]) == want,
                          "exp_avg_sqs[", i, "] must be a one-element ", dtype_name(want), " tensor on ", device);
   }
   CORE_OPS_CHECK_VALUE(grad_norms.numel() == static_cast<int64_t>(params.size()) &&
-                           grad_norms.device() == device && grad_norms.scalar_type() == want,
+                           grad_norms.device() == device && dtype_of(grad_norms) == want,
                        "grad_norms must hold one ", dtype_name(want), " norm per param on ", device);
 }
 
@@ -220,10 +220,10 @@ void fused_lamb_stage2_(TensorList params, TensorList master_params, TensorList 
   check_state_list(params, updates, "updates", false);
   check_masters(params, master_params);
   check_layouts(params, {{updates, "updates"}, {master_params, "master_params"}});
-  const auto want = state_dtype(params[0].scalar_type());
+  const auto want = state_dtype(dtype_of(params[0]));
   for (const auto* norms : {&param_norms, &update_norms}) {
     CORE_OPS_CHECK_VALUE(norms->numel() == static_cast<int64_t>(params.size()) && norms->device() == device &&
-                             norms->scalar_type() == want,
+                             dtype_of(*norms) == want,
                          "param_norms and update_norms must hold one ", dtype_name(want), " norm per param on ",
                          device);
   }

@@ -49,7 +49,7 @@ inline bool reads_rows(const Tensor& t) {
 
 // An uninitialized tensor in the layout's memory order, viewed as (N, C, *).
 inline Tensor empty_in(const Layout& lay, const Tensor& like) {
-  const Tensor t = torch::stable::empty(lay.data.sizes(), like.scalar_type(), std::nullopt, like.device());
+  const Tensor t = torch::stable::empty(lay.data.sizes(), dtype_of(like), std::nullopt, like.device());
   return lay.rows ? channels_first_view(t) : t;
 }
 
@@ -81,33 +81,33 @@ inline void check_batch_norm_args(const Tensor& input, const Tensor* grad_out,
                 const OptionalTensor& weight, const OptionalTensor& bias) {
   CORE_OPS_CHECK_VALUE(input.dim() >= 2, "input must have at least 2 dimensions (N, C, ...), got shape ",
                        shape_str(input));
-  const auto dt = input.scalar_type();
+  const auto dt = dtype_of(input);
   CORE_OPS_CHECK_TYPE(dt == ScalarType::Float || dt == ScalarType::Half || dt == ScalarType::BFloat16 ||
                           dt == ScalarType::Double,
                       "input: expected float32, float16, bfloat16 or float64, got ", dtype_name(dt));
   const int64_t channels = input.size(1);
   const auto acc = dt == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   if (grad_out != nullptr) {
-    CORE_OPS_CHECK_VALUE(grad_out->sizes().equals(input.sizes()) && grad_out->scalar_type() == dt &&
+    CORE_OPS_CHECK_VALUE(grad_out->sizes().equals(input.sizes()) && dtype_of(*grad_out) == dt &&
                              grad_out->device() == input.device(),
                          "grad_out has shape ", shape_str(*grad_out), " and dtype ",
-                         dtype_name(grad_out->scalar_type()), " on ", grad_out->device(), " but input has ",
+                         dtype_name(dtype_of(*grad_out)), " on ", grad_out->device(), " but input has ",
                          shape_str(input), " and ", dtype_name(dt), " on ", input.device());
   }
   for (const auto& [name, t] : stats) {
-    CORE_OPS_CHECK_VALUE(t->dim() == 1 && t->size(0) == channels && t->scalar_type() == acc &&
+    CORE_OPS_CHECK_VALUE(t->dim() == 1 && t->size(0) == channels && dtype_of(*t) == acc &&
                              t->device() == input.device(),
                          name, " must be a (", channels, ",) ", dtype_name(acc), " tensor on ",
-                         input.device(), ", got ", shape_str(*t), " ", dtype_name(t->scalar_type()),
+                         input.device(), ", got ", shape_str(*t), " ", dtype_name(dtype_of(*t)),
                          " on ", t->device());
   }
   for (const auto& [name, t] : {std::pair{"weight", &weight}, std::pair{"bias", &bias}}) {
     if (!t->has_value()) continue;
     const Tensor& v = **t;
-    CORE_OPS_CHECK_VALUE(v.dim() == 1 && v.size(0) == channels && is_floating(v.scalar_type()) &&
+    CORE_OPS_CHECK_VALUE(v.dim() == 1 && v.size(0) == channels && is_floating(dtype_of(v)) &&
                              v.device() == input.device(),
                          name, " must be a (", channels, ",) float tensor on ", input.device(), ", got ",
-                         shape_str(v), " ", dtype_name(v.scalar_type()), " on ", v.device());
+                         shape_str(v), " ", dtype_name(dtype_of(v)), " on ", v.device());
   }
 }
 

@@ -49,12 +49,12 @@ inline void check_same_length(TensorList a, const char* a_name, TensorList b, co
 
 inline void check_list(TensorList ts, const char* name, const Device& device) {
   if (ts.empty()) return;
-  const auto dtype = ts[0].scalar_type();
+  const auto dtype = dtype_of(ts[0]);
   for (size_t i = 0; i < ts.size(); ++i) {
     CORE_OPS_CHECK_VALUE(ts[i].device() == device, name, "[", i, "] is on ", ts[i].device(),
                          " but the op runs on ", device);
-    CORE_OPS_CHECK_TYPE(ts[i].scalar_type() == dtype, name, "[", i, "] has dtype ",
-                        dtype_name(ts[i].scalar_type()), " but ", name, "[0] has ", dtype_name(dtype),
+    CORE_OPS_CHECK_TYPE(dtype_of(ts[i]) == dtype, name, "[", i, "] has dtype ",
+                        dtype_name(dtype_of(ts[i])), " but ", name, "[0] has ", dtype_name(dtype),
                         "; group tensors by dtype first");
     const char* layout = non_strided_layout(ts[i]);
     CORE_OPS_CHECK_TYPE(layout == nullptr, name, "[", i, "] is a ", layout,
@@ -83,33 +83,40 @@ inline bool check_matching_lists(TensorList a, const char* a_name, TensorList b,
 inline void check_flag(const Tensor& found_inf, const Device& device) {
   CORE_OPS_CHECK_VALUE(found_inf.numel() == 1 && found_inf.device() == device,
                        "found_inf must be a one-element tensor on ", device);
-  CORE_OPS_CHECK_TYPE(found_inf.scalar_type() == ScalarType::Float || found_inf.scalar_type() == ScalarType::Int,
-                      "found_inf must be float32 or int32, got ", found_inf.scalar_type());
+  CORE_OPS_CHECK_TYPE(dtype_of(found_inf) == ScalarType::Float || dtype_of(found_inf) == ScalarType::Int,
+                      "found_inf must be float32 or int32, got ", dtype_of(found_inf));
 }
 
 inline bool is_double_list(TensorList ts) {
-  return !ts.empty() && ts[0].scalar_type() == ScalarType::Double;
+  return !ts.empty() && dtype_of(ts[0]) == ScalarType::Double;
 }
 
 // Note [Non-contiguous tensors]: kernels walk raw memory, so every tensor they touch
 // must be contiguous. Inputs are made contiguous (a copy only when needed); an output
 // that is not contiguous is computed into a contiguous temporary that finish() copies
 // back, so the caller's tensor is written in place with the right strides.
+// The data pointers are read once here: the CPU loops ask for one per chunk, and each
+// read of a stable Tensor's pointer is a call into torch.
 struct ContiguousList {
   std::vector<Tensor> tensors;
+  std::vector<void*> pointers;                         // tensors[i]'s data
   std::vector<std::pair<Tensor, Tensor>> write_back;  // (user's, temporary)
 
   ContiguousList(TensorList ts, bool output) {
     tensors.reserve(ts.size());
+    pointers.reserve(ts.size());
     for (const auto& t : ts) {
       if (t.is_contiguous()) {
         tensors.push_back(t);
       } else {
-        tensors.push_back(core_ops::contiguous(t));
+        tensors.push_back(torch::stable::contiguous(t));
         if (output) write_back.emplace_back(t, tensors.back());
       }
+      pointers.push_back(tensors.back().data_ptr());
     }
   }
+  template <typename T>
+  T* data(int64_t i) const { return static_cast<T*>(pointers[i]); }
   void finish() {
     for (auto& [user, tmp] : write_back) core_ops::copy_(user, tmp);
   }
@@ -123,7 +130,7 @@ inline bool all_or_no_double(std::initializer_list<TensorList> lists, const char
   int doubles = 0, others = 0;
   for (const auto& ts : lists) {
     if (ts.empty()) continue;
-    (ts[0].scalar_type() == ScalarType::Double ? doubles : others) += 1;
+    (dtype_of(ts[0]) == ScalarType::Double ? doubles : others) += 1;
   }
   CORE_OPS_CHECK_TYPE(doubles == 0 || others == 0, names,
                       ": float64 lists cannot be mixed with other dtypes");
@@ -180,11 +187,11 @@ inline bool check_axpby_args(TensorList x, TensorList y, TensorList out,
 inline void check_update_scale_args(const Tensor& scale, const Tensor& growth_tracker,
                                     const Tensor& hysteresis_tracker,
                                     const Tensor& found_inf) {
-  CORE_OPS_CHECK_TYPE(scale.scalar_type() == ScalarType::Float && scale.numel() == 1,
+  CORE_OPS_CHECK_TYPE(dtype_of(scale) == ScalarType::Float && scale.numel() == 1,
                       "scale must be a one-element float32 tensor");
-  CORE_OPS_CHECK_TYPE(growth_tracker.scalar_type() == ScalarType::Int && growth_tracker.numel() == 1,
+  CORE_OPS_CHECK_TYPE(dtype_of(growth_tracker) == ScalarType::Int && growth_tracker.numel() == 1,
                       "growth_tracker must be a one-element int32 tensor");
-  CORE_OPS_CHECK_TYPE(hysteresis_tracker.scalar_type() == ScalarType::Int && hysteresis_tracker.numel() == 1,
+  CORE_OPS_CHECK_TYPE(dtype_of(hysteresis_tracker) == ScalarType::Int && hysteresis_tracker.numel() == 1,
                       "hysteresis_tracker must be a one-element int32 tensor");
   // The kernels dereference all four: they must share scale's device.
   CORE_OPS_CHECK_VALUE(growth_tracker.device() == scale.device() &&
