@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and GPU benchmark on a bare GPU machine whose python3
 # holds a CUDA build of torch, Lightning, Accelerate, pytest-xdist and pytest-timeout
-# (nothing is installed: the repo and its plugins are put on PYTHONPATH and the kernels
-# build on first use).
+# (nothing is installed: the repo and its plugins are put on PYTHONPATH; the kernels come
+# from a wheel in dist/ when there is one, else they build on first use).
 #   bash tests/gpu/run.sh            # from anywhere
+# To run the wheel's kernels there: `bash tools/wheel.sh dist` here first (5 min 35 s on
+# 2 cores, 19.3 MiB), and dist/ travels with the repo (the device tool's carry).
 # It ends with one table: step, verdict, seconds, and the failed tests by name; the
 # logs stay in $OUT/gpu_run (default /tmp). Exits 1 if any step failed.
 # Then bench/gpu_targets.py measures every speed target of the GPU issue and prints
@@ -52,6 +54,16 @@ gpu=$($PY -c "import torch; assert torch.cuda.is_available(), 'no GPU'; print(to
 # longer build) or ones CUDA 13 dropped (a failed one).
 export CORE_OPS_CUDA_ARCH=${CORE_OPS_CUDA_ARCH:-$($PY -c "import torch; print('%d.%d' % torch.cuda.get_device_capability(0))")}
 
+# The wheel, where one was made for this run (`bash tools/wheel.sh dist` at this commit,
+# carried as dist/): its libraries go where an installed core_ops keeps them, so the
+# kernels are the wheel's and the build step below takes them and builds nothing
+# (Note [Prebuilt libraries]). Without a wheel, or where this torch cannot take its
+# CUDA library (CUDA 12), that step builds for this GPU as before.
+wheel=$(ls dist/core_ops-*.whl 2>/dev/null | tail -n 1)
+if [ -n "$wheel" ]; then
+  step wheel 30 $PY -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+z.extractall('.', [n for n in z.namelist() if n.startswith('core_ops/lib/')]); print('libraries of', sys.argv[1])" "$wheel"
+fi
 step build 140 $PY -m core_ops build --cuda
 step info 10 $PY -m core_ops info
 # The whole GPU selection: the core's CUDA tests, core_ops DDP, SyncBatchNorm and the opt levels on FSDP2 over
