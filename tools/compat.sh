@@ -114,7 +114,7 @@ one_release() {
     run_env=(env -u CUDA_HOME PATH="$(without_compilers "$home/nocc")" CXX=/nonexistent/c++)
     (cd "$home/src" && "${run_env[@]}" "$py" -m core_ops info >"$log/info.log" 2>&1)  # the venv's core_ops
     cpu=$(grep -m1 "^\[cpu\]" "$log/info.log" | cut -c1-200)
-    if [[ $cpu == "[cpu] native: the wheel's"* ]] && ! awk '/^\[cpu\]/{on=1; next} /^\[/{on=0} on && NF>=2 && $2 != "native" {bad=1} END {exit !bad}' "$log/info.log"; then
+    if [[ $cpu == "[cpu] native: the wheel's"* ]] && [ -z "$(awk -f "$repo/tools/cpu_ops_not_native.awk" "$log/info.log")" ]; then
       cpu="the wheel's, every op native, level ${cpu##*; level }"
     else
       cpu="**not the wheel's**: ${cpu#\[cpu\] }"

@@ -45,7 +45,7 @@ run -c "import shutil, sys; sys.exit(shutil.which('c++') or shutil.which('gcc') 
   || fail "a compiler is still on PATH"
 run -m core_ops info >"$DIR/info.log" 2>&1 || fail "core_ops info ($DIR/info.log)"
 grep -q "^\[cpu\] native: the wheel's" "$DIR/info.log" || fail "the CPU library is not the wheel's: $(grep -m1 '^\[cpu\]' "$DIR/info.log")"
-not_native=$(awk '/^\[cpu\]/{on=1; next} /^\[/{on=0} on && NF>=2 && $2 != "native"' "$DIR/info.log")
+not_native=$(awk -f "$repo/tools/cpu_ops_not_native.awk" "$DIR/info.log")
 [ -z "$not_native" ] || fail "ops not native on the CPU: $not_native"
 start=$SECONDS
 run -m pytest -q -p no:cacheprovider "${subset[@]}" tests/multi_tensor_apply tests/optimizers tests/normalization \
