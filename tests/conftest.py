@@ -4,6 +4,9 @@ process group of the tests that need a group but not a second rank."""
 import datetime
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,15 +74,41 @@ def _has_cxx():
     return shutil.which(os.environ.get("CXX") or "g++") is not None
 
 
+NO_JIT_BUILD = "the JIT route builds with a C++ compiler, and none is here (a wheel install runs its own libraries)"
+
+
 def pytest_collection_modifyitems(config, items):
+    from core_ops import _build
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     no_cxx = pytest.mark.skip(reason="inductor's CPU code needs a C++ compiler, and none is here")
-    cuda, cxx = torch.cuda.is_available(), _has_cxx()
+    no_jit = pytest.mark.skip(reason=NO_JIT_BUILD)
+    cuda, cxx, jit = torch.cuda.is_available(), _has_cxx(), _build.cxx() is not None
     for item in items:
         if "gpu" in item.keywords and not cuda:
             item.add_marker(no_gpu)
-        if "inductor_cpu" in item.keywords and not cxx:
+        on_cpu = getattr(item, "callspec", None) is None or item.callspec.params.get("device", "cpu") == "cpu"
+        if "inductor_cpu" in item.keywords and on_cpu and not cxx:
             item.add_marker(no_cxx)
+        if "jit_build" in item.keywords and not jit:
+            item.add_marker(no_jit)
+
+
+@pytest.fixture(scope="session")
+def jit_cpu_library():
+    """The JIT route's CPU library (built into the suite's cache if need be), for the
+    tests of building, caching and cache trust: in a wheel install this process runs
+    the wheel's library instead (Note [Prebuilt libraries]). Skips without a compiler."""
+    from core_ops import _build, _wheel_library
+    if _build.cxx() is None:
+        pytest.skip(NO_JIT_BUILD)
+    backend = _build.ensure("cpu")
+    if backend.native and Path(backend.path).parent != _wheel_library.LIB_DIR:
+        return Path(backend.path)
+    code = "from core_ops import _build; b = _build.ensure('cpu', warn=False); print(b.native, b.path)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "CORE_OPS_BACKEND": "jit"})
+    assert proc.returncode == 0 and proc.stdout.split()[-2] == "True", proc.stdout + proc.stderr[-3000:]
+    return Path(proc.stdout.split()[-1])
 
 
 def assert_axpby_close(out, x, y, a, b):

@@ -33,8 +33,9 @@ CALL = textwrap.dedent("""
 
 
 def run(code, cache, **env):
-    full = dict(os.environ, CORE_OPS_CACHE_DIR=str(cache), **env)
-    full.pop("CORE_OPS_BACKEND", None) if "CORE_OPS_BACKEND" not in env else None
+    # The JIT route on purpose: in a wheel install the wheel's own library would serve
+    # first (Note [Prebuilt libraries]) and nothing here would be built or looked up.
+    full = dict(os.environ, CORE_OPS_CACHE_DIR=str(cache), **{"CORE_OPS_BACKEND": "jit", **env})
     return subprocess.Popen([PY, "-c", code], env=full, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -45,6 +46,7 @@ def finish(proc, timeout=600):
     return out, err
 
 
+@pytest.mark.jit_build
 def test_concurrent_ranks_build_once_then_load_from_cache(tmp_path):
     procs = [run(CALL, tmp_path) for _ in range(3)]
     results = [finish(p) for p in procs]
@@ -73,6 +75,7 @@ def with_broken_source(tmp_path):
             f"b.CSRC = c.CSRC = __import__('pathlib').Path({str(broken)!r})\n" + CALL)
 
 
+@pytest.mark.jit_build
 def test_compile_error_falls_back_and_is_not_retried(tmp_path):
     code = with_broken_source(tmp_path)
     out, _ = finish(run(code, tmp_path / "cache"))
@@ -82,19 +85,20 @@ def test_compile_error_falls_back_and_is_not_retried(tmp_path):
     assert "building" not in err and "an earlier build failed" in out
 
 
+@pytest.mark.jit_build
 def test_compile_error_warning_names_the_compilers_error(tmp_path):
     out, _ = finish(run(with_broken_source(tmp_path), tmp_path / "cache"))
     warning = next(line for line in out.splitlines() if "build failed" in line)
     assert "error" in warning and "broken.cpp" in warning and "-MMD" not in warning, warning
 
 
-def cached_library_in(cache):
-    """A copy of this process's built CPU library in ``cache``, under its key."""
-    built = Path(_build.ensure("cpu").path)
+def cached_library_in(cache, built):
+    """A copy of the JIT route's CPU library ``built`` in ``cache``, under its key."""
     shutil.copytree(built.parent, cache / built.parent.name, ignore=shutil.ignore_patterns("staging"))
     return cache / built.parent.name / built.name
 
 
+@pytest.mark.jit_build  # without a compiler, that is the reason given first
 def test_uncreatable_cache_falls_back_with_one_warning(tmp_path):
     (tmp_path / "a_file").write_text("")
     out, _ = finish(run(CALL, tmp_path / "a_file" / "cache"))
@@ -102,20 +106,20 @@ def test_uncreatable_cache_falls_back_with_one_warning(tmp_path):
     assert "WARNINGS 1" in out and "is not writable" in out and "CORE_OPS_CACHE_DIR" in out
 
 
-def test_prebuilt_cache_loads_where_it_cannot_be_locked(tmp_path):
+def test_prebuilt_cache_loads_where_it_cannot_be_locked(tmp_path, jit_cpu_library):
     # A read-only cache (a container image prebuilt with `python -m core_ops build`):
     # the lock file cannot be opened, as here where a folder stands in its place.
-    library = cached_library_in(tmp_path)
+    library = cached_library_in(tmp_path, jit_cpu_library)
     (tmp_path / f"{library.parent.name}.lock").mkdir()
     out, err = finish(run(CALL, tmp_path))
     assert "RESULT 5.0" in out and "NATIVE True" in out and "WARNINGS 0" in out
     assert "building" not in err
 
 
-def test_cache_built_elsewhere_loads_without_a_compiler(tmp_path):
+def test_cache_built_elsewhere_loads_without_a_compiler(tmp_path, jit_cpu_library):
     # A slim image with no compiler, running a cache built in a build stage: the key
     # with the compiler's version cannot be made here, the toolchain-free one can.
-    cached_library_in(tmp_path)
+    cached_library_in(tmp_path, jit_cpu_library)
     out, err = finish(run(CALL, tmp_path))  # a machine with a compiler marks it on load
     assert "NATIVE True" in out and "building" not in err
     assert len(list(tmp_path.glob(f"*/{_build.PORTABLE_KEY}"))) == 1
@@ -123,9 +127,9 @@ def test_cache_built_elsewhere_loads_without_a_compiler(tmp_path):
     assert "RESULT 5.0" in out and "NATIVE True" in out and "WARNINGS 0" in out
 
 
-def test_truncated_cached_library_is_not_loaded(tmp_path):
+def test_truncated_cached_library_is_not_loaded(tmp_path, jit_cpu_library):
     # Loading a library cut short (a build killed while linking) crashed with SIGBUS.
-    library = cached_library_in(tmp_path)
+    library = cached_library_in(tmp_path, jit_cpu_library)
     assert _build._complete(library)
     with open(library, "r+b") as fh:
         fh.truncate(library.stat().st_size // 2)
@@ -206,6 +210,8 @@ def _why_no_cuda_build():
     """Why this machine cannot build the CUDA kernels for this torch, or None."""
     if torch.version.cuda is None:
         return f"this torch ({torch.__version__}) is built without CUDA: there are no CUDA kernels to build"
+    if _build.cxx() is None:
+        return "no C++ compiler here: nvcc needs the host's (a wheel install runs its own libraries)"
     home = _build.cuda_home()
     if home is None or not Path(home, "bin", "nvcc").exists():
         return "no CUDA toolkit on this machine"
@@ -385,6 +391,7 @@ def test_a_compiler_of_another_cuda_release_is_named(tmp_path, monkeypatch):
     assert 'pip install "cuda-toolkit[nvcc,cccl]==13.2.*"' in message
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.setattr(_build, "cxx", lambda: "/usr/bin/c++")  # a host compiler is checked first
     message = _build._precondition("cuda")
     assert "is CUDA 13.0 but this torch was built with CUDA 12.4" in message
     assert "set CUDA_HOME to a CUDA 12.x toolkit (12.4 as torch)" in message

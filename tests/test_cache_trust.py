@@ -74,20 +74,18 @@ print(" | ".join(str(w.message) for w in said))
 
 
 @AS_ROOT
-def test_a_planted_library_is_never_loaded(tmp_path):
+def test_a_planted_library_is_never_loaded(tmp_path, jit_cpu_library):
     """The real CPU library, copied into a cache at the path its key gives: loaded when
     this user owns it; owned by another user (planted), refused, and nothing is built
-    over it (build=False: the private cache has none yet)."""
-    real = _build.ensure("cpu")
-    if not real.native:
-        pytest.skip(f"no native CPU library to plant here: {real.reason}")
-    name = Path(real.path).parent.name
+    over it (build=False: the private cache has none yet). On the JIT route, which is the
+    one that loads from a cache."""
+    name = jit_cpu_library.parent.name
     cache = tmp_path / "cache"
     (cache / name).mkdir(parents=True)
     planted = cache / name / f"{name}.so"
-    shutil.copy(real.path, planted)
+    shutil.copy(jit_cpu_library, planted)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_OPS_")}
-    env.update(CORE_OPS_CACHE_DIR=str(cache), XDG_CACHE_HOME=str(tmp_path / "home"))
+    env.update(CORE_OPS_CACHE_DIR=str(cache), XDG_CACHE_HOME=str(tmp_path / "home"), CORE_OPS_BACKEND="jit")
 
     def run():
         proc = subprocess.run([sys.executable, "-c", PLANTED], capture_output=True, text=True, env=env, timeout=300)

@@ -57,6 +57,7 @@ def test_opcheck(device, name):
     torch.library.opcheck(getattr(torch.ops.core_ops, name).default, samples(device)[name])
 
 
+@pytest.mark.inductor_cpu  # its cpu case
 def test_torch_compile_clip_step(device):
     """A compiled unscale + global-norm clip gives the eager result."""
     _build.ensure(device)

@@ -103,10 +103,8 @@ _ORDER = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def built_cpu():
-    backend = _build.ensure("cpu")
-    assert backend.native, backend.reason
-    return Path(backend.path)
+def built_cpu(jit_cpu_library):
+    return jit_cpu_library  # the JIT cache's: the one taken when the wheel's is passed over
 
 
 def _order(tmp_path, built_cpu, target, **env):

@@ -91,6 +91,7 @@ def test_fullgraph_forward_and_backward_equal_eager(level, half, compile_first):
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
 
 
+@pytest.mark.inductor_cpu
 def test_a_half_model_with_twin_bias_grads_compiles_with_inductor_on_the_cpu(tmp_path, monkeypatch):
     """Note [Inductor's twin reductions] (tools/upstream/inductor_cpu_twin_reduction.py):
     two biases fed one gradient fail inductor's CPU codegen at bf16; amp at O2 patches
