@@ -453,10 +453,15 @@ torch.library.register_autograd("core_ops::fused_add_rms_norm_fwd", _fused_add_r
 def op(name):
     """``core_ops::<name>``: its OpOverload while torch.compile traces, else the same
     op raising a native kernel's refusals as the reference's (Note [Typed errors])."""
-    overload = getattr(torch.ops.core_ops, name).default
     if torch.compiler.is_compiling():
-        return overload
-    return _TypedErrors(overload)
+        return getattr(torch.ops.core_ops, name).default
+    typed = _typed_ops.get(name)
+    if typed is None:  # made once per op: a norm forward on a small input takes 10 us
+        typed = _typed_ops.setdefault(name, _TypedErrors(getattr(torch.ops.core_ops, name).default))
+    return typed
+
+
+_typed_ops = {}
 
 
 # Note [Typed errors] (csrc/include/core_ops/tensor.h): a native kernel's "[TypeError] ..."

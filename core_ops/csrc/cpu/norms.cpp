@@ -128,7 +128,7 @@ Tensor3 norm_fwd(const Tensor& input, const OptionalTensor& weight, const Option
   const ScalarType in = dtype_of(x);
   const ScalarType out_type = out_dtype.value_or(in);
   const ScalarType acc = in == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
-  Tensor out = torch::stable::empty(input.sizes(), out_type, std::nullopt, x.device());
+  Tensor out = core_ops::empty(input.sizes(), out_type, x.device());
   Tensor mean = core_ops::empty({rows}, acc, x.device());
   Tensor rstd = core_ops::empty({rows}, acc, x.device());
   if (rows == 0) return {out, mean, rstd};
@@ -254,7 +254,7 @@ Tensor3 norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor& mean
   const Tensor dy = core_ops::contiguous(grad_out), s = core_ops::contiguous(saved);
   const int64_t rows = hidden > 0 ? s.numel() / hidden : 0;
   const ScalarType acc = dx_dtype == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
-  Tensor dx = torch::stable::empty(saved.sizes(), dx_dtype, std::nullopt, s.device());
+  Tensor dx = core_ops::empty(saved.sizes(), dx_dtype, s.device());
   const Tensor w = acc_param(weight, hidden, acc, 1, s), b = acc_param(bias, hidden, acc, 0, s);
   const bool affine = weight.has_value();
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>({rows, int64_t(torch::stable::get_num_threads()),

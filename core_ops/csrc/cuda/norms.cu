@@ -399,7 +399,7 @@ void launch_bwd(const out_t* dy, const saved_t* s, in_t* dx, const acc_t* w, con
 
 // A new contiguous tensor of `like`'s shape and device.
 Tensor empty_shaped(const Tensor& like, ScalarType dtype) {
-  return torch::stable::empty(like.sizes(), dtype, std::nullopt, like.device());
+  return core_ops::empty(like.sizes(), dtype, like.device());
 }
 
 Tensor3 norm_fwd(const Tensor& input, const OptTensor& weight, const OptTensor& bias, int64_t hidden, double eps,

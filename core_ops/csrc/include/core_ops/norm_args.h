@@ -69,7 +69,10 @@ inline void check_residual(const Tensor& input, const Tensor& residual) {
 // A weight or bias as `n` contiguous values of the accumulation dtype; ones / zeros
 // (fill) when absent, so the kernels need no branch for it.
 inline Tensor acc_param(const OptionalTensor& p, int64_t n, ScalarType acc, double fill, const Tensor& like) {
-  if (p.has_value()) return core_ops::contiguous(torch::stable::to(torch::stable::reshape(*p, {n}), acc));
+  // The kernels read n values from the data: a weight already in the accumulation dtype
+  // is used as it is, with no call into torch (each one costs microseconds a call).
+  if (p.has_value() && dtype_of(*p) == acc && p->is_contiguous()) return *p;
+  if (p.has_value()) return core_ops::contiguous(torch::stable::to(*p, acc));
   Tensor t = core_ops::empty({n}, acc, like.device());
   torch::stable::fill_(t, fill);
   return t;
@@ -93,7 +96,7 @@ inline AddRmsNormIo add_rms_norm_io(const Tensor& input, const Tensor& residual,
   const Tensor x = core_ops::contiguous(input);
   const ScalarType acc = dtype_of(x) == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   const int64_t rows = x.numel() / hidden;
-  const auto like_x = [&] { return torch::stable::empty(input.sizes(), dtype_of(x), std::nullopt, x.device()); };
+  const auto like_x = [&] { return core_ops::empty(input.sizes(), dtype_of(x), x.device()); };
   return {x, core_ops::contiguous(residual), like_x(), like_x(), core_ops::empty({rows}, acc, x.device()),
           acc_param(weight, hidden, acc, 1, x), rows};
 }

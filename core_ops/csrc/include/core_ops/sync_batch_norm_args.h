@@ -49,7 +49,7 @@ inline bool reads_rows(const Tensor& t) {
 
 // An uninitialized tensor in the layout's memory order, viewed as (N, C, *).
 inline Tensor empty_in(const Layout& lay, const Tensor& like) {
-  const Tensor t = torch::stable::empty(lay.data.sizes(), dtype_of(like), std::nullopt, like.device());
+  const Tensor t = core_ops::empty(lay.data.sizes(), dtype_of(like), like.device());
   return lay.rows ? channels_first_view(t) : t;
 }
 

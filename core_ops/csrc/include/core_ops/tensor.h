@@ -234,8 +234,31 @@ inline bool partly_overlaps(const Tensor& a, const Tensor& b) {
 
 // ---- new tensors -------------------------------------------------------------------
 
+// Note [Allocation without the dispatcher]: torch::stable::empty calls aten::empty
+// through torch's boxed dispatcher, which looks the op up by name and boxes its six
+// arguments on every call; aoti_torch_empty_strided allocates directly. Contiguous,
+// uninitialized, as empty().
+inline Tensor empty(Sizes sizes, ScalarType dtype, const Device& device) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t step = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = step;
+    step *= sizes[i] > 1 ? sizes[i] : 1;
+  }
+  using torch::stable::detail::from;
+  using torch::stable::detail::to;
+  AtenTensorHandle handle = nullptr;
+  const int32_t index = device.type() == DeviceType::CPU ? 0 : device.index();
+  if (aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(),
+                               to<int32_t>(from(dtype)), to<int32_t>(from(device.type())), index,
+                               &handle) != AOTI_TORCH_SUCCESS) {
+    return torch::stable::empty(sizes, dtype, std::nullopt, device);  // torch says why
+  }
+  return Tensor(handle);
+}
+
 inline Tensor empty(std::initializer_list<int64_t> sizes, ScalarType dtype, const Device& device) {
-  return torch::stable::empty(Sizes(sizes.begin(), sizes.end()), dtype, std::nullopt, device);
+  return empty(Sizes(sizes.begin(), sizes.end()), dtype, device);
 }
 
 inline Tensor zeros(std::initializer_list<int64_t> sizes, ScalarType dtype, const Device& device) {
