@@ -21,7 +21,7 @@ from core_ops.mlp import MLP
 from core_ops.normalization import FusedLayerNorm, FusedRMSNorm, fused_add_rms_norm
 from core_ops.optimizers import FusedAdam
 
-from compile_cases import TRAIN_OPTIMIZERS, TRAININGS, amp_training, key
+from compile_cases import TRACES_BACKWARD, TRAIN_OPTIMIZERS, TRAININGS, amp_training, key
 
 LEVELS = [(level, half) for level in ("O0", "O1", "O2", "O3") for half in (torch.float16, torch.bfloat16)]
 
@@ -152,6 +152,8 @@ def test_a_compiled_step_under_amp_skips_an_overflow_as_eager(compile_what, name
     eager does, equal bit for bit (aot_eager runs eager's kernels). At O0 / O3 nothing
     is scaled or skipped: the inf goes into the weights in both."""
     torch._dynamo.reset()
+    if compile_what == "train_step" and not TRACES_BACKWARD:
+        pytest.skip(f"torch {torch.__version__} has no trace_autograd_ops (2.11 on): backward() breaks the graph")
     if compile_what == "train_step":
         eager, compiled = request.getfixturevalue("compiled_train_steps")[key(name, level, half)]
     else:
