@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from compile_cases import TRACES_BACKWARD
 from core_ops import amp
 from core_ops.optimizers import FusedAdam
 
@@ -85,8 +86,7 @@ def test_the_whole_o2_step_captured_by_hand_replays_and_skips_an_overflow(half):
         torch.testing.assert_close(p.detach(), q, rtol=2e-2, atol=1e-3)
 
 
-@pytest.mark.skipif(not hasattr(torch._dynamo.config, "trace_autograd_ops"),
-                    reason="torch 2.10 has no trace_autograd_ops: backward() breaks the graph")
+@pytest.mark.skipif(not TRACES_BACKWARD, reason="torch 2.10 has no trace_autograd_ops: backward() breaks the graph")
 def test_the_whole_o2_step_under_reduce_overhead_trains_as_eager_and_skips_an_overflow():
     from torch._dynamo.utils import counters
     expected = eager_run(torch.bfloat16)
