@@ -40,7 +40,7 @@ def make_module(pl):
             if self.counter is not None:
                 self._before = self.counter.count
             loss = self._loss(batch)
-            self.log("train_loss", loss, prog_bar=True)
+            self._log_loss(loss)
             if not self.automatic_optimization:
                 opt = self.optimizers()
                 opt.zero_grad()
@@ -48,6 +48,14 @@ def make_module(pl):
                 opt.step()
                 return None
             return loss
+
+        # Logging is eager bookkeeping, kept out of a compiled step: dynamo in torch 2.12
+        # and 2.13 fails tracing Lightning 2.6's self.log of a torch.compile'd module
+        # ("'method' object has no attribute '__dict__'", Lightning-AI/pytorch-lightning#21836,
+        # plain Lightning too); Lightning's fix (#21837) disables compile the same way.
+        @torch.compiler.disable
+        def _log_loss(self, loss):
+            self.log("train_loss", loss, prog_bar=True)
 
         def on_after_backward(self):
             if self.counter is not None:
