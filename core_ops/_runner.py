@@ -2,6 +2,7 @@
 ``python -m <tool> ...`` wrappers (core_ops.compat.apex, core_ops_accelerate) that set
 something up first."""
 
+import contextlib
 import os
 import runpy
 import sys
@@ -18,7 +19,8 @@ def run(argv, usage, prog):
             print(usage, file=sys.stderr)
             return 2
         sys.argv = argv[1:]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        with _ending_the_process_group():
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         return 0
     script = argv[0]
     if not os.path.isfile(script):
@@ -26,5 +28,29 @@ def run(argv, usage, prog):
         return 2
     sys.argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python script.py` does
-    runpy.run_path(script, run_name="__main__")
+    with _ending_the_process_group():
+        runpy.run_path(script, run_name="__main__")
     return 0
+
+
+@contextlib.contextmanager
+def _ending_the_process_group():
+    """Destroys the default process group a script leaves behind when it ends well.
+    Apex-era scripts never call destroy_process_group (torch documented it in 2.3); torch
+    then drops the group while the interpreter shuts down, where gloo's worker threads can
+    abort the process ("terminate called without an active exception", SIGABRT: pytorch
+    #190489), so a launcher reports a finished run as failed. A script that raised keeps
+    its group: its peers may still be inside a collective with it."""
+    try:
+        yield
+    except SystemExit as e:
+        if e.code in (0, None):
+            _destroy_default_group()
+        raise
+    _destroy_default_group()
+
+
+def _destroy_default_group():
+    dist = sys.modules.get("torch.distributed")  # not imported: the script used none
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

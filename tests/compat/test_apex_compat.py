@@ -50,6 +50,35 @@ def test_module_form_and_usage(tmp_path):
     assert proc.returncode == 2 and "no such script: missing.py" in proc.stderr
 
 
+@pytest.mark.parametrize("ending, raised, group_left", [("", None, False),
+                                                         ("import sys; sys.exit(0)", SystemExit, False),
+                                                         ("raise RuntimeError('stopped')", RuntimeError, True)])
+def test_the_runner_destroys_the_process_group_a_script_ends_with(ending, raised, group_left, tmp_path,
+                                                                  monkeypatch):
+    """An Apex-era script never calls destroy_process_group; torch's teardown of the group
+    at interpreter exit can then abort the process (pytorch#190489: seen here as a
+    torchrun launch of apex_ddp_train.py failing with SIGABRT after it finished). The
+    runner destroys it when the script ends well, and keeps it when the script raised."""
+    import torch.distributed as dist
+    from core_ops._runner import run
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # run() sets them as python would
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    script = tmp_path / "train.py"
+    script.write_text("import torch.distributed as dist\n"
+                      f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, "
+                      f"world_size=1)\n{ending}\n")
+    try:
+        if raised is None:
+            assert run([str(script)], "usage", "test") == 0
+        else:
+            with pytest.raises(raised):
+                run([str(script)], "usage", "test")
+        assert dist.is_initialized() == group_left
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_a_launcher_s_local_rank_reaches_the_script(tmp_path):
     """``python -m torch.distributed.launch ... -m core_ops.compat.apex train.py`` puts
     ``--local-rank=N`` before the script, as the argument it gives a script it runs."""
