@@ -27,9 +27,12 @@ GROUP_TIMEOUT_S = 20  # restart_train.py's init_process_group timeout
 
 def torchrun(out, *args, timeout=120):
     exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    # A run with a kill: the agent looks every 3 s, not 0.1 s, else on a busy machine it
+    # SIGTERMs the survivor before the survivor's error names the lost rank (docs/faults.md).
+    monitor = ["--monitor-interval", "3"] if "--kill" in args else []
     cmd = ([exe] if exe else [sys.executable, "-m", "torch.distributed.run"]) + [
         "--nproc-per-node", "2", "--max-restarts", "0", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        "--rdzv-endpoint", f"127.0.0.1:{free_port()}", *monitor,
         str(HERE / "restart_train.py"), str(out), *args]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env=rank_env(), capture_output=True, text=True, timeout=timeout)
