@@ -63,3 +63,22 @@ def test_half_input_is_normalized_in_float32():
     y, mean, rstd = norms.layer_norm_forward(x, None, None, 1e-5)
     assert y.dtype == mean.dtype == rstd.dtype == torch.float32
     torch.testing.assert_close(y, F.layer_norm(x.float(), (64,), eps=1e-5), rtol=1e-6, atol=1e-6)
+
+
+# One of weight and bias alone: from the output, xhat must still undo the one there is
+# (a bias alone shifts the output; the kernels once ignored it without a weight).
+@pytest.mark.parametrize("which", ["weight", "bias"])
+@pytest.mark.parametrize("memory_efficient", [False, True])
+def test_layer_norm_with_weight_or_bias_alone_equals_torch(which, memory_efficient):
+    x, w, b, dy = case()
+    weight, bias = (w, None) if which == "weight" else (None, b)
+    leaves = [x.clone().requires_grad_(), (weight if which == "weight" else bias).clone().requires_grad_()]
+    fn = (lambda x, p: F.layer_norm(x, (33,), p, None, eps=1e-5)) if which == "weight" else \
+        (lambda x, p: F.layer_norm(x, (33,), None, p, eps=1e-5))
+    fn(*leaves).backward(dy)
+    y, mean, rstd = norms.layer_norm_forward(x, weight, bias, 1e-5)
+    dx, dw, db = norms.layer_norm_backward(dy, mean, rstd, y if memory_efficient else x, weight, bias,
+                                           memory_efficient)
+    torch.testing.assert_close(dx, leaves[0].grad, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(dw if which == "weight" else db, leaves[1].grad, rtol=1e-10, atol=1e-10)
+    assert (db if which == "weight" else dw) is None

@@ -256,7 +256,8 @@ Tensor3 norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor& mean
   const ScalarType acc = dx_dtype == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   Tensor dx = core_ops::empty(saved.sizes(), dx_dtype, s.device());
   const Tensor w = acc_param(weight, hidden, acc, 1, s), b = acc_param(bias, hidden, acc, 0, s);
-  const bool affine = weight.has_value();
+  // From the output, xhat undoes the affine map: a bias alone shifts it too.
+  const bool affine = weight.has_value() || (!rms && bias.has_value());
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>({rows, int64_t(torch::stable::get_num_threads()),
                                                                   std::max<int64_t>(1, rows * hidden / kSerialBelow)}));
   Tensor partial = core_ops::zeros({blocks, 2, hidden}, acc, s.device());

@@ -458,7 +458,9 @@ Tensor3 norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor& mean
   const ScalarType acc = dx_dtype == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   const Tensor dx = empty_shaped(saved, dx_dtype);
   const Tensor w = acc_param(weight, hidden, acc, 1, s), b = acc_param(bias, hidden, acc, 0, s);
-  const bool affine = weight.has_value(), want_wb = affine || bias.has_value();
+  // From the output, xhat undoes the affine map: a bias alone shifts it too.
+  const bool affine = weight.has_value() || (!rms && bias.has_value());
+  const bool want_wb = weight.has_value() || bias.has_value();
   // The kernels write every column of dw and db when there are rows to sum.
   const auto make_wb = [&] {
     return OptionalTensor(rows > 0 ? empty({hidden}, acc, s.device()) : zeros({hidden}, acc, s.device()));
