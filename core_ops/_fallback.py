@@ -6,9 +6,12 @@ its device's own key over this one."""
 import torch
 
 from . import torch_fused
+from ._boundary import checked, has_boundary
 from .reference import KERNELS as REFERENCE
 
-KERNELS = {**REFERENCE, **torch_fused.KERNELS}
+# The reference kernels come checked (Note [Op boundary]); torch's are checked here.
+KERNELS = {**REFERENCE, **{name: checked(name, fn) if has_boundary(name) else fn
+                           for name, fn in torch_fused.KERNELS.items()}}
 
 for _name, _fn in KERNELS.items():
     torch.library.impl(f"core_ops::{_name}", "CompositeExplicitAutograd")(_fn)

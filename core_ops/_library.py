@@ -20,6 +20,7 @@ import re
 
 import torch
 
+from ._boundary import checked, has_boundary
 from ._validate import (batch_norm_acc_dtype, check_batch_norm_args, check_compact_adam_lists, check_lists, check_norm_args,
                         check_norm_bwd_args, check_residual,
                         check_optimizer_lists, check_per_tensor_state)
@@ -196,6 +197,15 @@ OP_NAMES = tuple(SCHEMAS)
 _lib.define("native_cpu_level(Tensor probe) -> str")
 
 
+def _fake(name):
+    """Registers the decorated function as op ``name``'s fake (meta) kernel, behind the
+    checks every call of an op with lists meets (Note [Op boundary] in _boundary.py)."""
+    def register(fn):
+        torch.library.register_fake(f"core_ops::{name}")(checked(name, fn) if has_boundary(name) else fn)
+        return fn
+    return register
+
+
 def norm_dtype(tensors):
     """The dtype l2norm accumulates and returns in: float64 for float64 lists, else float32."""
     if tensors and tensors[0].dtype == torch.float64:
@@ -211,40 +221,40 @@ def _norm_outputs(tensors, per_tensor):
     return total, per
 
 
-@torch.library.register_fake("core_ops::multi_tensor_scale_")
+@_fake("multi_tensor_scale_")
 def _(src, dst, scale, found_inf):
     check_lists(("src", src), ("dst", dst))
 
 
-@torch.library.register_fake("core_ops::multi_tensor_check_finite_")
+@_fake("multi_tensor_check_finite_")
 def _(tensors, found_inf):
     check_lists(("tensors", tensors))
 
 
-@torch.library.register_fake("core_ops::multi_tensor_axpby_")
+@_fake("multi_tensor_axpby_")
 def _(x, y, out, a, b, found_inf, arg_to_check):
     check_lists(("x", x), ("y", y), ("out", out))
 
 
-@torch.library.register_fake("core_ops::multi_tensor_l2norm")
+@_fake("multi_tensor_l2norm")
 def _(tensors, per_tensor):
     check_lists(("tensors", tensors))
     return _norm_outputs(tensors, per_tensor)
 
 
-@torch.library.register_fake("core_ops::multi_tensor_unscale_l2norm_")
+@_fake("multi_tensor_unscale_l2norm_")
 def _(tensors, inv_scale, found_inf, per_tensor):
     check_lists(("tensors", tensors))
     return _norm_outputs(tensors, per_tensor)
 
 
-@torch.library.register_fake("core_ops::update_scale_")
+@_fake("update_scale_")
 def _(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor, backoff_factor,
       growth_interval, hysteresis, min_scale, max_scale):
     return None
 
 
-@torch.library.register_fake("core_ops::fused_adam_")
+@_fake("fused_adam_")
 def _(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr, beta1,
       beta2, eps, weight_decay, adam_w_mode, bias_correction, amsgrad, maximize, lr_tensor,
       grad_scale, found_inf):
@@ -253,7 +263,7 @@ def _(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, step
                           master_params=master_params or None)
 
 
-@torch.library.register_fake("core_ops::fused_adam_compact_")
+@_fake("fused_adam_compact_")
 def _(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes, master_params, steps,
       exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adam_w_mode, bias_correction,
       maximize, lr_tensor, grad_scale, found_inf):
@@ -261,34 +271,34 @@ def _(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxe
                              exp_avg_sq_absmaxes, master_params, exp_avg_map, exp_avg_sq_map)
 
 
-@torch.library.register_fake("core_ops::fused_sgd_")
+@_fake("fused_sgd_")
 def _(params, grads, momentum_buffers, master_params, lr, momentum, dampening, weight_decay,
       nesterov, wd_after_momentum, first_step, maximize, lr_tensor, grad_scale, found_inf):
     check_optimizer_lists(params, grads, None, momentum_buffers=momentum_buffers if momentum else None,
                           master_params=master_params or None)
 
 
-@torch.library.register_fake("core_ops::fused_adagrad_")
+@_fake("fused_adagrad_")
 def _(params, grads, state_sums, master_params, steps, lr, lr_decay, eps, weight_decay,
       adagrad_w_mode, maximize, lr_tensor, grad_scale, found_inf):
     check_optimizer_lists(params, grads, steps, state_sums=state_sums,
                           master_params=master_params or None)
 
 
-@torch.library.register_fake("core_ops::fused_lamb_stage1_")
+@_fake("fused_lamb_stage1_")
 def _(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates, beta1, beta2, eps,
       weight_decay, adam_w_mode, bias_correction, grad_averaging, maximize, grad_scale, found_inf):
     check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
                           updates=updates, master_params=master_params or None)
 
 
-@torch.library.register_fake("core_ops::fused_lamb_stage2_")
+@_fake("fused_lamb_stage2_")
 def _(params, master_params, updates, param_norms, update_norms, lr, weight_decay, use_nvlamb,
       lr_tensor, found_inf):
     check_optimizer_lists(params, params, None, updates=updates, master_params=master_params or None)
 
 
-@torch.library.register_fake("core_ops::fused_novograd_")
+@_fake("fused_novograd_")
 def _(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type, lr,
       beta1, beta2, eps, weight_decay, bias_correction, reg_inside_moment, grad_averaging,
       init_zero, maximize, lr_tensor, grad_scale, found_inf):
@@ -300,25 +310,25 @@ def _per_channel(input):
     return input.new_empty((input.shape[1],), dtype=batch_norm_acc_dtype(input.dtype))
 
 
-@torch.library.register_fake("core_ops::sync_batch_norm_stats")
+@_fake("sync_batch_norm_stats")
 def _(input):
     check_batch_norm_args(input)
     return _per_channel(input), _per_channel(input)
 
 
-@torch.library.register_fake("core_ops::sync_batch_norm_elemt")
+@_fake("sync_batch_norm_elemt")
 def _(input, mean, invstd, weight, bias):
     check_batch_norm_args(input, stats=(("mean", mean), ("invstd", invstd)), weight=weight, bias=bias)
     return torch.empty_like(input)
 
 
-@torch.library.register_fake("core_ops::sync_batch_norm_backward_reduce")
+@_fake("sync_batch_norm_backward_reduce")
 def _(grad_out, input, mean):
     check_batch_norm_args(input, grad_out=grad_out, stats=(("mean", mean),))
     return _per_channel(input), _per_channel(input)
 
 
-@torch.library.register_fake("core_ops::sync_batch_norm_backward_elemt")
+@_fake("sync_batch_norm_backward_elemt")
 def _(grad_out, input, mean, invstd, weight, mean_dy, mean_dy_xmu):
     check_batch_norm_args(input, grad_out=grad_out, weight=weight, stats=(
         ("mean", mean), ("invstd", invstd), ("mean_dy", mean_dy), ("mean_dy_xmu", mean_dy_xmu)))
@@ -340,34 +350,34 @@ def _param_grad(p, like):
     return like.new_empty((0,)) if p is None else torch.empty_like(p, memory_format=torch.contiguous_format)
 
 
-@torch.library.register_fake("core_ops::layer_norm_fwd")
+@_fake("layer_norm_fwd")
 def _(input, weight, bias, hidden, eps, out_dtype, memory_efficient=False):
     check_norm_args(input, hidden, (("weight", weight), ("bias", bias)), out_dtype)
     return _norm_fwd_outputs(input, hidden, out_dtype)
 
 
-@torch.library.register_fake("core_ops::rms_norm_fwd")
+@_fake("rms_norm_fwd")
 def _(input, weight, hidden, eps, out_dtype, memory_efficient=False):
     check_norm_args(input, hidden, (("weight", weight),), out_dtype)
     out, _, rstd = _norm_fwd_outputs(input, hidden, out_dtype)
     return out, rstd
 
 
-@torch.library.register_fake("core_ops::layer_norm_bwd")
+@_fake("layer_norm_bwd")
 def _(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype):
     check_norm_args(saved, hidden, (("weight", weight), ("bias", bias)), name="saved")
     check_norm_bwd_args(grad_out, saved, (("mean", mean), ("rstd", rstd)), hidden, dx_dtype)
     return (saved.new_empty(saved.shape, dtype=dx_dtype), _param_grad(weight, saved), _param_grad(bias, saved))
 
 
-@torch.library.register_fake("core_ops::rms_norm_bwd")
+@_fake("rms_norm_bwd")
 def _(grad_out, saved, rstd, weight, hidden, memory_efficient, dx_dtype):
     check_norm_args(saved, hidden, (("weight", weight),), name="saved")
     check_norm_bwd_args(grad_out, saved, (("rstd", rstd),), hidden, dx_dtype)
     return saved.new_empty(saved.shape, dtype=dx_dtype), _param_grad(weight, saved)
 
 
-@torch.library.register_fake("core_ops::fused_add_rms_norm_fwd")
+@_fake("fused_add_rms_norm_fwd")
 def _(input, residual, weight, hidden, eps, memory_efficient=False):
     check_norm_args(input, hidden, (("weight", weight),))
     check_residual(input, residual)

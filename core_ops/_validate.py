@@ -42,23 +42,12 @@ def dense(t):
     return True
 
 
-def no_partial_overlap(in_name, ins, out_name, outs):
-    """Note [Partial overlap]: an output may be its input (in place) but not overlap it
-    partly, e.g. ``dst = src[1:]`` over ``src[:-1]``: the native kernels work in chunks,
-    in parallel, so the result would depend on the order. As ATen's overlap test,
-    only dense tensors are compared (csrc/include/core_ops/tensor_lists.h). For the
-    reference kernels only: fake tensors (torch.compile) have no addresses."""
-    for i, (a, b) in enumerate(zip(ins, outs)):
-        if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() or not a.numel():
-            continue
-        if not (dense(a) and dense(b)):
-            continue
-        a0, b0 = a.data_ptr(), b.data_ptr()
-        a1, b1 = a0 + a.numel() * a.element_size(), b0 + b.numel() * b.element_size()
-        same = (a0, a1) == (b0, b1) and a.stride() == b.stride()  # one range, walked alike
-        if a0 < b1 and b0 < a1 and not same:
-            raise ValueError(f"{out_name}[{i}] partly overlaps {in_name}[{i}] in memory; write in "
-                             "place (the same tensor) or into separate memory")
+def same_layout(a, b):
+    """Whether ``a`` and ``b``, of equal shapes, walk memory in the same order: equal
+    strides on every dim of more than one element (a size-1 dim's stride is never used:
+    ``torch.randn(17, 1).t()`` is contiguous with strides (1, 1))."""
+    return a.stride() == b.stride() or a.numel() == 0 or all(
+        sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape) if n != 1)
 
 
 def check_lists(*named_lists):
@@ -149,13 +138,8 @@ def check_optimizer_lists(params, grads, steps, **states):
     check_lists(("params", params), ("grads", grads))
     if not params:
         return
-    if steps is not None:  # None: the optimizer keeps no step count (SGD)
+    if steps is not None:  # None: the optimizer keeps no step count (SGD); one each: _boundary.py
         same_length(params, "params", steps, "steps")
-        first = {}
-        for i, s in enumerate(steps):  # by identity: fake tensors have no data_ptr
-            if first.setdefault(id(s), i) != i:
-                raise ValueError(f"steps[{first[id(s)]}] and steps[{i}] are the same tensor: "
-                                 "each param needs a step count of its own")
     if params[0].dtype != grads[0].dtype:
         raise TypeError(f"grads have dtype {grads[0].dtype} but params have {params[0].dtype}")
     want = state_dtype(params[0].dtype)
@@ -292,7 +276,7 @@ def _check_like_params(params, ts, name, dtypes):
             raise ValueError(f"{name}[{i}] must be a dense tensor on {p.device}, got {t.layout} on {t.device}")
         if t.dtype != ts[0].dtype:
             raise TypeError(f"{name}[{i}] has dtype {t.dtype} but {name}[0] has {ts[0].dtype}")
-        if t.shape != p.shape or (t.numel() > 1 and t.stride() != p.stride()):
+        if t.shape != p.shape or not same_layout(t, p):
             raise ValueError(f"{name}[{i}] must have the shape and strides of params[{i}] "
                              f"{list(p.shape)} {p.stride()}, got {list(t.shape)} {t.stride()}")
     if ts[0].dtype not in dtypes:

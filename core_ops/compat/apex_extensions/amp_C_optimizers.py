@@ -12,7 +12,7 @@ Apex's capturable Adam did (Note [Grads written back unscaled]).
 import torch
 
 from ..._library import op
-from ..._validate import lr_arg, state_dtype
+from ..._validate import lr_arg, same_layout, state_dtype
 from ...multi_tensor_apply import ops
 from ._args import tensor_lists_of
 
@@ -238,7 +238,7 @@ def multi_tensor_lamb_stage1_cuda(chunk_size, noop_flag, tensor_lists, per_tenso
         at = [i for i, d in enumerate(decays) if d == decay]
         pick = [[ts[i] for i in at] for ts in (g, p, m, v, u)]
         ps, out = pick[1], pick[4]
-        direct = all(o.dtype == state_dtype(q.dtype) and o.stride() == q.stride() for o, q in zip(out, ps))
+        direct = all(o.dtype == state_dtype(q.dtype) and same_layout(o, q) for o, q in zip(out, ps))
         updates = out if direct else [torch.empty_like(q, dtype=state_dtype(q.dtype)) for q in ps]
         _lamb_stage1(pick[0], ps, pick[2], pick[3], [], updates, step, beta1, beta2, epsilon,
                      decay, True, True, True, divisor, None)
@@ -254,7 +254,7 @@ def multi_tensor_lamb_stage2_cuda(chunk_size, noop_flag, tensor_lists, per_tenso
     p, u = tensor_lists_of(tensor_lists, (2,), "multi_tensor_lamb_stage2_cuda")
     if not p:
         return
-    updates = [x if x.dtype == state_dtype(q.dtype) and x.stride() == q.stride()
+    updates = [x if x.dtype == state_dtype(q.dtype) and same_layout(x, q)
                else torch.empty_like(q, dtype=state_dtype(q.dtype)).copy_(x) for x, q in zip(u, p)]
     _lamb_stage2(p, [], updates, lr, weight_decay, bool(use_nvlamb_python), None,
                  per_tensor_param_norm, per_tensor_update_norm)

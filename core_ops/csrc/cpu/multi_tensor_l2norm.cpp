@@ -86,12 +86,10 @@ std::tuple<Tensor, Tensor> multi_tensor_l2norm(TensorList tensors, bool per_tens
 std::tuple<Tensor, Tensor> multi_tensor_unscale_l2norm_(
     TensorList tensors, const Tensor& inv_scale, const Tensor& found_inf,
     bool per_tensor) {
-  if (tensors.empty()) {
+  if (!check_unscale_args(tensors, inv_scale, found_inf)) {
     const Device cpu(DeviceType::CPU);
     return {core_ops::zeros({}, ScalarType::Float, cpu), core_ops::empty({0}, ScalarType::Float, cpu)};
   }
-  check_tensors(tensors);
-  check_flag(found_inf, tensors[0].device());
   bool bad = false;
   auto result = norm_impl<true, true>(tensors, read_scalar(inv_scale, "inv_scale"), per_tensor, &bad);
   if (bad) set_flag(found_inf);

@@ -9,7 +9,7 @@ namespace {
 
 void multi_tensor_scale_(TensorList src, TensorList dst, const Tensor& scale,
                          const Tensor& found_inf) {
-  if (!check_scale_args(src, dst, found_inf)) return;
+  if (!check_scale_args(src, dst, scale, found_inf)) return;
   const double s = read_scalar(scale, "scale");
 
   ContiguousList in(src, false), out(dst, true);

@@ -129,7 +129,6 @@ std::tuple<Tensor, Tensor> norm_impl(TensorList tensors, const Tensor* inv_scale
   const Device device = tensors[0].device();
   check_cuda(device);
   check_list(tensors, "tensors", device);
-  if constexpr (kUnscale) check_flag(*found_inf, device);
   const DeviceGuard guard(device.index());
   const cudaStream_t stream = current_stream(device.index());
 
@@ -167,7 +166,7 @@ std::tuple<Tensor, Tensor> multi_tensor_l2norm(TensorList tensors, bool per_tens
 
 std::tuple<Tensor, Tensor> multi_tensor_unscale_l2norm_(TensorList tensors, const Tensor& inv_scale,
                                                         const Tensor& found_inf, bool per_tensor) {
-  if (tensors.empty()) return empty_norms();
+  if (!check_unscale_args(tensors, inv_scale, found_inf)) return empty_norms();
   return norm_impl<true>(tensors, &inv_scale, &found_inf, per_tensor);
 }
 

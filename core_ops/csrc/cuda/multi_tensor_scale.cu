@@ -73,7 +73,7 @@ struct AxpbyOp {
 
 void multi_tensor_scale_(TensorList src, TensorList dst, const Tensor& scale,
                          const Tensor& found_inf) {
-  if (!check_scale_args(src, dst, found_inf)) return;
+  if (!check_scale_args(src, dst, scale, found_inf)) return;
   const auto device = src[0].device();
   check_cuda(device);
   const DeviceGuard guard(device.index());

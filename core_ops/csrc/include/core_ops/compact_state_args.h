@@ -19,7 +19,7 @@ inline void check_like_params(TensorList params, TensorList ts, const char* name
   check_list(ts, name, params[0].device());
   check_same_numel(params, "params", ts, name);
   for (size_t i = 0; i < ts.size(); ++i) {
-    CORE_OPS_CHECK_VALUE(ts[i].numel() <= 1 || ts[i].strides().equals(params[i].strides()), name, "[", i,
+    CORE_OPS_CHECK_VALUE(same_layout(ts[i], params[i]), name, "[", i,
                          "] must have the shape and strides of params[", i, "] ", params[i].strides(),
                          ", got ", ts[i].strides());
   }
@@ -45,6 +45,7 @@ inline void check_absmaxes(TensorList params, TensorList absmaxes, const char* n
     return;
   }
   check_same_length(params, "params", absmaxes, name);
+  check_devices(absmaxes, name, params[0].device());
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t blocks = (params[i].numel() + kQuantBlock - 1) / kQuantBlock;
     CORE_OPS_CHECK_VALUE(dtype_of(absmaxes[i]) == ScalarType::Float && absmaxes[i].device() == params[i].device() &&

@@ -50,7 +50,7 @@ inline void check_layouts(TensorList params, std::initializer_list<std::pair<Ten
                          params[i].strides());
     for (const auto& [ts, name] : states) {
       if (ts.empty()) continue;
-      CORE_OPS_CHECK_VALUE(ts[i].strides().equals(params[i].strides()), name, "[", i,
+      CORE_OPS_CHECK_VALUE(same_layout(ts[i], params[i]), name, "[", i,
                            "] must have the strides of params[", i, "] ", params[i].strides(),
                            ", got ", ts[i].strides());
     }
@@ -60,7 +60,7 @@ inline void check_layouts(TensorList params, std::initializer_list<std::pair<Ten
 inline std::vector<Tensor> grads_like_params(TensorList params, TensorList grads) {
   std::vector<Tensor> out(grads.begin(), grads.end());
   for (size_t i = 0; i < out.size(); ++i) {
-    if (!out[i].strides().equals(params[i].strides())) {
+    if (!same_layout(out[i], params[i])) {
       out[i] = core_ops::empty_like(params[i]);
       core_ops::copy_(out[i], grads[i]);
     }
@@ -89,20 +89,6 @@ inline void copy_back_grads(TensorList grads, const std::vector<Tensor>& used) {
   }
 }
 
-// Each param needs a step count of its own: the CPU kernels would advance a shared one
-// once per param, the CUDA ones race on it.
-inline void check_distinct_steps(TensorList steps) {
-  std::vector<std::pair<const void*, size_t>> at_address;
-  at_address.reserve(steps.size());
-  for (size_t i = 0; i < steps.size(); ++i) at_address.emplace_back(steps[i].const_data_ptr(), i);
-  std::sort(at_address.begin(), at_address.end());
-  for (size_t k = 1; k < at_address.size(); ++k) {
-    const auto [a, b] = std::minmax(at_address[k - 1].second, at_address[k].second);
-    CORE_OPS_CHECK_VALUE(at_address[k].first != at_address[k - 1].first, "steps[", a, "] and steps[", b,
-                         "] are the same tensor: each param needs a step count of its own");
-  }
-}
-
 // params / grads as one (device, dtype) group; steps one-element float32 tensors on
 // the params' device; found_inf, grad_scale and lr_tensor one-element on that device.
 // has_steps=false for optimizers that keep no step count (SGD).
@@ -118,21 +104,31 @@ inline bool check_optimizer_group(TensorList params, TensorList grads,
                       dtype_name(dtype_of(grads[0])), " but params have ",
                       dtype_name(dtype_of(params[0])));
   if (has_steps) check_same_length(params, "params", steps, "steps");
+  check_devices(steps, "steps", device);
   for (size_t i = 0; i < steps.size(); ++i) {
-    CORE_OPS_CHECK_VALUE(steps[i].numel() == 1 && dtype_of(steps[i]) == ScalarType::Float &&
-                             steps[i].device() == device,
+    CORE_OPS_CHECK_VALUE(steps[i].numel() == 1 && dtype_of(steps[i]) == ScalarType::Float,
                          "steps[", i, "] must be a one-element float32 tensor on ", device);
   }
-  check_distinct_steps(steps);
   for (const auto* t : {&lr_tensor, &grad_scale}) {
     if (t->has_value()) {
-      CORE_OPS_CHECK_VALUE((*t)->numel() == 1 && (*t)->device() == device,
-                           t == &lr_tensor ? "lr" : "grad_scale",
+      CORE_OPS_CHECK_VALUE((*t)->numel() == 1, t == &lr_tensor ? "lr" : "grad_scale",
                            " must be a one-element tensor on ", device);
     }
   }
-  if (found_inf.has_value()) check_flag(*found_inf, device);
+  if (found_inf.has_value()) check_flag(*found_inf);
   return true;
+}
+
+// Note [Aliasing] for an optimizer: it writes every list but the ones it only reads
+// (LAMB's stage 1 reads params and master_params, stage 2 reads updates), and its
+// flag; it reads lr, grad_scale and found_inf.
+inline Operands optimizer_operands(size_t n, TensorList params, TensorList grads, TensorList steps,
+                                   const OptionalTensor& lr_tensor, const OptionalTensor& grad_scale,
+                                   const OptionalTensor& found_inf) {
+  Operands ops(n);
+  ops.writes(params, "params").writes(grads, "grads").writes(steps, "steps");
+  ops.reads(lr_tensor, "lr_tensor").reads(grad_scale, "grad_scale").reads(found_inf, "found_inf");
+  return ops;
 }
 
 }  // namespace core_ops

@@ -31,6 +31,10 @@ void fused_adam_(TensorList params, TensorList grads, TensorList exp_avgs,
                  double beta2, double eps, double weight_decay, bool adam_w_mode,
                  bool bias_correction, bool amsgrad, bool maximize, const OptionalTensor& lr_tensor,
                  const OptionalTensor& grad_scale, const OptionalTensor& found_inf) {
+  CallDevice().list(params, "params").list(grads, "grads").list(exp_avgs, "exp_avgs")
+      .list(exp_avg_sqs, "exp_avg_sqs").list(max_exp_avg_sqs, "max_exp_avg_sqs")
+      .list(master_params, "master_params").list(steps, "steps").one(lr_tensor, "lr_tensor")
+      .one(grad_scale, "grad_scale").one(found_inf, "found_inf");
   if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return;
   check_state_list(params, exp_avgs, "exp_avgs", false);
   check_state_list(params, exp_avg_sqs, "exp_avg_sqs", false);
@@ -39,6 +43,9 @@ void fused_adam_(TensorList params, TensorList grads, TensorList exp_avgs,
   check_masters(params, master_params);
   check_layouts(params, {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"},
                          {max_exp_avg_sqs, "max_exp_avg_sqs"}, {master_params, "master_params"}});
+  optimizer_operands(7 * params.size() + 3, params, grads, steps, lr_tensor, grad_scale, found_inf)
+      .writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs").writes(max_exp_avg_sqs, "max_exp_avg_sqs")
+      .writes(master_params, "master_params").check();
   kStep({params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr, beta1, beta2,
          eps, weight_decay, adam_w_mode, bias_correction, amsgrad, maximize, lr_tensor, grad_scale,
          found_inf});
@@ -65,10 +72,19 @@ void fused_adam_compact_(TensorList params, TensorList grads, TensorList exp_avg
                          double eps, double weight_decay, bool adam_w_mode, bool bias_correction,
                          bool maximize, const OptionalTensor& lr_tensor, const OptionalTensor& grad_scale,
                          const OptionalTensor& found_inf) {
+  CallDevice().list(params, "params").list(grads, "grads").list(exp_avgs, "exp_avgs")
+      .list(exp_avg_sqs, "exp_avg_sqs").list(exp_avg_absmaxes, "exp_avg_absmaxes")
+      .list(exp_avg_sq_absmaxes, "exp_avg_sq_absmaxes").list(master_params, "master_params")
+      .list(steps, "steps").one(exp_avg_map, "exp_avg_map").one(exp_avg_sq_map, "exp_avg_sq_map")
+      .one(lr_tensor, "lr_tensor").one(grad_scale, "grad_scale").one(found_inf, "found_inf");
   const auto layout = check_compact_adam(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
                                          exp_avg_sq_absmaxes, master_params, steps, exp_avg_map,
                                          exp_avg_sq_map, lr_tensor, grad_scale, found_inf);
   if (!layout.has_value()) return;
+  optimizer_operands(8 * params.size() + 5, params, grads, steps, lr_tensor, grad_scale, found_inf)
+      .writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs").writes(exp_avg_absmaxes, "exp_avg_absmaxes")
+      .writes(exp_avg_sq_absmaxes, "exp_avg_sq_absmaxes").writes(master_params, "master_params")
+      .reads(exp_avg_map, "exp_avg_map").reads(exp_avg_sq_map, "exp_avg_sq_map").check();
   kStep({params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes, master_params,
          steps, exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adam_w_mode,
          bias_correction, maximize, lr_tensor, grad_scale, found_inf, *layout});
@@ -91,6 +107,9 @@ void fused_sgd_(TensorList params, TensorList grads, TensorList momentum_buffers
                 double weight_decay, bool nesterov, bool wd_after_momentum, bool first_step,
                 bool maximize, const OptionalTensor& lr_tensor, const OptionalTensor& grad_scale,
                 const OptionalTensor& found_inf) {
+  CallDevice().list(params, "params").list(grads, "grads").list(momentum_buffers, "momentum_buffers")
+      .list(master_params, "master_params").one(lr_tensor, "lr_tensor").one(grad_scale, "grad_scale")
+      .one(found_inf, "found_inf");
   if (!check_optimizer_group(params, grads, {}, lr_tensor, grad_scale, found_inf, /*has_steps=*/false)) {
     return;
   }
@@ -100,6 +119,8 @@ void fused_sgd_(TensorList params, TensorList grads, TensorList momentum_buffers
   CORE_OPS_CHECK_VALUE(!nesterov || has_momentum, "nesterov needs momentum > 0");
   check_masters(params, master_params);
   check_layouts(params, {{momentum_buffers, "momentum_buffers"}, {master_params, "master_params"}});
+  optimizer_operands(4 * params.size() + 3, params, grads, {}, lr_tensor, grad_scale, found_inf)
+      .writes(momentum_buffers, "momentum_buffers").writes(master_params, "master_params").check();
   kStep({params, grads, momentum_buffers, master_params, lr, momentum, dampening, weight_decay, nesterov,
          wd_after_momentum, first_step, maximize, lr_tensor, grad_scale, found_inf});
 }
@@ -119,10 +140,15 @@ void fused_adagrad_(TensorList params, TensorList grads, TensorList state_sums,
                     double eps, double weight_decay, bool adagrad_w_mode, bool maximize,
                     const OptionalTensor& lr_tensor, const OptionalTensor& grad_scale,
                     const OptionalTensor& found_inf) {
+  CallDevice().list(params, "params").list(grads, "grads").list(state_sums, "state_sums")
+      .list(master_params, "master_params").list(steps, "steps").one(lr_tensor, "lr_tensor")
+      .one(grad_scale, "grad_scale").one(found_inf, "found_inf");
   if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return;
   check_state_list(params, state_sums, "state_sums", false);
   check_masters(params, master_params);
   check_layouts(params, {{state_sums, "state_sums"}, {master_params, "master_params"}});
+  optimizer_operands(5 * params.size() + 3, params, grads, steps, lr_tensor, grad_scale, found_inf)
+      .writes(state_sums, "state_sums").writes(master_params, "master_params").check();
   kStep({params, grads, state_sums, master_params, steps, lr, lr_decay, eps, weight_decay, adagrad_w_mode,
          maximize, lr_tensor, grad_scale, found_inf});
 }
@@ -142,6 +168,7 @@ struct NovoGradArgs {
 inline void check_novograd_per_tensor_state(TensorList params, TensorList exp_avg_sqs,
                                             const Tensor& grad_norms) {
   check_same_length(params, "params", exp_avg_sqs, "exp_avg_sqs");
+  check_devices(exp_avg_sqs, "exp_avg_sqs", params[0].device());
   const auto device = params[0].device();
   const auto want = state_dtype(dtype_of(params[0]));
   for (size_t i = 0; i < exp_avg_sqs.size(); ++i) {
@@ -162,6 +189,10 @@ void fused_novograd_(TensorList params, TensorList grads, TensorList exp_avgs,
                      bool reg_inside_moment, bool grad_averaging, bool init_zero, bool maximize,
                      const OptionalTensor& lr_tensor, const OptionalTensor& grad_scale,
                      const OptionalTensor& found_inf) {
+  CallDevice().list(params, "params").list(grads, "grads").list(exp_avgs, "exp_avgs")
+      .list(exp_avg_sqs, "exp_avg_sqs").list(master_params, "master_params").list(steps, "steps")
+      .one(grad_norms, "grad_norms").one(lr_tensor, "lr_tensor").one(grad_scale, "grad_scale")
+      .one(found_inf, "found_inf");
   if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return;
   check_state_list(params, exp_avgs, "exp_avgs", false);
   check_novograd_per_tensor_state(params, exp_avg_sqs, grad_norms);
@@ -169,6 +200,9 @@ void fused_novograd_(TensorList params, TensorList grads, TensorList exp_avgs,
   check_layouts(params, {{exp_avgs, "exp_avgs"}, {master_params, "master_params"}});
   CORE_OPS_CHECK_VALUE(norm_type == 0 || norm_type == 2,
                        "norm_type must be 2 (L2) or 0 (infinity norm), got ", norm_type);
+  optimizer_operands(6 * params.size() + 4, params, grads, steps, lr_tensor, grad_scale, found_inf)
+      .writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs").writes(master_params, "master_params")
+      .reads(grad_norms, "grad_norms").check();
   kStep({params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type, lr, beta1,
          beta2, eps, weight_decay, bias_correction, reg_inside_moment, grad_averaging, init_zero, maximize,
          lr_tensor, grad_scale, found_inf});
@@ -190,6 +224,9 @@ void fused_lamb_stage1_(TensorList params, TensorList grads, TensorList exp_avgs
                         double weight_decay, bool adam_w_mode, bool bias_correction,
                         bool grad_averaging, bool maximize, const OptionalTensor& grad_scale,
                         const OptionalTensor& found_inf) {
+  CallDevice().list(params, "params").list(grads, "grads").list(exp_avgs, "exp_avgs")
+      .list(exp_avg_sqs, "exp_avg_sqs").list(master_params, "master_params").list(steps, "steps")
+      .list(updates, "updates").one(grad_scale, "grad_scale").one(found_inf, "found_inf");
   if (!check_optimizer_group(params, grads, steps, std::nullopt, grad_scale, found_inf)) return;
   check_state_list(params, exp_avgs, "exp_avgs", false);
   check_state_list(params, exp_avg_sqs, "exp_avg_sqs", false);
@@ -197,6 +234,10 @@ void fused_lamb_stage1_(TensorList params, TensorList grads, TensorList exp_avgs
   check_masters(params, master_params);
   check_layouts(params, {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"},
                          {updates, "updates"}, {master_params, "master_params"}});
+  Operands(7 * params.size() + 2)
+      .reads(params, "params").writes(grads, "grads").writes(exp_avgs, "exp_avgs")
+      .writes(exp_avg_sqs, "exp_avg_sqs").reads(master_params, "master_params").writes(steps, "steps")
+      .writes(updates, "updates").reads(grad_scale, "grad_scale").reads(found_inf, "found_inf").check();
   kStep({params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates, beta1, beta2, eps,
          weight_decay, adam_w_mode, bias_correction, grad_averaging, maximize, grad_scale, found_inf});
 }
@@ -214,6 +255,9 @@ void fused_lamb_stage2_(TensorList params, TensorList master_params, TensorList 
                         const Tensor& param_norms, const Tensor& update_norms, double lr,
                         double weight_decay, bool use_nvlamb, const OptionalTensor& lr_tensor,
                         const OptionalTensor& found_inf) {
+  CallDevice().list(params, "params").list(master_params, "master_params").list(updates, "updates")
+      .one(param_norms, "param_norms").one(update_norms, "update_norms").one(lr_tensor, "lr_tensor")
+      .one(found_inf, "found_inf");
   if (params.empty()) return;
   const auto device = params[0].device();
   check_list(params, "params", device);
@@ -227,11 +271,14 @@ void fused_lamb_stage2_(TensorList params, TensorList master_params, TensorList 
                          "param_norms and update_norms must hold one ", dtype_name(want), " norm per param on ",
                          device);
   }
-  if (found_inf.has_value()) check_flag(*found_inf, device);
+  if (found_inf.has_value()) check_flag(*found_inf);
   if (lr_tensor.has_value()) {
-    CORE_OPS_CHECK_VALUE(lr_tensor->numel() == 1 && lr_tensor->device() == device,
-                         "lr must be a one-element tensor on ", device);
+    CORE_OPS_CHECK_VALUE(lr_tensor->numel() == 1, "lr must be a one-element tensor on ", device);
   }
+  Operands(3 * params.size() + 4)
+      .writes(params, "params").writes(master_params, "master_params").reads(updates, "updates")
+      .reads(param_norms, "param_norms").reads(update_norms, "update_norms").reads(lr_tensor, "lr_tensor")
+      .reads(found_inf, "found_inf").check();
   kStep({params, master_params, updates, param_norms, update_norms, lr, weight_decay, use_nvlamb, lr_tensor,
          found_inf});
 }

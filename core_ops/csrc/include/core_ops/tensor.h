@@ -211,6 +211,21 @@ inline bool is_floating(ScalarType t) {
   }
 }
 
+// a and b, of equal sizes, walk memory in the same order: equal strides on every dim
+// of more than one element (a size-1 dim's stride is never used, and torch leaves it
+// arbitrary: torch.randn(17, 1).t() is contiguous with strides (1, 1)).
+inline bool same_layout(const Tensor& a, const Tensor& b) {
+  const auto sizes = a.sizes();
+  const auto sa = a.strides(), sb = b.strides();
+  if (sa.equals(sb)) return true;
+  if (sa.size() != sb.size()) return false;
+  if (a.numel() == 0) return true;  // nothing to walk
+  for (size_t d = 0; d < sa.size(); ++d) {
+    if (sizes[d] != 1 && sa[d] != sb[d]) return false;
+  }
+  return true;
+}
+
 inline bool same_tensor(const Tensor& a, const Tensor& b) {
   return a.data_ptr() == b.data_ptr() && dtype_of(a) == dtype_of(b) && a.sizes().equals(b.sizes()) &&
          a.strides().equals(b.strides());
@@ -228,7 +243,7 @@ inline bool partly_overlaps(const Tensor& a, const Tensor& b) {
   const auto* b1 = b0 + b.numel() * b.element_size();
   // The same memory: in place when walked in the same order (the same strides), else
   // partial (m and m.t(): an element is written before another reads it).
-  if (a0 == b0 && a1 == b1) return !a.strides().equals(b.strides());
+  if (a0 == b0 && a1 == b1) return !(a.sizes().equals(b.sizes()) && same_layout(a, b));
   return a0 < b1 && b0 < a1;
 }
 

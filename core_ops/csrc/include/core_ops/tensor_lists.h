@@ -4,6 +4,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -11,6 +12,7 @@
 
 #include <torch/headeronly/version.h>
 
+#include <core_ops/aliasing.h>
 #include <core_ops/dispatch.h>
 #include <core_ops/tensor.h>
 
@@ -47,6 +49,13 @@ inline void check_same_length(TensorList a, const char* a_name, TensorList b, co
                        " has ", a.size());
 }
 
+inline void check_devices(TensorList ts, const char* name, const Device& device) {
+  for (size_t i = 0; i < ts.size(); ++i) {
+    CORE_OPS_CHECK_VALUE(ts[i].device() == device, name, "[", i, "] is on ", ts[i].device(),
+                         " but the op runs on ", device);
+  }
+}
+
 inline void check_list(TensorList ts, const char* name, const Device& device) {
   if (ts.empty()) return;
   const auto dtype = dtype_of(ts[0]);
@@ -80,9 +89,46 @@ inline bool check_matching_lists(TensorList a, const char* a_name, TensorList b,
   return true;
 }
 
-inline void check_flag(const Tensor& found_inf, const Device& device) {
-  CORE_OPS_CHECK_VALUE(found_inf.numel() == 1 && found_inf.device() == device,
-                       "found_inf must be a one-element tensor on ", device);
+// Note [One device] (core_ops/_boundary.py): every tensor of a call is on the device of
+// its first tensor, in the schema's order. Lists are judged by their first tensor here
+// (check_list then compares every element with the same words); lone tensors, which
+// dispatch alone would not catch (a CUDA kernel reading a host flag), each. Called
+// before an op returns early on empty lists, so its lone tensors are checked anyway.
+class CallDevice {
+ public:
+  CallDevice& list(TensorList ts, const char* name) {
+    if (!ts.empty()) see(ts[0], name, 0);
+    return *this;
+  }
+  CallDevice& one(const Tensor& t, const char* name) {
+    see(t, name, -1);
+    return *this;
+  }
+  CallDevice& one(const OptionalTensor& t, const char* name) {
+    if (t.has_value()) see(*t, name, -1);
+    return *this;
+  }
+
+ private:
+  void see(const Tensor& t, const char* name, int64_t index) {
+    const Device d = t.device();
+    if (!device_.has_value()) {
+      device_ = d;
+      return;
+    }
+    if (index < 0) {
+      CORE_OPS_CHECK_VALUE(d == *device_, name, " is on ", d, " but the op runs on ", *device_);
+    } else {
+      CORE_OPS_CHECK_VALUE(d == *device_, name, "[", index, "] is on ", d, " but the op runs on ", *device_);
+    }
+  }
+  std::optional<Device> device_;
+};
+
+// A found-inf / noop flag: one float32 or int32 element (its device: CallDevice).
+inline void check_flag(const Tensor& found_inf) {
+  CORE_OPS_CHECK_VALUE(found_inf.numel() == 1, "found_inf must be a one-element tensor, got shape ",
+                       found_inf.sizes());
   CORE_OPS_CHECK_TYPE(dtype_of(found_inf) == ScalarType::Float || dtype_of(found_inf) == ScalarType::Int,
                       "found_inf must be float32 or int32, got ", dtype_of(found_inf));
 }
@@ -137,36 +183,28 @@ inline bool all_or_no_double(std::initializer_list<TensorList> lists, const char
   return doubles > 0;
 }
 
-// An output may be its input (in place) but not overlap it partly (a shifted view):
-// the kernels read and write in chunks, in parallel, so the result would depend on
-// the order (Note [Partial overlap] in _validate.py words the same check).
-inline void check_no_partial_overlap(TensorList in, const char* in_name, TensorList out,
-                                     const char* out_name) {
-  for (size_t i = 0; i < out.size(); ++i) {
-    CORE_OPS_CHECK_VALUE(!partly_overlaps(in[i], out[i]),
-                         out_name, "[", i, "] partly overlaps ", in_name, "[", i,
-                         "] in memory; write in place (the same tensor) or into separate memory");
-  }
-}
-
 // Returns false when there is nothing to do (empty lists).
-inline bool check_scale_args(TensorList src, TensorList dst, const Tensor& found_inf) {
+inline bool check_scale_args(TensorList src, TensorList dst, const Tensor& scale, const Tensor& found_inf) {
+  CallDevice().list(src, "src").list(dst, "dst").one(scale, "scale").one(found_inf, "found_inf");
   if (!check_matching_lists(src, "src", dst, "dst")) return false;
-  check_no_partial_overlap(src, "src", dst, "dst");
-  check_flag(found_inf, src[0].device());
+  check_flag(found_inf);
+  Operands(src.size() + dst.size() + 2)
+      .reads(src, "src", "dst").reads(scale, "scale").writes(dst, "dst").writes(found_inf, "found_inf").check();
   return true;
 }
 
 inline bool check_check_finite_args(TensorList tensors, const Tensor& found_inf) {
+  CallDevice().list(tensors, "tensors").one(found_inf, "found_inf");
   if (tensors.empty()) return false;
-  const auto device = tensors[0].device();
-  check_list(tensors, "tensors", device);
-  check_flag(found_inf, device);
+  check_list(tensors, "tensors", tensors[0].device());
+  check_flag(found_inf);
+  Operands(tensors.size() + 1).reads(tensors, "tensors").writes(found_inf, "found_inf").check();
   return true;
 }
 
 inline bool check_axpby_args(TensorList x, TensorList y, TensorList out,
                              const Tensor& found_inf, int64_t arg_to_check) {
+  CallDevice().list(x, "x").list(y, "y").list(out, "out").one(found_inf, "found_inf");
   check_same_length(x, "x", y, "y");
   check_same_length(x, "x", out, "out");
   CORE_OPS_CHECK_VALUE(arg_to_check >= -1 && arg_to_check <= 1,
@@ -178,26 +216,39 @@ inline bool check_axpby_args(TensorList x, TensorList y, TensorList out,
   check_list(out, "out", device);
   check_same_numel(x, "x", y, "y");
   check_same_numel(x, "x", out, "out");
-  check_no_partial_overlap(x, "x", out, "out");
-  check_no_partial_overlap(y, "y", out, "out");
-  check_flag(found_inf, device);
+  check_flag(found_inf);
+  Operands(3 * x.size() + 1)
+      .reads(x, "x", "out").reads(y, "y", "out").writes(out, "out").writes(found_inf, "found_inf").check();
+  return true;
+}
+
+// multi_tensor_unscale_l2norm_'s lists and flag; false for an empty call.
+inline bool check_unscale_args(TensorList tensors, const Tensor& inv_scale, const Tensor& found_inf) {
+  CallDevice().list(tensors, "tensors").one(inv_scale, "inv_scale").one(found_inf, "found_inf");
+  if (tensors.empty()) return false;
+  check_list(tensors, "tensors", tensors[0].device());
+  check_flag(found_inf);
+  Operands(tensors.size() + 2)
+      .writes(tensors, "tensors").reads(inv_scale, "inv_scale").writes(found_inf, "found_inf").check();
   return true;
 }
 
 inline void check_update_scale_args(const Tensor& scale, const Tensor& growth_tracker,
                                     const Tensor& hysteresis_tracker,
                                     const Tensor& found_inf) {
+  // The kernels dereference all four: they must share scale's device.
+  CallDevice().one(scale, "scale").one(growth_tracker, "growth_tracker")
+      .one(hysteresis_tracker, "hysteresis_tracker").one(found_inf, "found_inf");
   CORE_OPS_CHECK_TYPE(dtype_of(scale) == ScalarType::Float && scale.numel() == 1,
                       "scale must be a one-element float32 tensor");
   CORE_OPS_CHECK_TYPE(dtype_of(growth_tracker) == ScalarType::Int && growth_tracker.numel() == 1,
                       "growth_tracker must be a one-element int32 tensor");
   CORE_OPS_CHECK_TYPE(dtype_of(hysteresis_tracker) == ScalarType::Int && hysteresis_tracker.numel() == 1,
                       "hysteresis_tracker must be a one-element int32 tensor");
-  // The kernels dereference all four: they must share scale's device.
-  CORE_OPS_CHECK_VALUE(growth_tracker.device() == scale.device() &&
-                       hysteresis_tracker.device() == scale.device(),
-                       "growth_tracker and hysteresis_tracker must be on ", scale.device());
-  check_flag(found_inf, scale.device());
+  check_flag(found_inf);
+  Operands(4)
+      .writes(scale, "scale").writes(growth_tracker, "growth_tracker")
+      .writes(hysteresis_tracker, "hysteresis_tracker").reads(found_inf, "found_inf").check();
 }
 
 }  // namespace core_ops

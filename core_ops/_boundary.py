@@ -1,0 +1,90 @@
+"""Note [Op boundary]: what every multi-tensor and optimizer op checks of any call,
+whichever kernel runs it, read off the op's schema in _library.py:
+
+- one device: every tensor of the call is on the device of its first tensor (the first
+  of its first list). A tensor elsewhere is an error, not a no-op: dispatch picks the
+  kernel by the devices of all arguments, so a lone ``meta`` flag among CPU tensors
+  sends the call to the fake kernel, which must refuse it as the CPU kernel would;
+- Note [Aliasing] (_aliasing.py): a tensor the schema marks written (``Tensor(a!)``)
+  shares memory with no other, but its in-place partner (``IN_PLACE``).
+
+The native kernels make both checks in C++ with the same words (``CallDevice`` in
+csrc/include/core_ops/tensor_lists.h, ``Operands`` in aliasing.h); the reference and fake
+kernels are wrapped by ``checked`` here when they are registered.
+"""
+
+import functools
+
+import torch
+
+from ._aliasing import check_operands
+
+# op -> {read list: the written list whose i-th tensor may be the read list's i-th itself}
+IN_PLACE = {
+    "multi_tensor_scale_": {"src": "dst"},
+    "multi_tensor_axpby_": {"x": "out", "y": "out"},
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _tensor_args(name):
+    """(position, argument name, is a list, written) of each tensor argument of ``name``."""
+    schema = getattr(torch.ops.core_ops, name).default._schema
+    out = []
+    for position, arg in enumerate(schema.arguments):
+        kind = arg.type
+        if isinstance(kind, torch.OptionalType):
+            kind = kind.getElementType()
+        is_list = isinstance(kind, torch.ListType)
+        if (kind.getElementType() if is_list else kind) != torch.TensorType.get():
+            continue
+        out.append((position, arg.name, is_list, bool(arg.alias_info and arg.alias_info.is_write)))
+    return tuple(out)
+
+
+def _values(name, args, kwargs):
+    for position, arg, is_list, written in _tensor_args(name):
+        value = args[position] if position < len(args) else kwargs.get(arg)
+        yield arg, value, is_list, written
+
+
+def check_one_device(named):
+    """``named``: (name, tensor or list or None) in the op's argument order."""
+    device = None
+    for arg, value, is_list in named:
+        if value is None:
+            continue
+        items = enumerate(value) if is_list else [(None, value)]
+        for index, t in items:
+            if device is None:
+                device = t.device
+            elif t.device != device:
+                label = arg if index is None else f"{arg}[{index}]"
+                raise ValueError(f"{label} is on {t.device} but the op runs on {device}")
+
+
+def check_call(name, args, kwargs):
+    values = list(_values(name, args, kwargs))
+    if not all(isinstance(v, torch.Tensor) if not is_list else isinstance(v, (list, tuple))
+               for _, v, is_list, _ in values if v is not None):
+        return  # the kernel's own checks name what is not a tensor
+    check_one_device([(arg, v, is_list) for arg, v, is_list, _ in values])
+    partners = IN_PLACE.get(name, {})
+    check_operands(reads=[(arg, v, partners.get(arg)) for arg, v, _, written in values if not written],
+                   writes=[(arg, v) for arg, v, _, written in values if written])
+
+
+def checked(name, fn):
+    """``fn`` (a reference or fake kernel of op ``name``) behind the boundary's checks."""
+    @functools.wraps(fn)
+    def kernel(*args, **kwargs):
+        check_call(name, args, kwargs)
+        return fn(*args, **kwargs)
+    return kernel
+
+
+def has_boundary(name):
+    """Whether op ``name`` takes tensor lists or writes a tensor it is given: the ops
+    this module checks (the norm and batch-norm ops make new outputs, and check their
+    devices themselves)."""
+    return any(is_list or written for _, _, is_list, written in _tensor_args(name))
