@@ -6,7 +6,16 @@ whichever kernel runs it, read off the op's schema in _library.py:
   kernel by the devices of all arguments, so a lone ``meta`` flag among CPU tensors
   sends the call to the fake kernel, which must refuse it as the CPU kernel would;
 - Note [Aliasing] (_aliasing.py): a tensor the schema marks written (``Tensor(a!)``)
-  shares memory with no other, but its in-place partner (``IN_PLACE``).
+  shares memory with no other, but its in-place partner (``IN_PLACE``);
+- under grad mode, no written tensor requires grad: the ops write in place and record
+  nothing for autograd, so a leaf would be changed behind its graph's back and a
+  non-leaf's grads would come out wrong (torch's in-place and foreach ops refuse a leaf
+  alike). Optimizers step under ``torch.no_grad()``. The native kernels cannot see
+  requires_grad through torch's stable ABI, so a raw ``torch.ops.core_ops`` call that
+  reaches one is not checked; every public function is (``check_no_grad_writes``);
+- a ``grad_scale`` held on the host (a CPU tensor) is finite and > 0 unless the step is
+  skipped (``found_inf`` set): grads divided by 0 or nan would turn the params into nan. On a GPU the kernels read it on the device,
+  where checking it would cost a host sync each step, so it is not checked there.
 
 The native kernels make both checks in C++ with the same words (``CallDevice`` in
 csrc/include/core_ops/tensor_lists.h, ``Operands`` in aliasing.h); the reference and fake
@@ -14,6 +23,7 @@ kernels are wrapped by ``checked`` here when they are registered.
 """
 
 import functools
+import math
 
 import torch
 
@@ -72,6 +82,36 @@ def check_call(name, args, kwargs):
     partners = IN_PLACE.get(name, {})
     check_operands(reads=[(arg, v, partners.get(arg)) for arg, v, _, written in values if not written],
                    writes=[(arg, v) for arg, v, _, written in values if written])
+    check_no_grad_writes(name, [(arg, v) for arg, v, _, written in values if written])
+    given = {arg: v for arg, v, _, _ in values}
+    if given.get("grad_scale") is not None:
+        check_grad_scale(given["grad_scale"], given.get("found_inf"))
+
+
+def check_no_grad_writes(op_name, written):
+    """``written``: (name, tensor or list or None) an op writes in place."""
+    if not torch.is_grad_enabled():
+        return
+    for arg, value in written:
+        items = [(None, value)] if isinstance(value, torch.Tensor) else enumerate(value or ())
+        for index, t in items:
+            if t.requires_grad:
+                label = arg if index is None else f"{arg}[{index}]"
+                raise RuntimeError(f"{label} requires grad, and {op_name} writes it in place, which autograd "
+                                   "cannot record: call it under torch.no_grad() (as optimizers step) or pass "
+                                   ".detach() of it")
+
+
+def check_grad_scale(grad_scale, found_inf):
+    """A step skipped by its flag reads no grads: its scale may be anything (FusedLAMB
+    folds the clip of an infinite norm into it)."""
+    if grad_scale.device.type != "cpu" or isinstance(grad_scale, torch._subclasses.FakeTensor):
+        return
+    if found_inf is not None and found_inf.numel() == 1 and found_inf.item() > 0:
+        return
+    value = grad_scale.reshape(-1)[0].item() if grad_scale.numel() == 1 else None
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"grad_scale must be finite and > 0, got {value:g}")
 
 
 def checked(name, fn):

@@ -377,7 +377,7 @@ def ensure(kind: str, *, build: bool = True, force: bool = False, arch: str | No
     # (force, an arch) or CORE_OPS_BACKEND=jit goes to the JIT cache.
     wheel, why = _wheel_library.library(kind)
     if wheel is not None and (force or arch or forced_jit()):
-        wheel, why = None, ("CORE_OPS_BACKEND=jit" if forced_jit() else "a build was asked for")
+        wheel, why = None, (_jit_reason() if forced_jit() else "a build was asked for")
     if wheel is not None:
         backend = _load(kind, wheel, warn, f"native: {why}")
         if backend.native:
@@ -442,7 +442,15 @@ _wheel_not_taken: dict[str, str] = {}
 
 
 def forced_jit() -> bool:
-    return os.environ.get("CORE_OPS_BACKEND", "").strip().lower() == "jit"
+    """Whether native kernels must come from the JIT cache, not the wheel: asked for
+    (CORE_OPS_BACKEND=jit), or a sanitized build (CORE_OPS_SANITIZE=1) wanted."""
+    from . import settings
+    return os.environ.get("CORE_OPS_BACKEND", "").strip().lower() == "jit" or settings.core("sanitize") == "1"
+
+
+def _jit_reason() -> str:
+    from . import settings
+    return "CORE_OPS_SANITIZE=1" if settings.core("sanitize") == "1" else "CORE_OPS_BACKEND=jit"
 
 
 def cpu_level() -> str:

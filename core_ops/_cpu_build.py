@@ -71,7 +71,17 @@ def common_flags() -> list[str]:
     # CUDA libraries never bind to each other's copies of an inline function.
     return ["-std=c++17", "-O3", "-fPIC", "-ffp-contract=off", "-fvisibility=hidden",
             "-fvisibility-inlines-hidden", TARGET_FLAG,
-            f"-I{Path(torch.__file__).parent / 'include'}", f"-I{CSRC / 'include'}"]
+            f"-I{Path(torch.__file__).parent / 'include'}", f"-I{CSRC / 'include'}", *sanitizer_flags()]
+
+
+def sanitizer_flags() -> list[str]:
+    """CORE_OPS_SANITIZE=1 (settings.py): ASan and UBSan, an undefined operation fatal
+    (so a test fails on it, not just a line in a log), frames kept for the reports.
+    Part of the cache key, as every flag: a sanitized build has its own entry."""
+    from . import settings
+    if settings.core("sanitize") != "1":
+        return []
+    return ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g"]
 
 
 def level_flags(level: str) -> list[str]:
@@ -82,7 +92,8 @@ def level_flags(level: str) -> list[str]:
 def link_flags() -> list[str]:
     # torch's stable C shims live in libtorch_cpu: the library names it (no rpath: the
     # copy torch already loaded is the one found).
-    return ["-shared", f"-L{Path(torch.__file__).parent / 'lib'}", "-ltorch_cpu"]
+    return ["-shared", f"-L{Path(torch.__file__).parent / 'lib'}", "-ltorch_cpu",
+            *[f for f in sanitizer_flags() if f.startswith("-fsanitize=")]]
 
 
 def kernel_sources() -> list[Path]:

@@ -7,6 +7,8 @@ cheap checks; the per-tensor ones (``check_lists``) run in the reference and fak
 kernels here and in the C++ kernels natively, so they cost one C++ loop per call.
 """
 
+import math
+
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -203,17 +205,23 @@ def check_batch_norm_args(input, *, grad_out=None, stats=(), weight=None, bias=N
                              f"{tuple(t.shape)} {t.dtype} on {t.device}")
 
 
+INT32_MAX = 2**31 - 1
+
+
 def loss_scale_args(growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale):
-    """The checks of a dynamic loss scale's settings (``update_scale``, ``LossScaler``)."""
+    """The checks of a dynamic loss scale's settings (``update_scale``, ``LossScaler``, and
+    the update_scale_ op on every route: csrc/include/core_ops/tensor_lists.h words them
+    the same, numbers as C++ prints them, hence ``:g``). The trackers are int32, so the
+    counts stop at 2**31 - 1."""
     if not growth_factor >= 1.0:  # 1: a scale that never grows (Apex allows it)
-        raise ValueError(f"growth_factor must be >= 1, got {growth_factor}")
+        raise ValueError(f"growth_factor must be >= 1, got {growth_factor:g}")
     if not 0.0 < backoff_factor < 1.0:
-        raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor}")
-    if int(growth_interval) < 1 or int(hysteresis) < 1:
-        raise ValueError("growth_interval and hysteresis must be >= 1, got "
-                         f"{growth_interval} and {hysteresis}")
+        raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor:g}")
+    if not (1 <= int(growth_interval) <= INT32_MAX and 1 <= int(hysteresis) <= INT32_MAX):
+        raise ValueError("growth_interval and hysteresis must be in [1, 2**31 - 1] (int32 trackers), got "
+                         f"{int(growth_interval)} and {int(hysteresis)}")
     if not 0.0 <= min_scale <= max_scale:
-        raise ValueError(f"need 0 <= min_scale <= max_scale, got {min_scale} and {max_scale}")
+        raise ValueError(f"need 0 <= min_scale <= max_scale, got {min_scale:g} and {max_scale:g}")
 
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -283,6 +291,17 @@ def _check_like_params(params, ts, name, dtypes):
         raise TypeError(f"{name}: expected {' or '.join(map(str, dtypes))} tensors, got {ts[0].dtype}")
 
 
+def _check_map_values(qmap, name):
+    """compact_state_args.h's check_map_values: a map on the host is finite and ascending."""
+    if qmap.device.type != "cpu" or isinstance(qmap, torch._subclasses.FakeTensor):
+        return
+    values = qmap.tolist()
+    for j, v in enumerate(values):
+        if not (math.isfinite(v) and (j == 0 or values[j - 1] <= v)):
+            after = f" after {values[j - 1]:g}" if j else ""
+            raise ValueError(f"{name} must hold finite values in ascending order; value {j} is {v:g}{after}")
+
+
 def check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
                              exp_avg_sq_absmaxes, master_params, exp_avg_map, exp_avg_sq_map):
     """The checks of fused_adam_compact_ (Note [Compact Adam state] in _library.py), for
@@ -317,6 +336,7 @@ def check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_av
                 or not qmap.is_contiguous()):
             raise ValueError(f"{name}_map must be a contiguous float32 tensor of 256 values on "
                              f"{params[0].device} for uint8 moments")
+        _check_map_values(qmap, f"{name}_map")
     if master_params:
         _check_like_params(params, master_params, "master_params", (torch.float32, torch.int16))
         if master_params[0].dtype == torch.int16 and params[0].dtype != torch.bfloat16:

@@ -190,6 +190,10 @@ SETTINGS = (
             "the CUDA archs to build for, e.g. 9.0 or 8.0;9.0 (default: the GPUs present)"),
     Setting("verbose_build", "CORE_OPS_VERBOSE_BUILD", _choice("0", "1"), "0", (CORE,),
             "1: show the compiler's output"),
+    Setting("sanitize", "CORE_OPS_SANITIZE", _choice("0", "1"), "0", (CORE,),
+            "1: the CPU kernels are built (into their own cache entry, never the wheel's) and loaded with "
+            "AddressSanitizer and UndefinedBehaviorSanitizer; Python must start with their runtimes "
+            "preloaded: tools/sanitize.sh does both", off="0"),
     Setting("autoload", "CORE_OPS_AUTOLOAD", _choice("0", "1"), "1", (CORE,),
             "0: the plugins do not load themselves when Lightning / Accelerate is imported", off="0"),
     Setting("torch_patches_off", "CORE_OPS_TORCH_PATCHES_OFF", patch_names, None, (CORE,),
@@ -240,6 +244,18 @@ SETTINGS = (
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 BY_ENV = {s.env: s for s in SETTINGS}
+
+
+def core(name, environ=None):
+    """A core setting's value: its variable when set and not empty, else its default,
+    parsed (a bad value is refused naming the variable)."""
+    setting = BY_NAME[name]
+    environ = os.environ if environ is None else environ
+    text = str(environ.get(setting.env, "")).strip()
+    if text:
+        READ.add(setting.env)
+        return setting.parse(text, setting.env)
+    return setting.default if setting.default is None else setting.parse(setting.default, name)
 
 
 def names(*readers):

@@ -206,3 +206,133 @@ def test_amp_c_adam_takes_a_param_whose_size_one_dim_has_another_stride():
     multi_tensor_applier(amp_C.multi_tensor_adam, noop, [[grad], [want], [torch.zeros(1, 17)], [torch.zeros(1, 17)]],
                          0.1, 0.9, 0.999, 1e-8, 1, 1, 1, 0.0)
     assert torch.equal(param, want) and not torch.equal(param, torch.zeros(1, 17))
+
+
+# ---- settings and scalars the ops once took without a word ---------------------------
+
+def update_scale(route, growth_tracker=0, hysteresis_tracker=1, **settings):
+    kw = dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=10, hysteresis=1, min_scale=0.0,
+              max_scale=1e9)
+    kw.update(settings)
+    dev = device_of(route)
+    scale = torch.full((1,), 8.0, device=dev)
+    trackers = (torch.full((1,), growth_tracker, dtype=torch.int32, device=dev),
+                torch.full((1,), hysteresis_tracker, dtype=torch.int32, device=dev))
+    call(route, "update_scale_", scale, *trackers, torch.zeros(1, device=dev), *kw.values())
+    return scale, trackers
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(growth_interval=0), r"growth_interval and hysteresis must be in \[1, 2\*\*31 - 1\].*got 0 and 1"),
+    (dict(hysteresis=-1), r"growth_interval and hysteresis must be in \[1, 2\*\*31 - 1\].*got 10 and -1"),
+    (dict(hysteresis=2**40), r"growth_interval and hysteresis must be in .*got 10 and 1099511627776"),
+    (dict(max_scale=float("nan")), r"need 0 <= min_scale <= max_scale, got 0 and nan"),
+    (dict(backoff_factor=1.5), r"backoff_factor must be in \(0, 1\), got 1.5"),
+], ids=["growth_interval_0", "negative_hysteresis", "hysteresis_past_int32", "nan_max_scale", "backoff_1.5"])
+def test_update_scale_refuses_settings_its_trackers_cannot_hold(route, settings, message):
+    with pytest.raises(ValueError, match=message):
+        update_scale(route, **settings)
+
+
+def test_public_update_scale_refuses_a_hysteresis_int32_cannot_hold():
+    # It once stored 2**40 truncated to int32: 0, so the next overflow backed off at once.
+    import core_ops
+    t = torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"2\*\*31 - 1"):
+        core_ops.update_scale(torch.ones(1), torch.zeros(1, dtype=torch.int32), torch.zeros(1),
+                              hysteresis=2**40, hysteresis_tracker=t)
+
+
+@pytest.mark.parametrize("route", ["native", "reference"])
+def test_a_growth_tracker_at_int32_max_grows_the_scale_without_overflow(route):
+    # The native kernel added 1 in int32 there (undefined behaviour; UBSan's report).
+    if route == "native":
+        assert _build.ensure("cpu").native
+    top = 2**31 - 1
+    scale, (growth, hysteresis) = update_scale(route, growth_tracker=top, growth_interval=top)
+    assert scale.item() == 16.0 and growth.item() == 0 and hysteresis.item() == 1
+    scale, (growth, hysteresis) = update_scale(route, growth_tracker=top - 2, growth_interval=top)
+    assert scale.item() == 8.0 and growth.item() == top - 1
+
+
+def test_amp_c_noop_flag_of_two_elements_is_refused_by_every_function():
+    # multi_tensor_l2norm once set both elements; multi_tensor_scale refused the flag.
+    import amp_C
+    t, noop = [torch.randn(8)], torch.zeros(2, dtype=torch.int32)
+    for fn, args in ((amp_C.multi_tensor_l2norm, ([t],)), (amp_C.multi_tensor_scale, ([t, t], 1.0)),
+                     (amp_C.multi_tensor_unscale_l2norm, ([t], torch.ones(1)))):
+        with pytest.raises(ValueError, match=r"noop_flag must be a one-element float32 or int32 tensor"):
+            fn(2048, noop, *args)
+    assert noop.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("value", [0.0, float("nan"), -1.0, float("inf")])
+@pytest.mark.parametrize("name", ["fused_adam_", "fused_novograd_"])
+def test_a_grad_scale_on_the_host_must_be_finite_and_positive(value, name):
+    # Grads divided by it would turn the params into nan (the reference once raised
+    # ZeroDivisionError for NovoGrad's 0, the native kernel wrote nan).
+    assert _build.ensure("cpu").native
+    for kernel in (op(name), REF[name]):
+        p = torch.randn(4)
+        before = p.clone()
+        args = {"fused_adam_": ([p], [torch.randn(4)], [torch.zeros(4)], [torch.zeros(4)], [], [], [torch.zeros(1)],
+                                1e-3, 0.9, 0.999, 1e-8, 0.0, True, True, False, False),
+                "fused_novograd_": ([p], [torch.randn(4)], [torch.zeros(4)], [torch.zeros(1)], [], [torch.zeros(1)],
+                                    torch.ones(1), 2, 1e-3, 0.9, 0.99, 1e-8, 0.0, True, False, True, False,
+                                    False)}[name]
+        with pytest.raises(ValueError, match=rf"grad_scale must be finite and > 0, got {value:g}"):
+            kernel(*args, None, torch.full((1,), value), None)
+        assert torch.equal(p, before)
+
+
+@pytest.mark.parametrize("route", ["native", "reference"])
+def test_an_8bit_map_holding_nan_or_out_of_order_is_refused(route):
+    from core_ops.reference.compact_state import dynamic_map
+    if route == "native":
+        assert _build.ensure("cpu").native
+    kernel = op("fused_adam_compact_") if route == "native" else REF["fused_adam_compact_"]
+    signed, unsigned = dynamic_map(True), dynamic_map(False)
+    for bad, message in ((signed.clone().index_fill_(0, torch.tensor([5]), float("nan")), "value 5 is nan"),
+                         (signed.flip(0).contiguous(), "value 1 is .* after 1")):
+        p = torch.randn(300)
+        with pytest.raises(ValueError, match=rf"exp_avg_map must hold finite values in ascending order; {message}"):
+            kernel([p], [torch.randn(300)], [torch.zeros(300, dtype=torch.uint8)],
+                   [torch.zeros(300, dtype=torch.uint8)], [torch.zeros(2)], [torch.zeros(2)], [], [torch.zeros(1)],
+                   bad, unsigned, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True, False, None, None, None)
+
+
+@pytest.mark.parametrize("route", ["native", "reference"])
+def test_sync_batch_norm_refuses_float8_weights(route):
+    if route == "native":
+        assert _build.ensure("cpu").native
+    kernel = op("sync_batch_norm_elemt") if route == "native" else REF["sync_batch_norm_elemt"]
+    x = torch.randn(4, 3, 5)
+    weight = torch.ones(3).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"weight must be a \(3,\) float tensor on cpu, got \(3,\) torch.float8"):
+        kernel(x, torch.zeros(3), torch.ones(3), weight, None)
+
+
+# ---- in-place writes into tensors that require grad ----------------------------------
+
+def test_public_ops_refuse_to_write_a_tensor_that_requires_grad_under_grad_mode():
+    import core_ops
+    leaf = torch.ones(4, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"dst\[0\] requires grad, and multi_tensor_scale writes it in place"):
+        core_ops.multi_tensor_scale([torch.ones(4)], [leaf], 2.0)
+    with pytest.raises(RuntimeError, match=r"out\[0\] requires grad"):
+        core_ops.multi_tensor_axpby([torch.ones(4)], [torch.ones(4)], [leaf * 1], 1.0, 1.0)
+    with pytest.raises(RuntimeError, match=r"tensors\[0\] requires grad"):
+        core_ops.multi_tensor_unscale_l2norm([leaf], 0.5)
+    assert torch.equal(leaf.detach(), torch.ones(4))
+    with torch.no_grad():  # as optimizers step
+        core_ops.multi_tensor_scale([torch.ones(4)], [leaf], 2.0)
+    assert torch.equal(leaf.detach(), torch.full((4,), 2.0))
+
+
+@pytest.mark.parametrize("route", ["reference", "meta"])
+def test_raw_ops_on_python_kernels_refuse_a_written_tensor_that_requires_grad(route):
+    p = vec(route, 8).requires_grad_()
+    with pytest.raises(RuntimeError, match=r"params\[0\] requires grad, and fused_adam_ writes it in place"):
+        adam(route, [p], fresh(route, 1, 8), fresh(route, 1, 8), fresh(route, 1, 8), steps_of(route, 1))
+    with torch.no_grad():
+        adam(route, [p], fresh(route, 1, 8), fresh(route, 1, 8), fresh(route, 1, 8), steps_of(route, 1))

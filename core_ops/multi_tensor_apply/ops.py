@@ -6,6 +6,7 @@ import math
 import torch
 
 from .. import _build, _validate
+from .._boundary import check_no_grad_writes
 from .._library import op
 from .._sharded import is_sharded, locals_of, whole_norms
 
@@ -14,9 +15,11 @@ __all__ = ["clip_grad_norm_", "multi_tensor_axpby", "multi_tensor_check_finite",
            "multi_tensor_scale", "multi_tensor_unscale_l2norm", "update_scale"]
 
 
-def _prepare(*named_lists):
-    """Cheap checks, then the device's native kernels made available if they can be."""
+def _prepare(*named_lists, writes=(), op_name=""):
+    """Cheap checks, then the device's native kernels made available if they can be.
+    ``writes``: the names of the lists the op writes (Note [Op boundary])."""
     lists = [_validate.tensor_list(ts, name) for name, ts in named_lists]
+    check_no_grad_writes(op_name, [(name, ts) for (name, _), ts in zip(named_lists, lists) if name in writes])
     ref_name, ref = named_lists[0][0], lists[0]
     for (name, _), ts in zip(named_lists[1:], lists[1:]):
         _validate.same_length(ref, ref_name, ts, name)
@@ -34,7 +37,7 @@ def multi_tensor_scale(src, dst, scale, found_inf=None):
     """``dst[i] = src[i] * scale`` for every i; sets ``found_inf`` (returned) to 1 if any
     element of ``src`` is inf or nan. ``scale`` is a number or a one-element tensor on
     the tensors' device (no host sync). ``dst`` may be ``src`` (in place)."""
-    (src, dst), device = _prepare(("src", src), ("dst", dst))
+    (src, dst), device = _prepare(("src", src), ("dst", dst), writes=("dst",), op_name="multi_tensor_scale")
     found_inf = _validate.flag(found_inf, device)
     scale = _validate.scalar_tensor(scale, device, "scale", _scalar_dtype(src))
     if src:
@@ -58,7 +61,7 @@ def multi_tensor_axpby(x, y, out, a, b, found_inf=None, arg_to_check=-1):
     chosen by ``arg_to_check`` (-1 both, 0 x, 1 y; Apex's meaning) hold inf or nan."""
     if arg_to_check not in (-1, 0, 1):
         raise ValueError(f"arg_to_check must be -1 (both), 0 (x) or 1 (y), got {arg_to_check!r}")
-    (x, y, out), device = _prepare(("x", x), ("y", y), ("out", out))
+    (x, y, out), device = _prepare(("x", x), ("y", y), ("out", out), writes=("out",), op_name="multi_tensor_axpby")
     found_inf = _validate.flag(found_inf, device)
     if x:
         op("multi_tensor_axpby_")(x, y, out, float(a), float(b), found_inf, arg_to_check)
@@ -122,7 +125,7 @@ def multi_tensor_unscale_l2norm(tensors, inv_scale, found_inf=None, per_tensor=F
     """In one pass: ``t *= inv_scale`` in place for every tensor, the L2 norms of the
     unscaled values (as ``multi_tensor_l2norm``), and ``found_inf`` set if any input
     element was inf or nan. Returns ``(total_norm, per_tensor_norms, found_inf)``."""
-    (tensors,), device = _prepare(("tensors", tensors))
+    (tensors,), device = _prepare(("tensors", tensors), writes=("tensors",), op_name="multi_tensor_unscale_l2norm")
     found_inf = _validate.flag(found_inf, device)
     inv_scale = _validate.scalar_tensor(inv_scale, device, "inv_scale", _scalar_dtype(tensors))
     total, per = op("multi_tensor_unscale_l2norm_")(tensors, inv_scale, found_inf, bool(per_tensor))
@@ -147,6 +150,7 @@ def update_scale(scale, growth_tracker, found_inf, *, growth_factor=2.0, backoff
         raise TypeError(f"scale must be a one-element float32 tensor, got {type(scale).__name__}")
     device = scale.device
     _tracker(scale, "scale", torch.float32, device)
+    check_no_grad_writes("update_scale", [("scale", scale)])
     _tracker(growth_tracker, "growth_tracker", torch.int32, device)
     found_inf = _validate.flag(found_inf, device)
     _validate.loss_scale_args(growth_factor, backoff_factor, growth_interval, hysteresis,

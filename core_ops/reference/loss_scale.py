@@ -14,23 +14,28 @@ kernels call ``update_scale_math`` in ``csrc/include/core_ops/loss_scale_math.h`
 
 import torch
 
+from .._validate import loss_scale_args
+
 
 def update_scale_(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
                   backoff_factor, growth_interval, hysteresis, min_scale, max_scale):
+    loss_scale_args(growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale)
     # Branch-free tensor algebra so the host never waits for the device.
     inf = found_inf.reshape(()) > 0
-    hyst = torch.where(inf, hysteresis_tracker - 1, torch.full_like(hysteresis_tracker, hysteresis))
+    # Counted in int64, as loss_scale_math.h: a tracker at an int32 limit must not wrap.
+    hyst = torch.where(inf, hysteresis_tracker.to(torch.int64) - 1,
+                       torch.full_like(hysteresis_tracker, hysteresis, dtype=torch.int64))
     backed_off = scale * backoff_factor
     backed_off = torch.where(backed_off < torch.finfo(torch.float32).tiny, 0.0, backed_off)
     backed_off = torch.clamp(backed_off, min=min_scale)
-    count = growth_tracker + 1
+    count = growth_tracker.to(torch.int64) + 1
     grow = (~inf) & (count >= growth_interval)
     grown = scale * growth_factor
     grown = torch.where(torch.isfinite(grown), torch.clamp(grown, max=max_scale), scale)
     new_scale = torch.where(inf & (hyst <= 0), backed_off, torch.where(grow, grown, scale))
     new_count = torch.where(inf | grow, torch.zeros_like(growth_tracker), count)
     scale.copy_(new_scale)
-    growth_tracker.copy_(new_count)
+    growth_tracker.copy_(new_count)  # < growth_interval <= INT32_MAX: fits
     hysteresis_tracker.copy_(torch.clamp(hyst, min=0))
 
 

@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from ..._validate import flag
 from ...multi_tensor_apply import ops
 from .amp_C_optimizers import (  # noqa: F401  (amp_C's names)
     multi_tensor_adagrad,
@@ -30,26 +31,34 @@ from .amp_C_optimizers import (  # noqa: F401  (amp_C's names)
 from ._args import tensor_lists_of
 
 
+def _noop(noop_flag, tensors):
+    """Apex's noop_flag, checked alike by every function here: one float32 or int32
+    element on the tensors' device (a larger flag was once set whole by the norms and
+    refused by scale)."""
+    device = tensors[0].device if tensors else getattr(noop_flag, "device", None)
+    return flag(noop_flag, device, "noop_flag")
+
+
 def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):
     src, dst = tensor_lists_of(tensor_lists, 2, "multi_tensor_scale")
-    ops.multi_tensor_scale(src, dst, scale, found_inf=noop_flag)
+    ops.multi_tensor_scale(src, dst, scale, found_inf=_noop(noop_flag, src))
 
 
 def multi_tensor_axpby(chunk_size, noop_flag, tensor_lists, a, b, arg_to_check):
     x, y, out = tensor_lists_of(tensor_lists, 3, "multi_tensor_axpby")
-    ops.multi_tensor_axpby(x, y, out, a, b, found_inf=noop_flag, arg_to_check=arg_to_check)
+    ops.multi_tensor_axpby(x, y, out, a, b, found_inf=_noop(noop_flag, x), arg_to_check=arg_to_check)
 
 
-def _flag_nonfinite(noop_flag, norm):
+def _flag_nonfinite(noop_flag, norm, tensors):
     # Apex's norm kernels set the flag when a norm is not finite (on the device).
-    if isinstance(noop_flag, torch.Tensor):
-        noop_flag.masked_fill_(~torch.isfinite(norm.to(noop_flag.device)).reshape(()), 1)
+    if noop_flag is not None:
+        _noop(noop_flag, tensors).masked_fill_(~torch.isfinite(norm.to(noop_flag.device)).reshape(()), 1)
 
 
 def multi_tensor_l2norm(chunk_size, noop_flag, tensor_lists, per_tensor=False):
     (tensors,) = tensor_lists_of(tensor_lists, 1, "multi_tensor_l2norm")
     total, per = ops.multi_tensor_l2norm(tensors, per_tensor)
-    _flag_nonfinite(noop_flag, total)
+    _flag_nonfinite(noop_flag, total, tensors)
     return total.reshape(1), per
 
 
@@ -60,7 +69,7 @@ def multi_tensor_l2norm_scale(chunk_size, noop_flag, tensor_lists, scale, per_te
     total, per = ops.multi_tensor_l2norm(src, per_tensor)
     if src:
         ops.multi_tensor_scale(src, dst, scale)
-    _flag_nonfinite(noop_flag, total)
+    _flag_nonfinite(noop_flag, total, src)
     return total.reshape(1), per
 
 
@@ -70,7 +79,7 @@ def multi_tensor_unscale_l2norm(chunk_size, noop_flag, tensor_lists, inv_scale, 
     total, per = ops.multi_tensor_l2norm(tensors, per_tensor)
     if tensors:
         total, per = total * inv_scale, per * inv_scale
-    _flag_nonfinite(noop_flag, total)
+    _flag_nonfinite(noop_flag, total, tensors)
     return total.reshape(1), per
 
 

@@ -14,6 +14,7 @@ void update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tens
                    double growth_factor, double backoff_factor, int64_t growth_interval,
                    int64_t hysteresis, double min_scale, double max_scale) {
   check_update_scale_args(scale, growth_tracker, hysteresis_tracker, found_inf);
+  check_loss_scale_settings(growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
   const bool inf = dtype_of(found_inf) == ScalarType::Float ? *data<float>(found_inf) > 0
                                                                 : *data<int32_t>(found_inf) > 0;
   update_scale_math(data<float>(scale), data<int32_t>(growth_tracker),

@@ -28,6 +28,7 @@ void update_scale_(const Tensor& scale, const Tensor& growth_tracker,
                    double growth_factor, double backoff_factor, int64_t growth_interval,
                    int64_t hysteresis, double min_scale, double max_scale) {
   check_update_scale_args(scale, growth_tracker, hysteresis_tracker, found_inf);
+  check_loss_scale_settings(growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
   const auto device = scale.device();
   check_cuda(device);
   const DeviceGuard guard(device.index());

@@ -115,6 +115,7 @@ class Operands {
       return;
     }
     const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+    if (begin == 0) return;  // no memory to share (a tensor subclass holding metadata only)
     to.push_back({begin, begin + static_cast<uintptr_t>(n) * t.element_size(), name, index, in_place_with, &t});
   }
 

@@ -38,6 +38,19 @@ inline MomentKind check_compact_moments(TensorList params, TensorList exp_avgs,
                              : (dtype == ScalarType::BFloat16 ? MomentKind::kBFloat16 : MomentKind::kCodes);
 }
 
+// A map held on the host is read here for free: its codes decode through it, and
+// encoding walks its midpoints upwards, so it must be finite and ascending (a GPU's map
+// is read only on the device; checking it there would cost a host sync each step).
+inline void check_map_values(const Tensor& map, const char* map_name) {
+  if (map.device().type() != DeviceType::CPU) return;
+  const float* v = data<const float>(map);
+  for (int j = 0; j < kMapSize; ++j) {
+    CORE_OPS_CHECK_VALUE(v[j] - v[j] == 0.f && (j == 0 || v[j - 1] <= v[j]), map_name,
+                         " must hold finite values in ascending order; value ", j, " is ", v[j],
+                         j > 0 ? words(" after ", v[j - 1]) : std::string());
+  }
+}
+
 inline void check_absmaxes(TensorList params, TensorList absmaxes, const char* name,
                            const OptionalTensor& map, const char* map_name, bool quantized) {
   if (!quantized) {
@@ -57,6 +70,7 @@ inline void check_absmaxes(TensorList params, TensorList absmaxes, const char* n
                            map->dim() == 1 && map->device() == params[0].device() && map->is_contiguous(),
                        map_name, " must be a contiguous float32 tensor of 256 values on ", params[0].device(),
                        " for uint8 moments");
+  check_map_values(*map, map_name);
 }
 
 inline WeightKind check_compact_masters(TensorList params, TensorList master_params) {

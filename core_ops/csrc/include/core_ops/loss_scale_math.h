@@ -19,8 +19,9 @@ CORE_OPS_HD void update_scale_math(
     int64_t hysteresis, float min_scale, float max_scale) {
   if (found_inf) {
     *growth_tracker = 0;
-    int32_t left = *hysteresis_tracker - 1;
-    *hysteresis_tracker = left > 0 ? left : 0;
+    // In 64 bits: a tracker loaded from a checkpoint may hold any int32.
+    const int64_t left = static_cast<int64_t>(*hysteresis_tracker) - 1;
+    *hysteresis_tracker = left > 0 ? static_cast<int32_t>(left) : 0;
     if (left <= 0) {
       float backed_off = *scale * backoff_factor;
       if (backed_off < 1.17549435e-38f) backed_off = 0.f;  // FLT_MIN: flushed, as Apex's kernel
@@ -29,7 +30,7 @@ CORE_OPS_HD void update_scale_math(
     return;
   }
   *hysteresis_tracker = static_cast<int32_t>(hysteresis);
-  int32_t count = *growth_tracker + 1;
+  int64_t count = static_cast<int64_t>(*growth_tracker) + 1;  // INT32_MAX + 1 does not overflow
   if (count >= growth_interval) {
     float grown = *scale * growth_factor;
     if (finite_value(grown)) {
@@ -37,7 +38,7 @@ CORE_OPS_HD void update_scale_math(
     }
     count = 0;
   }
-  *growth_tracker = count;
+  *growth_tracker = static_cast<int32_t>(count);  // < growth_interval <= INT32_MAX
 }
 
 }  // namespace core_ops

@@ -116,6 +116,14 @@ inline bool check_optimizer_group(TensorList params, TensorList grads,
     }
   }
   if (found_inf.has_value()) check_flag(*found_inf);
+  // Note [Op boundary] in _boundary.py: where it is on the host (a GPU reads it on the
+  // device), and the step is not skipped (a skipped step reads no grads).
+  const bool skipped = found_inf.has_value() && found_inf->numel() == 1 && device.type() == DeviceType::CPU &&
+                       item(*found_inf) > 0;
+  if (grad_scale.has_value() && device.type() == DeviceType::CPU && !skipped) {
+    const double s = item(*grad_scale);
+    CORE_OPS_CHECK_VALUE(s > 0 && s - s == 0, "grad_scale must be finite and > 0, got ", s);
+  }
   return true;
 }
 

@@ -35,6 +35,9 @@ void fused_adam_(TensorList params, TensorList grads, TensorList exp_avgs,
       .list(exp_avg_sqs, "exp_avg_sqs").list(max_exp_avg_sqs, "max_exp_avg_sqs")
       .list(master_params, "master_params").list(steps, "steps").one(lr_tensor, "lr_tensor")
       .one(grad_scale, "grad_scale").one(found_inf, "found_inf");
+  optimizer_operands(7 * params.size() + 3, params, grads, steps, lr_tensor, grad_scale, found_inf)
+      .writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs").writes(max_exp_avg_sqs, "max_exp_avg_sqs")
+      .writes(master_params, "master_params").check();
   if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return;
   check_state_list(params, exp_avgs, "exp_avgs", false);
   check_state_list(params, exp_avg_sqs, "exp_avg_sqs", false);
@@ -43,9 +46,6 @@ void fused_adam_(TensorList params, TensorList grads, TensorList exp_avgs,
   check_masters(params, master_params);
   check_layouts(params, {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"},
                          {max_exp_avg_sqs, "max_exp_avg_sqs"}, {master_params, "master_params"}});
-  optimizer_operands(7 * params.size() + 3, params, grads, steps, lr_tensor, grad_scale, found_inf)
-      .writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs").writes(max_exp_avg_sqs, "max_exp_avg_sqs")
-      .writes(master_params, "master_params").check();
   kStep({params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr, beta1, beta2,
          eps, weight_decay, adam_w_mode, bias_correction, amsgrad, maximize, lr_tensor, grad_scale,
          found_inf});
@@ -77,14 +77,14 @@ void fused_adam_compact_(TensorList params, TensorList grads, TensorList exp_avg
       .list(exp_avg_sq_absmaxes, "exp_avg_sq_absmaxes").list(master_params, "master_params")
       .list(steps, "steps").one(exp_avg_map, "exp_avg_map").one(exp_avg_sq_map, "exp_avg_sq_map")
       .one(lr_tensor, "lr_tensor").one(grad_scale, "grad_scale").one(found_inf, "found_inf");
-  const auto layout = check_compact_adam(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
-                                         exp_avg_sq_absmaxes, master_params, steps, exp_avg_map,
-                                         exp_avg_sq_map, lr_tensor, grad_scale, found_inf);
-  if (!layout.has_value()) return;
   optimizer_operands(8 * params.size() + 5, params, grads, steps, lr_tensor, grad_scale, found_inf)
       .writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs").writes(exp_avg_absmaxes, "exp_avg_absmaxes")
       .writes(exp_avg_sq_absmaxes, "exp_avg_sq_absmaxes").writes(master_params, "master_params")
       .reads(exp_avg_map, "exp_avg_map").reads(exp_avg_sq_map, "exp_avg_sq_map").check();
+  const auto layout = check_compact_adam(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
+                                         exp_avg_sq_absmaxes, master_params, steps, exp_avg_map,
+                                         exp_avg_sq_map, lr_tensor, grad_scale, found_inf);
+  if (!layout.has_value()) return;
   kStep({params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes, master_params,
          steps, exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adam_w_mode,
          bias_correction, maximize, lr_tensor, grad_scale, found_inf, *layout});
@@ -110,6 +110,8 @@ void fused_sgd_(TensorList params, TensorList grads, TensorList momentum_buffers
   CallDevice().list(params, "params").list(grads, "grads").list(momentum_buffers, "momentum_buffers")
       .list(master_params, "master_params").one(lr_tensor, "lr_tensor").one(grad_scale, "grad_scale")
       .one(found_inf, "found_inf");
+  optimizer_operands(4 * params.size() + 3, params, grads, {}, lr_tensor, grad_scale, found_inf)
+      .writes(momentum_buffers, "momentum_buffers").writes(master_params, "master_params").check();
   if (!check_optimizer_group(params, grads, {}, lr_tensor, grad_scale, found_inf, /*has_steps=*/false)) {
     return;
   }
@@ -119,8 +121,6 @@ void fused_sgd_(TensorList params, TensorList grads, TensorList momentum_buffers
   CORE_OPS_CHECK_VALUE(!nesterov || has_momentum, "nesterov needs momentum > 0");
   check_masters(params, master_params);
   check_layouts(params, {{momentum_buffers, "momentum_buffers"}, {master_params, "master_params"}});
-  optimizer_operands(4 * params.size() + 3, params, grads, {}, lr_tensor, grad_scale, found_inf)
-      .writes(momentum_buffers, "momentum_buffers").writes(master_params, "master_params").check();
   kStep({params, grads, momentum_buffers, master_params, lr, momentum, dampening, weight_decay, nesterov,
          wd_after_momentum, first_step, maximize, lr_tensor, grad_scale, found_inf});
 }
@@ -143,12 +143,12 @@ void fused_adagrad_(TensorList params, TensorList grads, TensorList state_sums,
   CallDevice().list(params, "params").list(grads, "grads").list(state_sums, "state_sums")
       .list(master_params, "master_params").list(steps, "steps").one(lr_tensor, "lr_tensor")
       .one(grad_scale, "grad_scale").one(found_inf, "found_inf");
+  optimizer_operands(5 * params.size() + 3, params, grads, steps, lr_tensor, grad_scale, found_inf)
+      .writes(state_sums, "state_sums").writes(master_params, "master_params").check();
   if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return;
   check_state_list(params, state_sums, "state_sums", false);
   check_masters(params, master_params);
   check_layouts(params, {{state_sums, "state_sums"}, {master_params, "master_params"}});
-  optimizer_operands(5 * params.size() + 3, params, grads, steps, lr_tensor, grad_scale, found_inf)
-      .writes(state_sums, "state_sums").writes(master_params, "master_params").check();
   kStep({params, grads, state_sums, master_params, steps, lr, lr_decay, eps, weight_decay, adagrad_w_mode,
          maximize, lr_tensor, grad_scale, found_inf});
 }
@@ -193,6 +193,9 @@ void fused_novograd_(TensorList params, TensorList grads, TensorList exp_avgs,
       .list(exp_avg_sqs, "exp_avg_sqs").list(master_params, "master_params").list(steps, "steps")
       .one(grad_norms, "grad_norms").one(lr_tensor, "lr_tensor").one(grad_scale, "grad_scale")
       .one(found_inf, "found_inf");
+  optimizer_operands(6 * params.size() + 4, params, grads, steps, lr_tensor, grad_scale, found_inf)
+      .writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs").writes(master_params, "master_params")
+      .reads(grad_norms, "grad_norms").check();
   if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return;
   check_state_list(params, exp_avgs, "exp_avgs", false);
   check_novograd_per_tensor_state(params, exp_avg_sqs, grad_norms);
@@ -200,9 +203,6 @@ void fused_novograd_(TensorList params, TensorList grads, TensorList exp_avgs,
   check_layouts(params, {{exp_avgs, "exp_avgs"}, {master_params, "master_params"}});
   CORE_OPS_CHECK_VALUE(norm_type == 0 || norm_type == 2,
                        "norm_type must be 2 (L2) or 0 (infinity norm), got ", norm_type);
-  optimizer_operands(6 * params.size() + 4, params, grads, steps, lr_tensor, grad_scale, found_inf)
-      .writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs").writes(master_params, "master_params")
-      .reads(grad_norms, "grad_norms").check();
   kStep({params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type, lr, beta1,
          beta2, eps, weight_decay, bias_correction, reg_inside_moment, grad_averaging, init_zero, maximize,
          lr_tensor, grad_scale, found_inf});
@@ -227,6 +227,10 @@ void fused_lamb_stage1_(TensorList params, TensorList grads, TensorList exp_avgs
   CallDevice().list(params, "params").list(grads, "grads").list(exp_avgs, "exp_avgs")
       .list(exp_avg_sqs, "exp_avg_sqs").list(master_params, "master_params").list(steps, "steps")
       .list(updates, "updates").one(grad_scale, "grad_scale").one(found_inf, "found_inf");
+  Operands(7 * params.size() + 2)
+      .reads(params, "params").writes(grads, "grads").writes(exp_avgs, "exp_avgs")
+      .writes(exp_avg_sqs, "exp_avg_sqs").reads(master_params, "master_params").writes(steps, "steps")
+      .writes(updates, "updates").reads(grad_scale, "grad_scale").reads(found_inf, "found_inf").check();
   if (!check_optimizer_group(params, grads, steps, std::nullopt, grad_scale, found_inf)) return;
   check_state_list(params, exp_avgs, "exp_avgs", false);
   check_state_list(params, exp_avg_sqs, "exp_avg_sqs", false);
@@ -234,10 +238,6 @@ void fused_lamb_stage1_(TensorList params, TensorList grads, TensorList exp_avgs
   check_masters(params, master_params);
   check_layouts(params, {{exp_avgs, "exp_avgs"}, {exp_avg_sqs, "exp_avg_sqs"},
                          {updates, "updates"}, {master_params, "master_params"}});
-  Operands(7 * params.size() + 2)
-      .reads(params, "params").writes(grads, "grads").writes(exp_avgs, "exp_avgs")
-      .writes(exp_avg_sqs, "exp_avg_sqs").reads(master_params, "master_params").writes(steps, "steps")
-      .writes(updates, "updates").reads(grad_scale, "grad_scale").reads(found_inf, "found_inf").check();
   kStep({params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates, beta1, beta2, eps,
          weight_decay, adam_w_mode, bias_correction, grad_averaging, maximize, grad_scale, found_inf});
 }
@@ -258,6 +258,10 @@ void fused_lamb_stage2_(TensorList params, TensorList master_params, TensorList 
   CallDevice().list(params, "params").list(master_params, "master_params").list(updates, "updates")
       .one(param_norms, "param_norms").one(update_norms, "update_norms").one(lr_tensor, "lr_tensor")
       .one(found_inf, "found_inf");
+  Operands(3 * params.size() + 4)
+      .writes(params, "params").writes(master_params, "master_params").reads(updates, "updates")
+      .reads(param_norms, "param_norms").reads(update_norms, "update_norms").reads(lr_tensor, "lr_tensor")
+      .reads(found_inf, "found_inf").check();
   if (params.empty()) return;
   const auto device = params[0].device();
   check_list(params, "params", device);
@@ -275,10 +279,6 @@ void fused_lamb_stage2_(TensorList params, TensorList master_params, TensorList 
   if (lr_tensor.has_value()) {
     CORE_OPS_CHECK_VALUE(lr_tensor->numel() == 1, "lr must be a one-element tensor on ", device);
   }
-  Operands(3 * params.size() + 4)
-      .writes(params, "params").writes(master_params, "master_params").reads(updates, "updates")
-      .reads(param_norms, "param_norms").reads(update_norms, "update_norms").reads(lr_tensor, "lr_tensor")
-      .reads(found_inf, "found_inf").check();
   kStep({params, master_params, updates, param_norms, update_norms, lr, weight_decay, use_nvlamb, lr_tensor,
          found_inf});
 }

@@ -104,7 +104,10 @@ inline void check_batch_norm_args(const Tensor& input, const Tensor* grad_out,
   for (const auto& [name, t] : {std::pair{"weight", &weight}, std::pair{"bias", &bias}}) {
     if (!t->has_value()) continue;
     const Tensor& v = **t;
-    CORE_OPS_CHECK_VALUE(v.dim() == 1 && v.size(0) == channels && is_floating(dtype_of(v)) &&
+    const auto vt = dtype_of(v);  // the kernels read float32, float16, bfloat16 or float64 (not float8)
+    const bool kernel_float = vt == ScalarType::Float || vt == ScalarType::Half || vt == ScalarType::BFloat16 ||
+                              vt == ScalarType::Double;
+    CORE_OPS_CHECK_VALUE(v.dim() == 1 && v.size(0) == channels && kernel_float &&
                              v.device() == input.device(),
                          name, " must be a (", channels, ",) float tensor on ", input.device(), ", got ",
                          shape_str(v), " ", dtype_name(dtype_of(v)), " on ", v.device());

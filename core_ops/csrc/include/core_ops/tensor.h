@@ -53,6 +53,12 @@ inline const char* dtype_short_name(ScalarType t) {
     case ScalarType::Bool: return "bool";
     case ScalarType::ComplexFloat: return "complex64";
     case ScalarType::ComplexDouble: return "complex128";
+    case ScalarType::ComplexHalf: return "complex32";
+    case ScalarType::Float8_e5m2: return "float8_e5m2";
+    case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    case ScalarType::Float8_e5m2fnuz: return "float8_e5m2fnuz";
+    case ScalarType::Float8_e4m3fnuz: return "float8_e4m3fnuz";
+    case ScalarType::Float8_e8m0fnu: return "float8_e8m0fnu";
     default: return torch::headeronly::toString(t);
   }
 }
@@ -76,6 +82,12 @@ struct Words {
   std::ostringstream out;
   template <typename T>
   Words& operator<<(const T& v) { out << v; return *this; }
+  // As Python's f"{v:g}": C++ streams a NaN with its sign bit ("-nan"), Python never.
+  Words& operator<<(double v) {
+    if (v != v) out << "nan"; else out << v;
+    return *this;
+  }
+  Words& operator<<(float v) { return *this << static_cast<double>(v); }
   Words& operator<<(ScalarType t) { out << dtype_name(t); return *this; }
   Words& operator<<(const Device& d) { out << device_name(d); return *this; }
   Words& operator<<(Sizes s) {

@@ -90,14 +90,14 @@ inline bool check_matching_lists(TensorList a, const char* a_name, TensorList b,
 }
 
 // Note [One device] (core_ops/_boundary.py): every tensor of a call is on the device of
-// its first tensor, in the schema's order. Lists are judged by their first tensor here
-// (check_list then compares every element with the same words); lone tensors, which
-// dispatch alone would not catch (a CUDA kernel reading a host flag), each. Called
-// before an op returns early on empty lists, so its lone tensors are checked anyway.
+// its first tensor, in the schema's order, lone tensors included, which dispatch alone
+// would not catch (a CUDA kernel reading a host flag). Checked first, before the op
+// returns early on empty lists, as the reference and fake kernels check it: a call
+// with two faults is refused for the same one on every route.
 class CallDevice {
  public:
   CallDevice& list(TensorList ts, const char* name) {
-    if (!ts.empty()) see(ts[0], name, 0);
+    for (size_t i = 0; i < ts.size(); ++i) see(ts[i], name, static_cast<int64_t>(i));
     return *this;
   }
   CallDevice& one(const Tensor& t, const char* name) {
@@ -186,25 +186,27 @@ inline bool all_or_no_double(std::initializer_list<TensorList> lists, const char
 // Returns false when there is nothing to do (empty lists).
 inline bool check_scale_args(TensorList src, TensorList dst, const Tensor& scale, const Tensor& found_inf) {
   CallDevice().list(src, "src").list(dst, "dst").one(scale, "scale").one(found_inf, "found_inf");
-  if (!check_matching_lists(src, "src", dst, "dst")) return false;
-  check_flag(found_inf);
   Operands(src.size() + dst.size() + 2)
       .reads(src, "src", "dst").reads(scale, "scale").writes(dst, "dst").writes(found_inf, "found_inf").check();
+  if (!check_matching_lists(src, "src", dst, "dst")) return false;
+  check_flag(found_inf);
   return true;
 }
 
 inline bool check_check_finite_args(TensorList tensors, const Tensor& found_inf) {
   CallDevice().list(tensors, "tensors").one(found_inf, "found_inf");
+  Operands(tensors.size() + 1).reads(tensors, "tensors").writes(found_inf, "found_inf").check();
   if (tensors.empty()) return false;
   check_list(tensors, "tensors", tensors[0].device());
   check_flag(found_inf);
-  Operands(tensors.size() + 1).reads(tensors, "tensors").writes(found_inf, "found_inf").check();
   return true;
 }
 
 inline bool check_axpby_args(TensorList x, TensorList y, TensorList out,
                              const Tensor& found_inf, int64_t arg_to_check) {
   CallDevice().list(x, "x").list(y, "y").list(out, "out").one(found_inf, "found_inf");
+  Operands(3 * x.size() + 1)
+      .reads(x, "x", "out").reads(y, "y", "out").writes(out, "out").writes(found_inf, "found_inf").check();
   check_same_length(x, "x", y, "y");
   check_same_length(x, "x", out, "out");
   CORE_OPS_CHECK_VALUE(arg_to_check >= -1 && arg_to_check <= 1,
@@ -217,20 +219,33 @@ inline bool check_axpby_args(TensorList x, TensorList y, TensorList out,
   check_same_numel(x, "x", y, "y");
   check_same_numel(x, "x", out, "out");
   check_flag(found_inf);
-  Operands(3 * x.size() + 1)
-      .reads(x, "x", "out").reads(y, "y", "out").writes(out, "out").writes(found_inf, "found_inf").check();
   return true;
 }
 
 // multi_tensor_unscale_l2norm_'s lists and flag; false for an empty call.
 inline bool check_unscale_args(TensorList tensors, const Tensor& inv_scale, const Tensor& found_inf) {
   CallDevice().list(tensors, "tensors").one(inv_scale, "inv_scale").one(found_inf, "found_inf");
+  Operands(tensors.size() + 2)
+      .writes(tensors, "tensors").reads(inv_scale, "inv_scale").writes(found_inf, "found_inf").check();
   if (tensors.empty()) return false;
   check_list(tensors, "tensors", tensors[0].device());
   check_flag(found_inf);
-  Operands(tensors.size() + 2)
-      .writes(tensors, "tensors").reads(inv_scale, "inv_scale").writes(found_inf, "found_inf").check();
   return true;
+}
+
+// _validate.loss_scale_args, in the same words.
+inline void check_loss_scale_settings(double growth_factor, double backoff_factor, int64_t growth_interval,
+                                      int64_t hysteresis, double min_scale, double max_scale) {
+  constexpr int64_t kInt32Max = 2147483647;
+  CORE_OPS_CHECK_VALUE(growth_factor >= 1.0, "growth_factor must be >= 1, got ", growth_factor);
+  CORE_OPS_CHECK_VALUE(backoff_factor > 0.0 && backoff_factor < 1.0, "backoff_factor must be in (0, 1), got ",
+                       backoff_factor);
+  CORE_OPS_CHECK_VALUE(growth_interval >= 1 && growth_interval <= kInt32Max && hysteresis >= 1 &&
+                           hysteresis <= kInt32Max,
+                       "growth_interval and hysteresis must be in [1, 2**31 - 1] (int32 trackers), got ",
+                       growth_interval, " and ", hysteresis);
+  CORE_OPS_CHECK_VALUE(0.0 <= min_scale && min_scale <= max_scale, "need 0 <= min_scale <= max_scale, got ",
+                       min_scale, " and ", max_scale);
 }
 
 inline void check_update_scale_args(const Tensor& scale, const Tensor& growth_tracker,
@@ -239,6 +254,9 @@ inline void check_update_scale_args(const Tensor& scale, const Tensor& growth_tr
   // The kernels dereference all four: they must share scale's device.
   CallDevice().one(scale, "scale").one(growth_tracker, "growth_tracker")
       .one(hysteresis_tracker, "hysteresis_tracker").one(found_inf, "found_inf");
+  Operands(4)
+      .writes(scale, "scale").writes(growth_tracker, "growth_tracker")
+      .writes(hysteresis_tracker, "hysteresis_tracker").reads(found_inf, "found_inf").check();
   CORE_OPS_CHECK_TYPE(dtype_of(scale) == ScalarType::Float && scale.numel() == 1,
                       "scale must be a one-element float32 tensor");
   CORE_OPS_CHECK_TYPE(dtype_of(growth_tracker) == ScalarType::Int && growth_tracker.numel() == 1,
@@ -246,9 +264,6 @@ inline void check_update_scale_args(const Tensor& scale, const Tensor& growth_tr
   CORE_OPS_CHECK_TYPE(dtype_of(hysteresis_tracker) == ScalarType::Int && hysteresis_tracker.numel() == 1,
                       "hysteresis_tracker must be a one-element int32 tensor");
   check_flag(found_inf);
-  Operands(4)
-      .writes(scale, "scale").writes(growth_tracker, "growth_tracker")
-      .writes(hysteresis_tracker, "hysteresis_tracker").reads(found_inf, "found_inf").check();
 }
 
 }  // namespace core_ops

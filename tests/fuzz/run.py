@@ -1,0 +1,258 @@
+"""The fuzz harness of the native ops: every op, through every route to it, against its
+reference kernel, on drawn legal calls and on calls with one fault put in.
+
+    python tests/fuzz/run.py                         # 3 seeds, 10 minutes each
+    python tests/fuzz/run.py --seeds 0 --cases 40    # CI's slice (tests/fuzz/test_fuzz.py)
+    python tests/fuzz/run.py --repro fused_adam_:0:17  # one case, in this process, said in full
+    bash tools/sanitize.sh tests/fuzz/run.py ...     # the same under ASan + UBSan
+
+Cases run in a child process that the parent feeds one case at a time: a case that
+crashes the child or runs past --timeout is reported with its reproducer, and a new
+child goes on with the next case. A finding is any disagreement with the reference (a
+value, a flag, an error's class or words), an error that is not a clear refusal
+(outcome.unclear), or a refused call that wrote before refusing. The exit status is 1
+when there is one.
+"""
+
+import argparse
+import copy
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+BAD_SHARE = 0.4  # of the cases, those with one fault put in
+THREADS = (1, 2, 3)  # torch's intra-op threads for a case: the CPU kernels split work by them
+
+
+def specs():
+    from specs_multi_tensor import SPECS as multi_tensor
+    from specs_norms import SPECS as norms
+    from specs_optimizers import SPECS as optimizers
+    return {**multi_tensor, **optimizers, **norms}
+
+
+# ---- one case (in the child) ----------------------------------------------------------
+
+def build_case(op_name, seed, index):
+    """(args, what): the call of case ``index`` of ``seed`` for ``op_name``."""
+    from bad import mutate
+    from draw import Draw
+    d = Draw(seed, op_name, index)
+    draw, _ = specs()[op_name]
+    args, what = draw(d), "legal"
+    if d.chance(BAD_SHARE):
+        faulty = mutate(d, op_name, args)
+        if faulty is not None:
+            args, what = faulty
+    return args, what, d
+
+
+def routes_of(op_name, only=None):
+    from core_ops._library import op
+    _, extra = specs()[op_name]
+    routes = {"raw": op(op_name), **extra}
+    return {k: v for k, v in routes.items() if only is None or k in only}
+
+
+def run_case(op_name, seed, index, only_routes=None):
+    """The findings of one case: a list of dicts (empty when all agree)."""
+    import torch
+
+    import outcome
+    from core_ops.reference import KERNELS as REF
+    args, what, d = build_case(op_name, seed, index)
+    torch.set_num_threads(d.pick(THREADS))
+    want = outcome.run(REF[op_name], args)
+    found = []
+
+    def note(route, why):
+        found.append({"op": op_name, "seed": seed, "case": index, "route": route, "input": what, "finding": why})
+
+    routes = routes_of(op_name, only_routes)
+    for route, fn in routes.items():
+        got = outcome.run(fn, args)
+        why = outcome.compare(got, want, same_message=route != "amp_C")
+        if why is None and isinstance(got[1], outcome.Raised) and route == "raw":
+            why = _wrote_before_refusing(got[0], args)
+        if why:
+            note(route, why)
+    if "raw" in routes and d.chance(0.15):  # the same call from two Python threads at once
+        results = [None, None]
+
+        def worker(k):
+            results[k] = outcome.run(routes["raw"], args)
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for k, got in enumerate(results):
+            why = outcome.compare(got, want)
+            if why:
+                note(f"raw, Python thread {k} of 2", why)
+    return found
+
+
+def _wrote_before_refusing(after, before):
+    import torch
+
+    from outcome import tensors_of
+    for a, b in zip(tensors_of(after), tensors_of(before)):
+        if a.device.type != "meta" and a.layout == torch.strided and b.layout == torch.strided \
+                and not torch.equal(a.double().nan_to_num(7.5), b.double().nan_to_num(7.5)):
+            return "refused after writing into its arguments"
+    return None
+
+
+def child(only_routes):
+    """Reads "op seed index" lines, answers one JSON line each."""
+    import torch  # noqa: F401
+
+    import core_ops  # noqa: F401
+    from core_ops import _build
+    backend = _build.ensure("cpu")
+    print(json.dumps({"ready": backend.native, "reason": backend.reason}), flush=True)
+    for line in sys.stdin:
+        op_name, seed, index = line.split()
+        try:
+            found = run_case(op_name, int(seed), int(index), only_routes)
+        except Exception as e:  # noqa: BLE001: a broken case is a finding too
+            found = [{"op": op_name, "seed": int(seed), "case": int(index), "route": "harness",
+                      "input": "?", "finding": f"the case itself failed: {type(e).__name__}: {e}"}]
+        print(json.dumps({"done": [op_name, int(seed), int(index)], "found": found}), flush=True)
+
+
+# ---- the parent ------------------------------------------------------------------------
+
+class Child:
+    def __init__(self, only_routes):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child"]
+        if only_routes:
+            cmd += ["--routes", ",".join(only_routes)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, bufsize=1)
+        ready = self.read(600)
+        if ready is None or not ready.get("ready"):
+            raise SystemExit(f"the fuzz child did not start with native CPU kernels: {ready or self.stderr()}")
+
+    def read(self, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self.proc.stdout], [], [], left)
+            if not ready:
+                return None
+            line = self.proc.stdout.readline()
+            if not line:
+                return None  # the child died
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def stderr(self):
+        self.proc.kill()
+        self.proc.wait()
+        return self.proc.stderr.read()[-3000:]
+
+
+def reproducer(op_name, seed, index):
+    return f"python tests/fuzz/run.py --repro {op_name}:{seed}:{index}"
+
+
+def fuzz(seeds, cases=None, seconds=None, ops=None, timeout=120, only_routes=None, say=print):
+    """Runs the cases; returns (findings, {op: cases run}). Ops take turns, case by
+    case, so a time limit covers every op alike."""
+    names = sorted(ops or specs())
+    findings, counts = [], {n: 0 for n in names}
+    child_ = Child(only_routes)
+    for seed in seeds:
+        start = time.monotonic()
+        index = 0
+        while (cases is None or index < cases) and (seconds is None or time.monotonic() - start < seconds):
+            for op_name in names:
+                child_.proc.stdin.write(f"{op_name} {seed} {index}\n")
+                child_.proc.stdin.flush()
+                answer = child_.read(timeout)
+                counts[op_name] += 1
+                if answer is None:
+                    dead = child_.proc.poll() is not None
+                    err = child_.stderr()
+                    findings.append({"op": op_name, "seed": seed, "case": index, "route": "all",
+                                     "input": "?", "finding": ("crashed: " if dead else f"hung past {timeout} s: ")
+                                     + err.strip().splitlines()[-1:][0] if err.strip() else "no output"})
+                    say(f"  {op_name} case {index}: {findings[-1]['finding']}")
+                    child_ = Child(only_routes)
+                    continue
+                for f in answer["found"]:
+                    findings.append(f)
+                    say(f"  {f['op']} seed {f['seed']} case {f['case']} [{f['route']}; {f['input']}]: {f['finding']}")
+            index += 1
+    child_.proc.stdin.close()
+    child_.proc.wait(timeout=60)
+    return findings, counts
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seconds", type=float, default=None, help="per seed (default 600 without --cases)")
+    parser.add_argument("--cases", type=int, default=None, help="per op and seed")
+    parser.add_argument("--ops", default=None, help="comma-separated op names (default: all)")
+    parser.add_argument("--routes", default=None, help="comma-separated: raw, public, amp_C (default: all)")
+    parser.add_argument("--timeout", type=float, default=120, help="seconds a case may take")
+    parser.add_argument("--repro", default=None, help="OP:SEED:INDEX, run here and said in full")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    a = parser.parse_args()
+    only_routes = a.routes.split(",") if a.routes else None
+    if a.child:
+        return child(only_routes)
+    if a.repro:
+        return repro(*a.repro.split(":"), only_routes)
+    seconds = a.seconds if a.seconds is not None or a.cases is not None else 600
+    t0 = time.monotonic()
+    findings, counts = fuzz(a.seeds, a.cases, seconds, a.ops.split(",") if a.ops else None, a.timeout, only_routes)
+    print(f"fuzz: {sum(counts.values())} cases over {len(counts)} ops, seeds {a.seeds}, "
+          f"{time.monotonic() - t0:.0f} s: {len(findings)} findings")
+    for f in findings:
+        print(f"  {reproducer(f['op'], f['seed'], f['case'])}  # {f['route']}: {f['finding']}")
+    return 1 if findings else 0
+
+
+def repro(op_name, seed, index, only_routes):
+    import torch
+
+    import core_ops  # noqa: F401
+    import outcome
+    from core_ops import _build
+    from core_ops.reference import KERNELS as REF
+    print("native:", _build.ensure("cpu").reason)
+    args, what, d = build_case(op_name, int(seed), int(index))
+    print(f"{op_name} seed {seed} case {index}: {what}")
+    for k, a in enumerate(args):
+        items = a if isinstance(a, (list, tuple)) else [a]
+        shown = [f"{list(t.shape)} {str(t.dtype)[6:]} {t.stride()}{' ' + t.device.type if t.device.type != 'cpu' else ''}"
+                 if isinstance(t, torch.Tensor) else repr(t) for t in items[:6]]
+        print(f"  arg {k}: {'[' if isinstance(a, (list, tuple)) else ''}{', '.join(shown)}"
+              f"{f', ... ({len(items)})' if len(items) > 6 else ''}{']' if isinstance(a, (list, tuple)) else ''}")
+    want = outcome.run(REF[op_name], args)
+    print("  reference:", want[1] if isinstance(want[1], outcome.Raised) else "returned")
+    for route, fn in routes_of(op_name, only_routes).items():
+        got = outcome.run(fn, copy.deepcopy(args))
+        print(f"  {route}: {got[1] if isinstance(got[1], outcome.Raised) else 'returned'}; "
+              f"{outcome.compare(got, want, same_message=route != 'amp_C') or 'agrees'}")
+    found = run_case(op_name, int(seed), int(index), only_routes)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("CORE_OPS_AUTOLOAD", "0")
+    sys.exit(main())

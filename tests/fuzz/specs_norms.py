@@ -1,0 +1,140 @@
+"""Legal calls of the layer / RMS norm ops (Note [Norm ops]) and the sync batch-norm
+pieces (Note [Sync batch norm ops]): inputs of any layout and dtype, rows around the
+vector widths, empty batches, weights and biases alone or together in their own dtypes,
+the mixed float32 output of half input, backward from the input or from the output."""
+
+import torch
+
+from draw import FLOATS
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _rows_input(d):
+    hidden = d.pick((1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65, 255, 257, 1024, 1025, 4097))
+    rows = d.pick((0, 1, 2, 3, 5, 8, 33))
+    dtype = d.pick(FLOATS)
+    lead = d.pick(((rows,), (1, rows), (rows, 1)))
+    values = (d.values(rows * hidden, torch.float64) * 3 + 0.5).to(dtype).reshape(*lead, hidden)
+    layout = d.pick(("contiguous", "offset", "sliced", "transposed"))
+    if layout == "offset":  # dense, one element into its storage: unaligned rows
+        flat = torch.empty(values.numel() + 1, dtype=dtype)
+        base = flat[1:].view(values.shape)
+    elif layout == "sliced":  # rows of a wider matrix: not contiguous
+        base = torch.zeros(*lead, hidden + 4, dtype=dtype)[..., :hidden]
+    elif layout == "transposed" and len(lead) == 1:
+        base = torch.empty(hidden, rows, dtype=dtype).t()
+    else:
+        base = torch.empty_like(values)
+    base.copy_(values)
+    return base, hidden, dtype
+
+
+def _param(d, hidden, dtype, present=0.7):
+    if not d.chance(present):
+        return None
+    p_dtype = dtype if d.chance(0.7) else d.pick(FLOATS)
+    return (d.values(hidden, torch.float64, "positive") + 0.5).to(p_dtype)
+
+
+def _out_dtype(d, dtype):
+    return torch.float32 if dtype in HALF and d.chance(0.3) else (dtype if d.chance(0.2) else None)
+
+
+def draw_layer_norm_fwd(d):
+    x, hidden, dtype = _rows_input(d)
+    return [x, _param(d, hidden, dtype), _param(d, hidden, dtype) if d.chance(0.8) else None, hidden,
+            d.pick((1e-5, 1e-12, 0.1)), _out_dtype(d, dtype), d.chance(0.5)]
+
+
+def draw_rms_norm_fwd(d):
+    x, hidden, dtype = _rows_input(d)
+    return [x, _param(d, hidden, dtype), hidden, d.pick((1e-5, 1e-12, 0.1)), _out_dtype(d, dtype), d.chance(0.5)]
+
+
+def draw_fused_add_rms_norm_fwd(d):
+    x, hidden, dtype = _rows_input(d)
+    residual = torch.empty_like(x).copy_(d.values(x.numel(), dtype).reshape(x.shape))
+    return [x, residual, _param(d, hidden, dtype), hidden, d.pick((1e-5, 0.1)), d.chance(0.5)]
+
+
+def _grad_like(d, out):
+    return d.values(out.numel(), out.dtype).reshape(out.shape)
+
+
+def draw_layer_norm_bwd(d):
+    from core_ops.reference import KERNELS as REF
+    x, w, b, hidden, eps, out_dtype, efficient = draw_layer_norm_fwd(d)
+    out, mean, rstd = REF["layer_norm_fwd"](x, w, b, hidden, eps, out_dtype, efficient)
+    return [_grad_like(d, out), out if efficient else x, mean, rstd, w, b, hidden, efficient, x.dtype]
+
+
+def draw_rms_norm_bwd(d):
+    from core_ops.reference import KERNELS as REF
+    x, w, hidden, eps, out_dtype, efficient = draw_rms_norm_fwd(d)
+    out, rstd = REF["rms_norm_fwd"](x, w, hidden, eps, out_dtype, efficient)
+    return [_grad_like(d, out), out if efficient else x, rstd, w, hidden, efficient, x.dtype]
+
+
+# ---- sync batch norm ----------------------------------------------------------------
+
+def _bn_input(d):
+    dtype = d.pick(FLOATS)
+    n, c = d.pick((0, 1, 2, 5)), d.pick((1, 3, 8, 17))
+    spatial = d.pick(((), (7,), (3, 5), (2, 9)))
+    x = d.values(n * c * max(1, _prod(spatial)), dtype).reshape(n, c, *spatial) if spatial else \
+        d.values(n * c, dtype).reshape(n, c)
+    if len(spatial) == 2 and d.chance(0.5):
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif d.chance(0.2) and x.dim() >= 2:
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    return x, c, dtype
+
+
+def _prod(shape):
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _per_channel(d, c, dtype, kind="normal"):
+    return d.values(c, torch.float64, kind).to(torch.float64 if dtype == torch.float64 else torch.float32)
+
+
+def _affine(d, c):
+    return (d.values(c, torch.float64, "positive").to(d.pick(FLOATS)) if d.chance(0.7) else None)
+
+
+def draw_bn_stats(d):
+    return [_bn_input(d)[0]]
+
+
+def draw_bn_elemt(d):
+    x, c, dtype = _bn_input(d)
+    return [x, _per_channel(d, c, dtype), _per_channel(d, c, dtype, "positive"), _affine(d, c), _affine(d, c)]
+
+
+def draw_bn_backward_reduce(d):
+    x, c, dtype = _bn_input(d)
+    return [torch.empty_like(x).copy_(d.values(x.numel(), dtype).reshape(x.shape)), x, _per_channel(d, c, dtype)]
+
+
+def draw_bn_backward_elemt(d):
+    x, c, dtype = _bn_input(d)
+    return [torch.empty_like(x).copy_(d.values(x.numel(), dtype).reshape(x.shape)), x, _per_channel(d, c, dtype),
+            _per_channel(d, c, dtype, "positive"), _affine(d, c), _per_channel(d, c, dtype),
+            _per_channel(d, c, dtype)]
+
+
+SPECS = {
+    "layer_norm_fwd": (draw_layer_norm_fwd, {}),
+    "layer_norm_bwd": (draw_layer_norm_bwd, {}),
+    "rms_norm_fwd": (draw_rms_norm_fwd, {}),
+    "rms_norm_bwd": (draw_rms_norm_bwd, {}),
+    "fused_add_rms_norm_fwd": (draw_fused_add_rms_norm_fwd, {}),
+    "sync_batch_norm_stats": (draw_bn_stats, {}),
+    "sync_batch_norm_elemt": (draw_bn_elemt, {}),
+    "sync_batch_norm_backward_reduce": (draw_bn_backward_reduce, {}),
+    "sync_batch_norm_backward_elemt": (draw_bn_backward_elemt, {}),
+}
