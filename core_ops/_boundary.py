@@ -28,6 +28,7 @@ import math
 import torch
 
 from ._aliasing import check_operands
+from ._validate import check_flag
 
 # op -> {read list: the written list whose i-th tensor may be the read list's i-th itself}
 IN_PLACE = {
@@ -83,8 +84,29 @@ def check_call(name, args, kwargs):
     check_operands(reads=[(arg, v, partners.get(arg)) for arg, v, _, written in values if not written],
                    writes=[(arg, v) for arg, v, _, written in values if written])
     check_no_grad_writes(name, [(arg, v) for arg, v, _, written in values if written])
-    given = {arg: v for arg, v, _, _ in values}
-    if given.get("grad_scale") is not None:
+    lists = [v for _, v, is_list, _ in values if is_list]
+    if name != "update_scale_" and lists and len(lists[0]):  # an empty call reads none of them
+        check_lone_tensors({arg: v for arg, v, _, _ in values if v is not None})
+
+
+# The lone tensors of the list ops, in the native kernels' words (tensor_lists.h,
+# optimizer_args.h, the CPU read_scalar and the CUDA device_scalar); update_scale_'s
+# kernels check its own (_validate.check_update_scale_tensors).
+_ONE_ELEMENT = {"scale": "scale must be a one-element tensor, got shape {shape}",
+                "inv_scale": "inv_scale must be a one-element tensor, got shape {shape}",
+                "lr_tensor": "lr must be a one-element tensor on {device}",
+                "grad_scale": "grad_scale must be a one-element tensor on {device}"}
+
+
+def check_lone_tensors(given):
+    device = next(t.device for v in given.values() for t in ([v] if isinstance(v, torch.Tensor) else v))
+    if "found_inf" in given:
+        check_flag(given["found_inf"])
+    for arg, words in _ONE_ELEMENT.items():
+        t = given.get(arg)
+        if t is not None and t.numel() != 1:
+            raise ValueError(words.format(shape=list(t.shape), device=device))
+    if "grad_scale" in given:
         check_grad_scale(given["grad_scale"], given.get("found_inf"))
 
 

@@ -21,7 +21,7 @@ import re
 import torch
 
 from ._boundary import checked, has_boundary
-from ._validate import (batch_norm_acc_dtype, loss_scale_args, check_batch_norm_args, check_compact_adam_lists, check_lists, check_norm_args,
+from ._validate import (batch_norm_acc_dtype, check_update_scale_tensors, loss_scale_args, check_batch_norm_args, check_compact_adam_lists, check_lists, check_norm_args,
                         check_norm_bwd_args, check_residual,
                         check_optimizer_lists, check_per_tensor_state)
 
@@ -251,6 +251,7 @@ def _(tensors, inv_scale, found_inf, per_tensor):
 @_fake("update_scale_")
 def _(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor, backoff_factor,
       growth_interval, hysteresis, min_scale, max_scale):
+    check_update_scale_tensors(scale, growth_tracker, hysteresis_tracker, found_inf)
     loss_scale_args(growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale)
 
 

@@ -52,7 +52,7 @@ def same_layout(a, b):
         sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape) if n != 1)
 
 
-def check_lists(*named_lists):
+def check_lists(*named_lists, floating=True):
     """The per-tensor checks, for the reference and fake kernels; the C++ kernels make
     the same checks with the same wording (core_ops/tensor_lists.h), where a Python
     loop over thousands of tensors would cost more than the op.
@@ -62,6 +62,8 @@ def check_lists(*named_lists):
     """
     named_lists = [(n, ts) for n, ts in named_lists]
     ref_name, ref = named_lists[0]
+    for name, ts in named_lists[1:]:  # lengths first, as tensor_lists.h
+        same_length(ref, ref_name, ts, name)
     if not ref:
         return
     device = ref[0].device
@@ -78,7 +80,7 @@ def check_lists(*named_lists):
             if t.shape != ref[i].shape:
                 raise ValueError(f"{name}[{i}] has shape {list(t.shape)} but {ref_name}[{i}] "
                                  f"has shape {list(ref[i].shape)}")
-        if ts and ts[0].dtype not in FLOAT_DTYPES:
+        if floating and ts and ts[0].dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name}: expected float32, float16, bfloat16 or float64 "
                             f"tensors, got {ts[0].dtype}")
     doubles = {ts[0].dtype == torch.float64 for _, ts in named_lists if ts}
@@ -87,29 +89,34 @@ def check_lists(*named_lists):
         raise TypeError(f"{names}: float64 lists cannot be mixed with other dtypes")
 
 
-def flag(found_inf, device, name="found_inf"):
-    """A found-inf / noop flag: a new zeroed float32 one, or the caller's, checked."""
+def flag(found_inf, device):
+    """A found-inf flag for the public ops: a new zeroed float32 one on ``device``, or the
+    caller's. Its size, dtype and device are the op's to check, in its words, as for
+    every route (Note [Op boundary] in _boundary.py)."""
     if found_inf is None:
         return torch.zeros(1, dtype=torch.float32, device=device)
     if not isinstance(found_inf, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor, got {type(found_inf).__name__}")
-    if found_inf.numel() != 1 or found_inf.dtype not in (torch.float32, torch.int32):
-        raise ValueError(f"{name} must be a one-element float32 or int32 tensor, got "
-                         f"shape {tuple(found_inf.shape)} dtype {found_inf.dtype}")
-    if found_inf.device != device:
-        raise ValueError(f"{name} is on {found_inf.device} but the tensors are on {device}")
+        raise TypeError(f"found_inf must be a tensor, got {type(found_inf).__name__}")
     return found_inf
+
+
+def noop_flag(value, device):
+    """Apex's noop_flag (amp_C): one float32 or int32 element on the tensors' device."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"noop_flag must be a tensor, got {type(value).__name__}")
+    if value.numel() != 1 or value.dtype not in (torch.float32, torch.int32):
+        raise ValueError(f"noop_flag must be a one-element float32 or int32 tensor, got "
+                         f"shape {tuple(value.shape)} dtype {value.dtype}")
+    if device is not None and value.device != device:
+        raise ValueError(f"noop_flag is on {value.device} but the tensors are on {device}")
+    return value
 
 
 def scalar_tensor(value, device, name, dtype=torch.float32):
     """A one-element tensor on ``device`` from a number (in ``dtype``: float64 for ops
-    on float64 tensors, so a Python float is not rounded to float32) or such a tensor."""
+    on float64 tensors, so a Python float is not rounded to float32), or the caller's
+    tensor, whose size and device the op checks."""
     if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"{name} must be a number or a one-element tensor, got shape "
-                             f"{tuple(value.shape)}")
-        if value.device != device:
-            raise ValueError(f"{name} is on {value.device} but the tensors are on {device}")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number or a one-element tensor, got "
@@ -140,10 +147,15 @@ def check_optimizer_lists(params, grads, steps, **states):
     check_lists(("params", params), ("grads", grads))
     if not params:
         return
-    if steps is not None:  # None: the optimizer keeps no step count (SGD); one each: _boundary.py
-        same_length(params, "params", steps, "steps")
     if params[0].dtype != grads[0].dtype:
         raise TypeError(f"grads have dtype {grads[0].dtype} but params have {params[0].dtype}")
+    if steps is not None:  # None: the optimizer keeps no step count (SGD); one each: _boundary.py
+        same_length(params, "params", steps, "steps")
+        for i, s in enumerate(steps):  # optimizer_args.h's words
+            if s.layout != torch.strided:
+                raise TypeError(f"steps[{i}] is a {s.layout} tensor; step counts must be dense")
+            if s.numel() != 1 or s.dtype != torch.float32:
+                raise ValueError(f"steps[{i}] must be a one-element float32 tensor on {params[0].device}")
     want = state_dtype(params[0].dtype)
     for name, ts in states.items():
         if ts is None:
@@ -152,24 +164,39 @@ def check_optimizer_lists(params, grads, steps, **states):
         check_lists(("params", params), (name, ts))
         if ts[0].dtype != want:
             raise TypeError(f"{name} must be {want} for {params[0].dtype} params, got {ts[0].dtype}")
+    if states.get("master_params") and params[0].dtype == torch.float64:
+        raise ValueError("float64 params take no master_params")
+    check_dense_params(params)
+    for i, p in enumerate(params):  # Note [Optimizer memory layout] in optimizer_args.h
+        for name, ts in states.items():
+            if ts and not same_layout(ts[i], p):
+                raise ValueError(f"{name}[{i}] must have the strides of params[{i}] {list(p.stride())}, "
+                                 f"got {list(ts[i].stride())}")
 
 
-def check_per_tensor_state(params, **named):
-    """One value per param (NovoGrad's exp_avg_sqs, grad_norms): a list of one-element
-    tensors or one tensor of len(params) elements, in the state dtype on the params'
-    device; csrc/cpu/novograd.cpp words the same checks."""
+def check_dense_params(params):
+    for i, p in enumerate(params):
+        if not dense(p):
+            raise ValueError(f"params[{i}] must be dense (contiguous or a permutation of it), got strides "
+                             f"{list(p.stride())}")
+
+
+def check_per_tensor_state(params, exp_avg_sqs, grad_norms):
+    """NovoGrad's one value per param: exp_avg_sqs one-element tensors, grad_norms one
+    tensor of len(params) norms, in the state dtype on the params' device; in the words
+    of optimizer_ops.h's check_novograd_per_tensor_state."""
     if not params:
         return
     want, device = state_dtype(params[0].dtype), params[0].device
-    for name, value in named.items():
-        ts = [value] if isinstance(value, torch.Tensor) else list(value)
-        if isinstance(value, torch.Tensor):
-            ok = value.numel() == len(params)
-        else:
-            same_length(params, "params", ts, name)
-            ok = all(t.numel() == 1 for t in ts)
-        if not ok or any(t.dtype != want or t.device != device for t in ts):
-            raise ValueError(f"{name} must hold one {want} value per param on {device}")
+    same_length(params, "params", exp_avg_sqs, "exp_avg_sqs")
+    for i, t in enumerate(exp_avg_sqs):
+        if t.device != device:
+            raise ValueError(f"exp_avg_sqs[{i}] is on {t.device} but the op runs on {device}")
+    for i, t in enumerate(exp_avg_sqs):
+        if t.numel() != 1 or t.device != device or t.dtype != want:
+            raise ValueError(f"exp_avg_sqs[{i}] must be a one-element {want} tensor on {device}")
+    if grad_norms.numel() != len(params) or grad_norms.device != device or grad_norms.dtype != want:
+        raise ValueError(f"grad_norms must hold one {want} norm per param on {device}")
 
 
 def batch_norm_acc_dtype(input_dtype):
@@ -206,6 +233,24 @@ def check_batch_norm_args(input, *, grad_out=None, stats=(), weight=None, bias=N
 
 
 INT32_MAX = 2**31 - 1
+
+
+def check_update_scale_tensors(scale, growth_tracker, hysteresis_tracker, found_inf):
+    """update_scale_'s tensors, in tensor_lists.h's words (check_update_scale_args)."""
+    if scale.dtype != torch.float32 or scale.numel() != 1:
+        raise TypeError("scale must be a one-element float32 tensor")
+    for name, t in (("growth_tracker", growth_tracker), ("hysteresis_tracker", hysteresis_tracker)):
+        if t.dtype != torch.int32 or t.numel() != 1:
+            raise TypeError(f"{name} must be a one-element int32 tensor")
+    check_flag(found_inf)
+
+
+def check_flag(found_inf):
+    """A found-inf flag an op is given: one float32 or int32 element (tensor_lists.h)."""
+    if found_inf.numel() != 1:
+        raise ValueError(f"found_inf must be a one-element tensor, got shape {list(found_inf.shape)}")
+    if found_inf.dtype not in (torch.float32, torch.int32):
+        raise TypeError(f"found_inf must be float32 or int32, got {found_inf.dtype}")
 
 
 def loss_scale_args(growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale):
@@ -275,20 +320,18 @@ def check_residual(input, residual):
 COMPACT_STATE_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)
 
 
-def _check_like_params(params, ts, name, dtypes):
+def _check_like_params(params, ts, name, dtypes, dtype_words):
     """``ts``: one tensor per param, of its shape and strides (state walks memory in
-    the param's order), on its device, all of one dtype among ``dtypes``."""
+    the param's order), on its device, all of one dtype among ``dtypes``; in the words
+    of compact_state_args.h's check_like_params."""
     same_length(params, "params", ts, name)
+    check_lists(("params", params), (name, ts), floating=False)
     for i, (p, t) in enumerate(zip(params, ts)):
-        if t.layout != torch.strided or t.device != p.device:
-            raise ValueError(f"{name}[{i}] must be a dense tensor on {p.device}, got {t.layout} on {t.device}")
-        if t.dtype != ts[0].dtype:
-            raise TypeError(f"{name}[{i}] has dtype {t.dtype} but {name}[0] has {ts[0].dtype}")
-        if t.shape != p.shape or not same_layout(t, p):
-            raise ValueError(f"{name}[{i}] must have the shape and strides of params[{i}] "
-                             f"{list(p.shape)} {p.stride()}, got {list(t.shape)} {t.stride()}")
+        if not same_layout(t, p):
+            raise ValueError(f"{name}[{i}] must have the shape and strides of params[{i}] {list(p.stride())}, "
+                             f"got {list(t.stride())}")
     if ts[0].dtype not in dtypes:
-        raise TypeError(f"{name}: expected {' or '.join(map(str, dtypes))} tensors, got {ts[0].dtype}")
+        raise TypeError(f"{name}: expected {dtype_words} tensors, got {ts[0].dtype}")
 
 
 def _check_map_values(qmap, name):
@@ -314,8 +357,9 @@ def check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_av
     if params[0].dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"params: compact Adam state is for float32, float16 or bfloat16 params, got "
                         f"{params[0].dtype}")
-    _check_like_params(params, exp_avgs, "exp_avgs", COMPACT_STATE_DTYPES)
-    _check_like_params(params, exp_avg_sqs, "exp_avg_sqs", COMPACT_STATE_DTYPES)
+    check_dense_params(params)
+    _check_like_params(params, exp_avgs, "exp_avgs", COMPACT_STATE_DTYPES, "float32, bfloat16 or uint8")
+    _check_like_params(params, exp_avg_sqs, "exp_avg_sqs", COMPACT_STATE_DTYPES, "float32, bfloat16 or uint8")
     if exp_avg_sqs[0].dtype != exp_avgs[0].dtype:
         raise TypeError(f"exp_avg_sqs have dtype {exp_avg_sqs[0].dtype} but exp_avgs {exp_avgs[0].dtype}")
     quantized = exp_avgs[0].dtype == torch.uint8
@@ -323,7 +367,7 @@ def check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_av
                                  ("exp_avg_sq", exp_avg_sq_absmaxes, exp_avg_sq_map)):
         if not quantized:
             if absmaxes:
-                raise ValueError(f"{name}_absmaxes must be empty for {exp_avgs[0].dtype} moments")
+                raise ValueError(f"{name}_absmaxes must be empty for float32 or bfloat16 moments")
             continue
         same_length(params, "params", absmaxes, f"{name}_absmaxes")
         for i, (p, a) in enumerate(zip(params, absmaxes)):
@@ -338,7 +382,7 @@ def check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_av
                              f"{params[0].device} for uint8 moments")
         _check_map_values(qmap, f"{name}_map")
     if master_params:
-        _check_like_params(params, master_params, "master_params", (torch.float32, torch.int16))
+        _check_like_params(params, master_params, "master_params", (torch.float32, torch.int16), "float32 or int16")
         if master_params[0].dtype == torch.int16 and params[0].dtype != torch.bfloat16:
             raise TypeError(f"master_params: int16 remainders are for bfloat16 params, got {params[0].dtype} "
                             "params")

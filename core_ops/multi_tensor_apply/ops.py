@@ -132,35 +132,23 @@ def multi_tensor_unscale_l2norm(tensors, inv_scale, found_inf=None, per_tensor=F
     return total, per, found_inf
 
 
-def _tracker(t, name, dtype, device):
-    if not isinstance(t, torch.Tensor) or t.numel() != 1 or t.dtype != dtype:
-        raise TypeError(f"{name} must be a one-element {dtype} tensor")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but scale is on {device}")
-    return t
-
-
 def update_scale(scale, growth_tracker, found_inf, *, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, hysteresis=1, hysteresis_tracker=None,
                  min_scale=0.0, max_scale=math.inf):
     """The dynamic loss-scale update, in place on device tensors with no host sync
     (Note [Loss-scale update] in ``core_ops/reference/loss_scale.py``). ``scale`` is a
     one-element float32 tensor, the trackers one-element int32 tensors. Returns scale."""
-    if not isinstance(scale, torch.Tensor):
-        raise TypeError(f"scale must be a one-element float32 tensor, got {type(scale).__name__}")
+    for name, t in (("scale", scale), ("growth_tracker", growth_tracker)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
     device = scale.device
-    _tracker(scale, "scale", torch.float32, device)
     check_no_grad_writes("update_scale", [("scale", scale)])
-    _tracker(growth_tracker, "growth_tracker", torch.int32, device)
     found_inf = _validate.flag(found_inf, device)
-    _validate.loss_scale_args(growth_factor, backoff_factor, growth_interval, hysteresis,
-                              min_scale, max_scale)
     if hysteresis_tracker is None:
         if hysteresis != 1:
             raise ValueError("hysteresis > 1 needs a hysteresis_tracker tensor that "
                              "persists across steps")
         hysteresis_tracker = torch.ones(1, dtype=torch.int32, device=device)
-    _tracker(hysteresis_tracker, "hysteresis_tracker", torch.int32, device)
     _build.ensure_for(device)
     op("update_scale_")(scale, growth_tracker, hysteresis_tracker, found_inf, float(growth_factor),
                         float(backoff_factor), int(growth_interval), int(hysteresis),

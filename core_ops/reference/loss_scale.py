@@ -14,11 +14,12 @@ kernels call ``update_scale_math`` in ``csrc/include/core_ops/loss_scale_math.h`
 
 import torch
 
-from .._validate import loss_scale_args
+from .._validate import check_update_scale_tensors, loss_scale_args
 
 
 def update_scale_(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
                   backoff_factor, growth_interval, hysteresis, min_scale, max_scale):
+    check_update_scale_tensors(scale, growth_tracker, hysteresis_tracker, found_inf)
     loss_scale_args(growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale)
     # Branch-free tensor algebra so the host never waits for the device.
     inf = found_inf.reshape(()) > 0

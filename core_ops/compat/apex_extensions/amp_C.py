@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ..._validate import flag
+from ..._validate import noop_flag as checked_noop_flag
 from ...multi_tensor_apply import ops
 from .amp_C_optimizers import (  # noqa: F401  (amp_C's names)
     multi_tensor_adagrad,
@@ -31,12 +31,12 @@ from .amp_C_optimizers import (  # noqa: F401  (amp_C's names)
 from ._args import tensor_lists_of
 
 
-def _noop(noop_flag, tensors):
+def _noop(noop_flag_, tensors):
     """Apex's noop_flag, checked alike by every function here: one float32 or int32
     element on the tensors' device (a larger flag was once set whole by the norms and
     refused by scale)."""
-    device = tensors[0].device if tensors else getattr(noop_flag, "device", None)
-    return flag(noop_flag, device, "noop_flag")
+    device = tensors[0].device if tensors else None
+    return checked_noop_flag(noop_flag_, device)
 
 
 def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):

@@ -64,7 +64,8 @@ inline void check_absmaxes(TensorList params, TensorList absmaxes, const char* n
     CORE_OPS_CHECK_VALUE(dtype_of(absmaxes[i]) == ScalarType::Float && absmaxes[i].device() == params[i].device() &&
                              absmaxes[i].dim() == 1 && absmaxes[i].numel() == blocks && absmaxes[i].is_contiguous(),
                          name, "[", i, "] must be a contiguous float32 tensor of ", blocks, " block maxima on ",
-                         params[i].device());
+                         params[i].device(), ", got ", dtype_of(absmaxes[i]), " ", absmaxes[i].sizes(), " on ",
+                         absmaxes[i].device());
   }
   CORE_OPS_CHECK_VALUE(map.has_value() && dtype_of(*map) == ScalarType::Float && map->numel() == kMapSize &&
                            map->dim() == 1 && map->device() == params[0].device() && map->is_contiguous(),

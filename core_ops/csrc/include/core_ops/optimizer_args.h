@@ -106,6 +106,8 @@ inline bool check_optimizer_group(TensorList params, TensorList grads,
   if (has_steps) check_same_length(params, "params", steps, "steps");
   check_devices(steps, "steps", device);
   for (size_t i = 0; i < steps.size(); ++i) {
+    const char* layout = non_strided_layout(steps[i]);
+    CORE_OPS_CHECK_TYPE(layout == nullptr, "steps[", i, "] is a ", layout, " tensor; step counts must be dense");
     CORE_OPS_CHECK_VALUE(steps[i].numel() == 1 && dtype_of(steps[i]) == ScalarType::Float,
                          "steps[", i, "] must be a one-element float32 tensor on ", device);
   }

@@ -29,8 +29,10 @@ namespace core_ops {
 
 CORE_OPS_HD float vsqrt(float x) { return sqrtf(x); }
 CORE_OPS_HD double vsqrt(double x) { return sqrt(x); }
-CORE_OPS_HD float vmax(float a, float b) { return fmaxf(a, b); }
-CORE_OPS_HD double vmax(double a, double b) { return fmax(a, b); }
+// torch.maximum's, as the CPU vectors' maximum: a NaN in either gives a NaN (fmax would
+// drop it, so amsgrad's max_exp_avg_sq forgot a NaN the vector lanes kept).
+CORE_OPS_HD float vmax(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+CORE_OPS_HD double vmax(double a, double b) { return (a != a || b != b) ? a + b : fmax(a, b); }
 
 // Note [Half params without masters]: a half param stepped without fp32 master
 // weights is updated as torch.optim updates half tensors: every op's result rounded

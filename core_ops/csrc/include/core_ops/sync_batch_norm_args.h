@@ -65,14 +65,11 @@ inline Tensor with_input_strides(const Tensor& result, const Tensor& input) {
   return out;
 }
 
+// A shape as Python prints a tuple: (), (4,), (2, 3).
 inline std::string shape_str(const Tensor& t) {
-  std::ostringstream s;
-  s << "(";
-  for (int64_t d = 0; d < t.dim(); ++d) s << t.size(d) << (t.dim() == 1 || d + 1 < t.dim() ? ", " : "");
-  std::string r = s.str();
-  if (t.dim() > 1) r = r.substr(0, r.size() - 2);
-  else if (t.dim() == 1) r = r.substr(0, r.size() - 1);
-  return r + ")";
+  std::string r = "(";
+  for (int64_t d = 0; d < t.dim(); ++d) r += (d ? ", " : "") + std::to_string(t.size(d));
+  return r + (t.dim() == 1 ? ",)" : ")");
 }
 
 // The checks of _validate.check_batch_norm_args, in the same words.

@@ -18,10 +18,12 @@
 
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/Layout.h>
 #include <torch/headeronly/core/ScalarType.h>
 #include <torch/headeronly/util/BFloat16.h>
 #include <torch/headeronly/util/Half.h>
 #include <torch/headeronly/util/HeaderOnlyArrayRef.h>
+#include <torch/headeronly/version.h>
 
 namespace core_ops {
 
@@ -169,6 +171,32 @@ inline ScalarType dtype_of(const Tensor& t) {
     }
   }
   return t.scalar_type();
+}
+
+// The layout of a tensor that is not strided, as Python prints it ("torch.sparse_coo",
+// as _validate.py's check_lists words it); nullptr for a
+// strided one. torch 2.10's headers have no Tensor::layout() (its ABI has the shim, so
+// a library built against newer headers asks it): built against them, every tensor
+// counts as strided here and a sparse one is refused by the Python checks that run
+// before any kernel (_validate.tensor_list), or by torch when its data is read.
+inline const char* non_strided_layout(const Tensor& t) {
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 11
+  using torch::headeronly::Layout;
+  switch (t.layout()) {
+    case Layout::Strided: return nullptr;
+    case Layout::Sparse: return "torch.sparse_coo";
+    case Layout::SparseCsr: return "torch.sparse_csr";
+    case Layout::SparseCsc: return "torch.sparse_csc";
+    case Layout::SparseBsr: return "torch.sparse_bsr";
+    case Layout::SparseBsc: return "torch.sparse_bsc";
+    case Layout::Mkldnn: return "torch._mkldnn";
+    case Layout::Jagged: return "torch.jagged";
+    default: return "non-strided";
+  }
+#else
+  (void)t;
+  return nullptr;
+#endif
 }
 
 // Dense: every element at its own address, the addresses one block (contiguous or a
