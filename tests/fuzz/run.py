@@ -43,6 +43,7 @@ def specs():
 
 def build_case(op_name, seed, index):
     """(args, what): the call of case ``index`` of ``seed`` for ``op_name``."""
+    import core_ops  # noqa: F401  (declares the ops: their schemas drive bad.py)
     from bad import mutate
     from draw import Draw
     d = Draw(seed, op_name, index)
