@@ -49,6 +49,7 @@ not_native=$(awk -f "$repo/tools/cpu_ops_not_native.awk" "$DIR/info.log")
 [ -z "$not_native" ] || fail "ops not native on the CPU: $not_native"
 start=$SECONDS
 run -m pytest -q -p no:cacheprovider "${subset[@]}" tests/multi_tensor_apply tests/optimizers tests/normalization \
+  tests/test_op_boundary.py tests/fuzz \
   >"$DIR/suite.log" 2>&1
 rc=$?
 summary=$(grep -E "(passed|failed|error)" "$DIR/suite.log" | tail -n 1)

@@ -71,16 +71,12 @@ def mutate(d, name, args):
             args[p] = list(args[p])[:-1]
             return args, f"{_schema_args(name)[p].name} one tensor short"
     # Aliases of the same shape and dtype: the call's one fault is that they share memory.
-    if kind == "alias_outputs" and len(written) >= 2:
+    # alias_outputs makes a written tensor another written one; alias_input makes any
+    # other tensor of the call a written one.
+    if kind in ("alias_outputs", "alias_input") and written:
         a = d.pick(written)
-        twins = [s for s in written if s != a and _alike(_get(args, s), _get(args, a))]
-        if twins:
-            b = d.pick(twins)
-            _set(args, a, _get(args, b))
-            return args, f"{_label(name, a)} is {_label(name, b)}"
-    if kind == "alias_input" and written:
-        a = d.pick(written)
-        twins = [s for s in slots if s != a and _alike(_get(args, s), _get(args, a))]
+        pool = written if kind == "alias_outputs" else slots
+        twins = [s for s in pool if s != a and _alike(_get(args, s), _get(args, a))]
         if twins:
             b = d.pick(twins)
             _set(args, b, _get(args, a))

@@ -64,7 +64,17 @@ def routes_of(op_name, only=None):
 
 
 def run_case(op_name, seed, index, only_routes=None):
-    """The findings of one case: a list of dicts (empty when all agree)."""
+    """The findings of one case: a list of dicts (empty when all agree). Runs with the
+    case's number of intra-op threads, and leaves the process's as it was."""
+    import torch
+    threads = torch.get_num_threads()
+    try:
+        return _run_case(op_name, seed, index, only_routes)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_case(op_name, seed, index, only_routes):
     import torch
 
     import outcome
