@@ -71,6 +71,7 @@ std::tuple<Tensor, Tensor> norm_impl(TensorList tensors, double mul, bool per_te
 }
 
 void check_tensors(TensorList tensors) {
+  CallDevice().list(tensors, "tensors");
   check_list(tensors, "tensors", tensors[0].device());
 }
 

@@ -128,6 +128,7 @@ std::tuple<Tensor, Tensor> norm_impl(TensorList tensors, const Tensor* inv_scale
                                      bool per_tensor) {
   const Device device = tensors[0].device();
   check_cuda(device);
+  CallDevice().list(tensors, "tensors");
   check_list(tensors, "tensors", device);
   const DeviceGuard guard(device.index());
   const cudaStream_t stream = current_stream(device.index());

@@ -60,8 +60,12 @@ class Operands {
 
   // Raises ValueError naming the first two tensors that may not share memory.
   void check() {
-    // Stable: of two outputs at one address, the one named first in the call comes first.
-    std::stable_sort(writes_.begin(), writes_.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+    // Of two outputs at one address, the one named first in the call comes first (as the
+    // Python check's stable sort): spans are added in the call's order, so `order` ties.
+    for (size_t k = 0; k < writes_.size(); ++k) writes_[k].order = k;
+    std::sort(writes_.begin(), writes_.end(), [](const Span& a, const Span& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.order < b.order;
+    });
     // Outputs pairwise disjoint: sorted by start, any overlap shows between a span and
     // the one reaching furthest before it.
     for (size_t k = 1, far = 0; k < writes_.size(); ++k) {
@@ -100,6 +104,7 @@ class Operands {
     size_t index;  // kScalar for a lone tensor
     const char* in_place_with;
     const Tensor* tensor;
+    size_t order = 0;  // place in the call, for ties
   };
 
   static std::string label(const Span& s) {
