@@ -433,3 +433,23 @@ def test_no_host_sync_and_cuda_graph_replay():
         for a, b in zip(eager[key], graphed[key]):
             assert torch.equal(a, b), key
     assert [s.item() for s in graphed["steps"]] == [i % 5 + 2.0 for i in range(23)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_amsgrad_keeps_a_nan_in_its_running_max_as_torch(device):
+    # torch.optim takes the max with torch.maximum, which keeps a NaN. The native
+    # kernels' vector lanes did too, their scalar tail and CUDA (fmax) dropped it, so a
+    # NaN grad's max_exp_avg_sq depended on where in the tensor it sat (the fuzz harness).
+    from core_ops import _build
+    from core_ops._library import op
+    assert _build.ensure(device).native
+    n = 17  # one element past two AVX2 vectors: index 16 is the scalar tail
+    for at in (0, n - 1):
+        p, g = torch.zeros(n, device=device), torch.ones(n, device=device)
+        g[at] = float("nan")
+        m, v, vmax = torch.zeros_like(p), torch.zeros_like(p), torch.full_like(p, 5.0)
+        op("fused_adam_")([p], [g], [m], [v], [vmax], [], [torch.zeros(1, device=device)], 1e-3, 0.9, 0.999, 1e-8,
+                          0.0, True, True, True, False, None, None, None)
+        want = torch.maximum(torch.full((n,), 5.0), torch.full((n,), 0.001).index_fill(0, torch.tensor([at]),
+                                                                                       float("nan")))
+        torch.testing.assert_close(vmax.cpu(), want, equal_nan=True, rtol=0, atol=0)
