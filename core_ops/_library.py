@@ -21,7 +21,7 @@ import re
 import torch
 
 from ._boundary import checked, has_boundary
-from ._validate import (batch_norm_acc_dtype, check_update_scale_tensors, loss_scale_args, check_batch_norm_args, check_compact_adam_lists, check_lists, check_norm_args,
+from ._validate import (batch_norm_acc_dtype, check_arg_to_check, check_update_scale_tensors, loss_scale_args, check_batch_norm_args, check_compact_adam_lists, check_lists, check_norm_args,
                         check_norm_bwd_args, check_residual,
                         check_optimizer_lists, check_per_tensor_state)
 
@@ -233,6 +233,7 @@ def _(tensors, found_inf):
 
 @_fake("multi_tensor_axpby_")
 def _(x, y, out, a, b, found_inf, arg_to_check):
+    check_arg_to_check(arg_to_check)
     check_lists(("x", x), ("y", y), ("out", out))
 
 
@@ -367,14 +368,14 @@ def _(input, weight, hidden, eps, out_dtype, memory_efficient=False):
 @_fake("layer_norm_bwd")
 def _(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype):
     check_norm_args(saved, hidden, (("weight", weight), ("bias", bias)), name="saved")
-    check_norm_bwd_args(grad_out, saved, (("mean", mean), ("rstd", rstd)), hidden, dx_dtype)
+    check_norm_bwd_args(grad_out, saved, (("mean", mean), ("rstd", rstd)), hidden, dx_dtype, memory_efficient)
     return (saved.new_empty(saved.shape, dtype=dx_dtype), _param_grad(weight, saved), _param_grad(bias, saved))
 
 
 @_fake("rms_norm_bwd")
 def _(grad_out, saved, rstd, weight, hidden, memory_efficient, dx_dtype):
     check_norm_args(saved, hidden, (("weight", weight),), name="saved")
-    check_norm_bwd_args(grad_out, saved, (("rstd", rstd),), hidden, dx_dtype)
+    check_norm_bwd_args(grad_out, saved, (("rstd", rstd),), hidden, dx_dtype, memory_efficient)
     return saved.new_empty(saved.shape, dtype=dx_dtype), _param_grad(weight, saved)
 
 

@@ -26,6 +26,12 @@ def tensor_list(value, name):
     return ts
 
 
+def check_arg_to_check(arg_to_check):
+    """axpby's: which inputs set the flag (tensor_lists.h's words)."""
+    if arg_to_check not in (-1, 0, 1):
+        raise ValueError(f"arg_to_check must be -1 (both), 0 (x) or 1 (y), got {arg_to_check}")
+
+
 def same_length(ref, ref_name, other, other_name):
     if len(other) != len(ref):
         raise ValueError(f"{other_name} has {len(other)} tensors but {ref_name} has {len(ref)}")
@@ -104,9 +110,10 @@ def noop_flag(value, device):
     """Apex's noop_flag (amp_C): one float32 or int32 element on the tensors' device."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"noop_flag must be a tensor, got {type(value).__name__}")
-    if value.numel() != 1 or value.dtype not in (torch.float32, torch.int32):
-        raise ValueError(f"noop_flag must be a one-element float32 or int32 tensor, got "
-                         f"shape {tuple(value.shape)} dtype {value.dtype}")
+    if value.numel() != 1:
+        raise ValueError(f"noop_flag must be a one-element float32 or int32 tensor, got shape {tuple(value.shape)}")
+    if value.dtype not in (torch.float32, torch.int32):
+        raise TypeError(f"noop_flag must be a one-element float32 or int32 tensor, got {value.dtype}")
     if device is not None and value.device != device:
         raise ValueError(f"noop_flag is on {value.device} but the tensors are on {device}")
     return value
@@ -190,6 +197,8 @@ def check_per_tensor_state(params, exp_avg_sqs, grad_norms):
     want, device = state_dtype(params[0].dtype), params[0].device
     same_length(params, "params", exp_avg_sqs, "exp_avg_sqs")
     for i, t in enumerate(exp_avg_sqs):
+        if t.layout != torch.strided:
+            raise TypeError(f"exp_avg_sqs[{i}] is a {t.layout} tensor; only dense tensors are supported")
         if t.device != device:
             raise ValueError(f"exp_avg_sqs[{i}] is on {t.device} but the op runs on {device}")
     for i, t in enumerate(exp_avg_sqs):
@@ -295,10 +304,18 @@ def check_norm_args(input, hidden, params=(), out_dtype=None, name="input"):
                         f"got {out_dtype}")
 
 
-def check_norm_bwd_args(grad_out, saved, stats, hidden, dx_dtype):
-    """The norm backwards' other inputs: ``grad_out`` with saved's elements on its
-    device, and each of ``stats`` (name, tensor) one value per row in the accumulation
-    dtype on that device: the kernels index them by row, unchecked."""
+def check_norm_bwd_args(grad_out, saved, stats, hidden, dx_dtype, memory_efficient):
+    """The norm backwards' other inputs: the dtypes (dx_dtype floating, grad_out the
+    input's or float32 for half input, saved the input's or, memory_efficient, the
+    output's), ``grad_out`` with saved's elements on its device, and each of ``stats``
+    (name, tensor) one value per row in the accumulation dtype on that device: the
+    kernels index them by row, unchecked. norm_args.h words the same checks."""
+    if dx_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dx_dtype must be float32, float16, bfloat16 or float64, got {dx_dtype}")
+    if not (grad_out.dtype == dx_dtype or (grad_out.dtype == torch.float32 and dx_dtype != torch.float64)):
+        raise TypeError(f"grad_out must be the input's dtype or, for half input, torch.float32; got {grad_out.dtype}")
+    if saved.dtype != (grad_out.dtype if memory_efficient else dx_dtype):
+        raise TypeError(f"saved must be the {'output' if memory_efficient else 'input'}'s dtype; got {saved.dtype}")
     if grad_out.numel() != saved.numel() or grad_out.device != saved.device:
         raise ValueError(f"grad_out has {grad_out.numel()} elements on {grad_out.device}; expected "
                          f"{saved.numel()} on {saved.device}, as saved")

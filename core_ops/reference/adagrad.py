@@ -8,7 +8,7 @@ from .adam import scaled_grad, step_lr, weights_in_state_dtype, write_back
 def fused_adagrad_(params, grads, state_sums, master_params, steps, lr, lr_decay, eps,
                    weight_decay, adagrad_w_mode, maximize, lr_tensor, grad_scale, found_inf):
     check_optimizer_lists(params, grads, steps, state_sums=state_sums, master_params=master_params or None)
-    lr = step_lr(lr, lr_tensor, found_inf)
+    lr = step_lr(lr, lr_tensor, found_inf, params)
     if lr is None:
         return
     for i, param in enumerate(params):

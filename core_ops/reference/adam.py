@@ -32,12 +32,20 @@ def scaled_grad(grad, dtype, grad_scale, maximize):
     return -g if maximize else g
 
 
-def step_lr(lr, lr_tensor, found_inf):
+def step_lr(lr, lr_tensor, found_inf, params=True):
     """The lr this step uses (``lr_tensor``'s when given, read on the host), or None when
-    ``found_inf`` says the step is skipped."""
+    ``found_inf`` says the step is skipped or there are no ``params`` (an empty call
+    reads nothing, as the kernels)."""
+    if not params:
+        return None
     if found_inf is not None and found_inf.item() > 0:
         return None
     return lr if lr_tensor is None else lr_tensor.item()
+
+
+def _sqrt(x):
+    """math.sqrt as C's sqrt: nan for a negative (a beta > 1), not an error."""
+    return math.sqrt(x) if x >= 0 else float("nan")
 
 
 def write_back(param, weights, x):
@@ -53,7 +61,7 @@ def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_pa
     check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
                           max_exp_avg_sqs=max_exp_avg_sqs if amsgrad else None,
                           master_params=master_params or None)
-    lr = step_lr(lr, lr_tensor, found_inf)
+    lr = step_lr(lr, lr_tensor, found_inf, params)
     if lr is None:
         return
     for i, param in enumerate(params):
@@ -88,7 +96,7 @@ def adam_update_(x, g, m, v, vmax, step, lr, beta1, beta2, eps, weight_decay, ad
     m.add_((g - m).mul_(1 - beta1))  # lerp, weight 1 - beta1 < 0.5
     v.mul_(beta2).add_(g.mul(1 - beta2).mul_(g))
     bc1 = 1 - beta1 ** step if bias_correction else 1.0
-    bc2_sqrt = math.sqrt(1 - beta2 ** step) if bias_correction else 1.0
+    bc2_sqrt = _sqrt(1 - beta2 ** step) if bias_correction else 1.0
     second = v
     if vmax is not None:
         vmax.copy_(vmax.maximum(v))

@@ -34,7 +34,7 @@ def fused_lamb_stage1_(params, grads, exp_avgs, exp_avg_sqs, master_params, step
 def fused_lamb_stage2_(params, master_params, updates, param_norms, update_norms, lr, weight_decay,
                        use_nvlamb, lr_tensor, found_inf):
     check_optimizer_lists(params, params, None, updates=updates, master_params=master_params or None)
-    lr = step_lr(lr, lr_tensor, found_inf)
+    lr = step_lr(lr, lr_tensor, found_inf, params)
     if lr is None:
         return
     for i, param in enumerate(params):

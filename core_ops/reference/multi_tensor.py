@@ -6,7 +6,7 @@ Written for clarity, not speed: they loop over tensors and never sync the host.
 import torch
 
 from .._library import norm_dtype
-from .._validate import check_lists
+from .._validate import check_arg_to_check, check_lists
 
 
 def compute_dtype(*lists):
@@ -40,6 +40,7 @@ def multi_tensor_check_finite_(tensors, found_inf):
 
 
 def multi_tensor_axpby_(x, y, out, a, b, found_inf, arg_to_check):
+    check_arg_to_check(arg_to_check)
     check_lists(("x", x), ("y", y), ("out", out))
     acc = compute_dtype(x, y, out)
     if arg_to_check in (-1, 0):

@@ -107,7 +107,7 @@ def rms_norm_fwd(input, weight, hidden, eps, out_dtype, memory_efficient=False):
 
 def layer_norm_bwd(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype):
     check_norm_args(saved, hidden, (("weight", weight), ("bias", bias)), name="saved")
-    check_norm_bwd_args(grad_out, saved, (("mean", mean), ("rstd", rstd)), hidden, dx_dtype)
+    check_norm_bwd_args(grad_out, saved, (("mean", mean), ("rstd", rstd)), hidden, dx_dtype, memory_efficient)
     rows = saved.reshape(-1, hidden)
     dx, dw, db = layer_norm_backward(grad_out.reshape(rows.shape), mean, rstd, rows, _flat(weight), _flat(bias),
                                      memory_efficient)
@@ -116,13 +116,14 @@ def layer_norm_bwd(grad_out, saved, mean, rstd, weight, bias, hidden, memory_eff
 
 def rms_norm_bwd(grad_out, saved, rstd, weight, hidden, memory_efficient, dx_dtype):
     check_norm_args(saved, hidden, (("weight", weight),), name="saved")
-    check_norm_bwd_args(grad_out, saved, (("rstd", rstd),), hidden, dx_dtype)
+    check_norm_bwd_args(grad_out, saved, (("rstd", rstd),), hidden, dx_dtype, memory_efficient)
     rows = saved.reshape(-1, hidden)
     dx, dw = rms_norm_backward(grad_out.reshape(rows.shape), rstd, rows, _flat(weight), memory_efficient)
     return dx.to(dx_dtype).reshape(saved.shape), _param_grad(dw, weight, saved)
 
 
 def fused_add_rms_norm_fwd(input, residual, weight, hidden, eps, memory_efficient=False):
+    check_norm_args(input, hidden, (("weight", weight),))  # in the kernels' order: input, weight, residual
     check_residual(input, residual)
     h = input + residual
     y, rstd = rms_norm_fwd(h, weight, hidden, eps, None)

@@ -8,7 +8,7 @@ import math
 import torch
 
 from .._validate import check_optimizer_lists, check_per_tensor_state
-from .adam import scaled_grad, step_lr, weights_in_state_dtype, write_back
+from .adam import _sqrt, scaled_grad, step_lr, weights_in_state_dtype, write_back
 
 
 def fused_novograd_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type,
@@ -18,7 +18,7 @@ def fused_novograd_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, 
     check_per_tensor_state(params, exp_avg_sqs=exp_avg_sqs, grad_norms=grad_norms)
     if norm_type not in (0, 2):
         raise ValueError(f"norm_type must be 2 (L2) or 0 (infinity norm), got {norm_type}")
-    lr = step_lr(lr, lr_tensor, found_inf)
+    lr = step_lr(lr, lr_tensor, found_inf, params)
     if lr is None:
         return
     scale = grad_scale.item() if grad_scale is not None else 1.0
@@ -33,10 +33,10 @@ def fused_novograd_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, 
         v.fill_(x if fresh else beta2 * v.item() + (1.0 - beta2) * x)
         bc1 = 1.0 - beta1 ** step if bias_correction else 1.0
         bc2 = 1.0 - beta2 ** step if bias_correction else 1.0
-        layer_norm = v.item() if norm_type == 0 else math.sqrt(v.item())
+        layer_norm = v.item() if norm_type == 0 else _sqrt(v.item())
         # 0-d tensors, not Python floats: torch would turn some scalar divisions into
         # multiplications by the reciprocal, the kernel divides.
-        denom = torch.tensor(layer_norm / math.sqrt(bc2) + eps, dtype=m.dtype, device=m.device)
+        denom = torch.tensor(layer_norm / _sqrt(bc2) + eps, dtype=m.dtype, device=m.device)
         bc1 = torch.tensor(bc1, dtype=m.dtype, device=m.device)
         weights, p = weights_in_state_dtype(param, master_params, i)
         g = scaled_grad(grads[i], m.dtype, grad_scale, maximize)

@@ -12,7 +12,7 @@ def fused_sgd_(params, grads, momentum_buffers, master_params, lr, momentum, dam
                grad_scale, found_inf):
     check_optimizer_lists(params, grads, None, momentum_buffers=momentum_buffers if momentum else None,
                           master_params=master_params or None)
-    lr = step_lr(lr, lr_tensor, found_inf)
+    lr = step_lr(lr, lr_tensor, found_inf, params)
     if lr is None:
         return
     for i, param in enumerate(params):

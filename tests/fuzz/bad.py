@@ -108,7 +108,9 @@ def mutate(d, name, args):
             _set(args, s, torch.zeros((1,) * t.dim(), dtype=t.dtype).expand(t.shape))
             return args, f"{_label(name, s)} expanded from one element"
     if kind == "int_arg":
-        ints = [p for p, arg in enumerate(_schema_args(name)) if arg.type == torch.IntType.get()]
+        # ScalarType arguments show as int in a schema: Python passes them as dtypes.
+        ints = [p for p, arg in enumerate(_schema_args(name))
+                if arg.type == torch.IntType.get() and "dtype" not in arg.name]
         if ints:
             p = d.pick(ints)
             args[p] = d.pick((-1, 0, 3, 2**40, 2**62))

@@ -29,6 +29,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 BAD_SHARE = 0.4  # of the cases, those with one fault put in
+# Ops whose outputs come from sums over a row or a batch (means, variances, weight grads),
+# in another order than the reference's: ten times the dtype's tolerance (a mean of
+# large values cancels digits in any float32 method: tests/normalization/test_norm_ops.py).
+RECOMPUTED = ("layer_norm", "rms_norm", "fused_add_rms_norm", "sync_batch_norm")
+
+
+def _rel(op_name, args):
+    import outcome
+    return outcome.loosest(args, 10.0 if op_name.startswith(RECOMPUTED) else 1.0)
 THREADS = (1, 2, 3)  # torch's intra-op threads for a case: the CPU kernels split work by them
 
 
@@ -82,6 +91,7 @@ def _run_case(op_name, seed, index, only_routes):
     args, what, d = build_case(op_name, seed, index)
     torch.set_num_threads(d.pick(THREADS))
     want = outcome.run(REF[op_name], args)
+    rel = _rel(op_name, args)
     found = []
 
     def note(route, why):
@@ -90,7 +100,7 @@ def _run_case(op_name, seed, index, only_routes):
     routes = routes_of(op_name, only_routes)
     for route, fn in routes.items():
         got = outcome.run(fn, args)
-        why = outcome.compare(got, want, same_message=route != "amp_C")
+        why = outcome.compare(got, want, same_message=route != "amp_C", rel=rel)
         if why is None and isinstance(got[1], outcome.Raised) and route == "raw":
             why = _wrote_before_refusing(got[0], args)
         if why:
@@ -106,7 +116,7 @@ def _run_case(op_name, seed, index, only_routes):
         for t in threads:
             t.join()
         for k, got in enumerate(results):
-            why = outcome.compare(got, want)
+            why = outcome.compare(got, want, rel=rel)
             if why:
                 note(f"raw, Python thread {k} of 2", why)
     return found
@@ -255,11 +265,12 @@ def repro(op_name, seed, index, only_routes):
         print(f"  arg {k}: {'[' if isinstance(a, (list, tuple)) else ''}{', '.join(shown)}"
               f"{f', ... ({len(items)})' if len(items) > 6 else ''}{']' if isinstance(a, (list, tuple)) else ''}")
     want = outcome.run(REF[op_name], args)
+    rel = _rel(op_name, args)
     print("  reference:", want[1] if isinstance(want[1], outcome.Raised) else "returned")
     for route, fn in routes_of(op_name, only_routes).items():
         got = outcome.run(fn, copy.deepcopy(args))
         print(f"  {route}: {got[1] if isinstance(got[1], outcome.Raised) else 'returned'}; "
-              f"{outcome.compare(got, want, same_message=route != 'amp_C') or 'agrees'}")
+              f"{outcome.compare(got, want, same_message=route != 'amp_C', rel=rel) or 'agrees'}")
     found = run_case(op_name, int(seed), int(index), only_routes)
     return 1 if found else 0
 

@@ -45,7 +45,17 @@ inline void check_norm_args(const Tensor& input, int64_t hidden,
 // index grad_out like saved and the statistics by row, unchecked.
 inline void check_norm_bwd_args(const Tensor& grad_out, const Tensor& saved,
                                 std::initializer_list<std::pair<const char*, const Tensor*>> stats,
-                                int64_t hidden, ScalarType dx_dtype) {
+                                int64_t hidden, ScalarType dx_dtype, bool memory_efficient) {
+  // The dtypes first, on every call: an empty batch runs no kernel that would check them.
+  CORE_OPS_CHECK_TYPE(dx_dtype == ScalarType::Float || dx_dtype == ScalarType::Half ||
+                          dx_dtype == ScalarType::BFloat16 || dx_dtype == ScalarType::Double,
+                      "dx_dtype must be float32, float16, bfloat16 or float64, got ", dtype_name(dx_dtype));
+  const ScalarType out_type = dtype_of(grad_out);
+  CORE_OPS_CHECK_TYPE(out_type == dx_dtype || (out_type == ScalarType::Float && dx_dtype != ScalarType::Double),
+                      "grad_out must be the input's dtype or, for half input, torch.float32; got ",
+                      dtype_name(out_type));
+  CORE_OPS_CHECK_TYPE(dtype_of(saved) == (memory_efficient ? out_type : dx_dtype), "saved must be the ",
+                      memory_efficient ? "output's" : "input's", " dtype; got ", dtype_name(dtype_of(saved)));
   CORE_OPS_CHECK_VALUE(grad_out.numel() == saved.numel() && grad_out.device() == saved.device(), "grad_out has ",
                        grad_out.numel(), " elements on ", grad_out.device(), "; expected ", saved.numel(), " on ",
                        saved.device(), ", as saved");
@@ -130,7 +140,7 @@ Tensor3 layer_norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor
                        const Tensor& rstd, const OptTensor& weight, const OptTensor& bias, int64_t hidden,
                        bool memory_efficient, ScalarType dx_dtype) {
   check_norm_args(saved, hidden, {{"weight", &weight}, {"bias", &bias}}, std::nullopt, "saved");
-  check_norm_bwd_args(grad_out, saved, {{"mean", &mean}, {"rstd", &rstd}}, hidden, dx_dtype);
+  check_norm_bwd_args(grad_out, saved, {{"mean", &mean}, {"rstd", &rstd}}, hidden, dx_dtype, memory_efficient);
   return bwd(grad_out, saved, mean, rstd, weight, bias, hidden, memory_efficient, dx_dtype, false);
 }
 
@@ -139,7 +149,7 @@ std::tuple<Tensor, Tensor> rms_norm_bwd(const Tensor& grad_out, const Tensor& sa
                                                 const Tensor& rstd, const OptTensor& weight, int64_t hidden,
                                                 bool memory_efficient, ScalarType dx_dtype) {
   check_norm_args(saved, hidden, {{"weight", &weight}}, std::nullopt, "saved");
-  check_norm_bwd_args(grad_out, saved, {{"rstd", &rstd}}, hidden, dx_dtype);
+  check_norm_bwd_args(grad_out, saved, {{"rstd", &rstd}}, hidden, dx_dtype, memory_efficient);
   auto [dx, dw, db] = bwd(grad_out, saved, rstd, rstd, weight, std::nullopt, hidden, memory_efficient, dx_dtype, true);
   return {dx, dw};
 }

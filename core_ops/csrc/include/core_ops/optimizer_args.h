@@ -129,16 +129,4 @@ inline bool check_optimizer_group(TensorList params, TensorList grads,
   return true;
 }
 
-// Note [Aliasing] for an optimizer: it writes every list but the ones it only reads
-// (LAMB's stage 1 reads params and master_params, stage 2 reads updates), and its
-// flag; it reads lr, grad_scale and found_inf.
-inline Operands optimizer_operands(size_t n, TensorList params, TensorList grads, TensorList steps,
-                                   const OptionalTensor& lr_tensor, const OptionalTensor& grad_scale,
-                                   const OptionalTensor& found_inf) {
-  Operands ops(n);
-  ops.writes(params, "params").writes(grads, "grads").writes(steps, "steps");
-  ops.reads(lr_tensor, "lr_tensor").reads(grad_scale, "grad_scale").reads(found_inf, "found_inf");
-  return ops;
-}
-
 }  // namespace core_ops

@@ -35,9 +35,10 @@ void fused_adam_(TensorList params, TensorList grads, TensorList exp_avgs,
       .list(exp_avg_sqs, "exp_avg_sqs").list(max_exp_avg_sqs, "max_exp_avg_sqs")
       .list(master_params, "master_params").list(steps, "steps").one(lr_tensor, "lr_tensor")
       .one(grad_scale, "grad_scale").one(found_inf, "found_inf");
-  optimizer_operands(7 * params.size() + 3, params, grads, steps, lr_tensor, grad_scale, found_inf)
-      .writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs").writes(max_exp_avg_sqs, "max_exp_avg_sqs")
-      .writes(master_params, "master_params").check();
+  Operands(7 * params.size() + 3)
+      .writes(params, "params").writes(grads, "grads").writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs")
+      .writes(max_exp_avg_sqs, "max_exp_avg_sqs").writes(master_params, "master_params").writes(steps, "steps")
+      .reads(lr_tensor, "lr_tensor").reads(grad_scale, "grad_scale").reads(found_inf, "found_inf").check();
   if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return;
   check_state_list(params, exp_avgs, "exp_avgs", false);
   check_state_list(params, exp_avg_sqs, "exp_avg_sqs", false);
@@ -77,10 +78,12 @@ void fused_adam_compact_(TensorList params, TensorList grads, TensorList exp_avg
       .list(exp_avg_sq_absmaxes, "exp_avg_sq_absmaxes").list(master_params, "master_params")
       .list(steps, "steps").one(exp_avg_map, "exp_avg_map").one(exp_avg_sq_map, "exp_avg_sq_map")
       .one(lr_tensor, "lr_tensor").one(grad_scale, "grad_scale").one(found_inf, "found_inf");
-  optimizer_operands(8 * params.size() + 5, params, grads, steps, lr_tensor, grad_scale, found_inf)
-      .writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs").writes(exp_avg_absmaxes, "exp_avg_absmaxes")
-      .writes(exp_avg_sq_absmaxes, "exp_avg_sq_absmaxes").writes(master_params, "master_params")
-      .reads(exp_avg_map, "exp_avg_map").reads(exp_avg_sq_map, "exp_avg_sq_map").check();
+  Operands(8 * params.size() + 5)
+      .writes(params, "params").writes(grads, "grads").writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs")
+      .writes(exp_avg_absmaxes, "exp_avg_absmaxes").writes(exp_avg_sq_absmaxes, "exp_avg_sq_absmaxes")
+      .writes(master_params, "master_params").writes(steps, "steps").reads(exp_avg_map, "exp_avg_map")
+      .reads(exp_avg_sq_map, "exp_avg_sq_map").reads(lr_tensor, "lr_tensor").reads(grad_scale, "grad_scale")
+      .reads(found_inf, "found_inf").check();
   const auto layout = check_compact_adam(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
                                          exp_avg_sq_absmaxes, master_params, steps, exp_avg_map,
                                          exp_avg_sq_map, lr_tensor, grad_scale, found_inf);
@@ -110,8 +113,10 @@ void fused_sgd_(TensorList params, TensorList grads, TensorList momentum_buffers
   CallDevice().list(params, "params").list(grads, "grads").list(momentum_buffers, "momentum_buffers")
       .list(master_params, "master_params").one(lr_tensor, "lr_tensor").one(grad_scale, "grad_scale")
       .one(found_inf, "found_inf");
-  optimizer_operands(4 * params.size() + 3, params, grads, {}, lr_tensor, grad_scale, found_inf)
-      .writes(momentum_buffers, "momentum_buffers").writes(master_params, "master_params").check();
+  Operands(4 * params.size() + 3)
+      .writes(params, "params").writes(grads, "grads").writes(momentum_buffers, "momentum_buffers")
+      .writes(master_params, "master_params").reads(lr_tensor, "lr_tensor").reads(grad_scale, "grad_scale")
+      .reads(found_inf, "found_inf").check();
   if (!check_optimizer_group(params, grads, {}, lr_tensor, grad_scale, found_inf, /*has_steps=*/false)) {
     return;
   }
@@ -143,8 +148,10 @@ void fused_adagrad_(TensorList params, TensorList grads, TensorList state_sums,
   CallDevice().list(params, "params").list(grads, "grads").list(state_sums, "state_sums")
       .list(master_params, "master_params").list(steps, "steps").one(lr_tensor, "lr_tensor")
       .one(grad_scale, "grad_scale").one(found_inf, "found_inf");
-  optimizer_operands(5 * params.size() + 3, params, grads, steps, lr_tensor, grad_scale, found_inf)
-      .writes(state_sums, "state_sums").writes(master_params, "master_params").check();
+  Operands(5 * params.size() + 3)
+      .writes(params, "params").writes(grads, "grads").writes(state_sums, "state_sums")
+      .writes(master_params, "master_params").writes(steps, "steps").reads(lr_tensor, "lr_tensor")
+      .reads(grad_scale, "grad_scale").reads(found_inf, "found_inf").check();
   if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return;
   check_state_list(params, state_sums, "state_sums", false);
   check_masters(params, master_params);
@@ -169,6 +176,11 @@ inline void check_novograd_per_tensor_state(TensorList params, TensorList exp_av
                                             const Tensor& grad_norms) {
   check_same_length(params, "params", exp_avg_sqs, "exp_avg_sqs");
   check_devices(exp_avg_sqs, "exp_avg_sqs", params[0].device());
+  for (size_t i = 0; i < exp_avg_sqs.size(); ++i) {
+    const char* layout = non_strided_layout(exp_avg_sqs[i]);
+    CORE_OPS_CHECK_TYPE(layout == nullptr, "exp_avg_sqs[", i, "] is a ", layout,
+                        " tensor; only dense tensors are supported");
+  }
   const auto device = params[0].device();
   const auto want = state_dtype(dtype_of(params[0]));
   for (size_t i = 0; i < exp_avg_sqs.size(); ++i) {
@@ -193,9 +205,10 @@ void fused_novograd_(TensorList params, TensorList grads, TensorList exp_avgs,
       .list(exp_avg_sqs, "exp_avg_sqs").list(master_params, "master_params").list(steps, "steps")
       .one(grad_norms, "grad_norms").one(lr_tensor, "lr_tensor").one(grad_scale, "grad_scale")
       .one(found_inf, "found_inf");
-  optimizer_operands(6 * params.size() + 4, params, grads, steps, lr_tensor, grad_scale, found_inf)
-      .writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs").writes(master_params, "master_params")
-      .reads(grad_norms, "grad_norms").check();
+  Operands(6 * params.size() + 4)
+      .writes(params, "params").writes(grads, "grads").writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs")
+      .writes(master_params, "master_params").writes(steps, "steps").reads(grad_norms, "grad_norms")
+      .reads(lr_tensor, "lr_tensor").reads(grad_scale, "grad_scale").reads(found_inf, "found_inf").check();
   if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return;
   check_state_list(params, exp_avgs, "exp_avgs", false);
   check_novograd_per_tensor_state(params, exp_avg_sqs, grad_norms);
