@@ -306,6 +306,8 @@ def _(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, no
       init_zero, maximize, lr_tensor, grad_scale, found_inf):
     check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, master_params=master_params or None)
     check_per_tensor_state(params, exp_avg_sqs=exp_avg_sqs, grad_norms=grad_norms)
+    if norm_type not in (0, 2):
+        raise ValueError(f"norm_type must be 2 (L2) or 0 (infinity norm), got {norm_type}")
 
 
 def _per_channel(input):

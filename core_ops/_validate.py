@@ -149,9 +149,10 @@ def state_dtype(param_dtype):
 def check_optimizer_lists(params, grads, steps, **states):
     """The checks of a fused optimizer op (Note [Fused optimizer ops]), for the
     reference and fake kernels; csrc/include/core_ops/optimizer_args.h words the same
-    checks for the C++ kernels. ``states`` maps a list's name to the list, or to None
-    for an optional list that is absent."""
-    check_lists(("params", params), ("grads", grads))
+    checks for the C++ kernels, in their order: the params' dtype kind last, where the
+    kernels find it (picking a kernel for it). ``states`` maps a list's name to the
+    list, or to None for an optional list that is absent."""
+    check_lists(("params", params), ("grads", grads), floating=False)
     if not params:
         return
     if params[0].dtype != grads[0].dtype:
@@ -168,11 +169,12 @@ def check_optimizer_lists(params, grads, steps, **states):
         if ts is None:
             continue
         same_length(params, "params", ts, name)
-        check_lists(("params", params), (name, ts))
+        check_lists(("params", params), (name, ts), floating=False)  # its dtype: the line below
         if ts[0].dtype != want:
             raise TypeError(f"{name} must be {want} for {params[0].dtype} params, got {ts[0].dtype}")
     if states.get("master_params") and params[0].dtype == torch.float64:
         raise ValueError("float64 params take no master_params")
+    check_lists(("params", params), floating=True)
     check_dense_params(params)
     for i, p in enumerate(params):  # Note [Optimizer memory layout] in optimizer_args.h
         for name, ts in states.items():

@@ -43,6 +43,15 @@ def step_lr(lr, lr_tensor, found_inf, params=True):
     return lr if lr_tensor is None else lr_tensor.item()
 
 
+def power(base, exponent):
+    """base ** exponent as C's pow: inf past float64's range (a beta of 1e30), not an
+    OverflowError."""
+    try:
+        return base ** exponent
+    except OverflowError:
+        return math.copysign(math.inf, base) if exponent % 2 else math.inf
+
+
 def _sqrt(x):
     """math.sqrt as C's sqrt: nan for a negative (a beta > 1), not an error."""
     return math.sqrt(x) if x >= 0 else float("nan")
@@ -95,8 +104,8 @@ def adam_update_(x, g, m, v, vmax, step, lr, beta1, beta2, eps, weight_decay, ad
         g = g.add(x.mul(weight_decay))
     m.add_((g - m).mul_(1 - beta1))  # lerp, weight 1 - beta1 < 0.5
     v.mul_(beta2).add_(g.mul(1 - beta2).mul_(g))
-    bc1 = 1 - beta1 ** step if bias_correction else 1.0
-    bc2_sqrt = _sqrt(1 - beta2 ** step) if bias_correction else 1.0
+    bc1 = 1 - power(beta1, step) if bias_correction else 1.0
+    bc2_sqrt = _sqrt(1 - power(beta2, step)) if bias_correction else 1.0
     second = v
     if vmax is not None:
         vmax.copy_(vmax.maximum(v))

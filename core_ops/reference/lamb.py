@@ -2,7 +2,7 @@
 csrc/include/core_ops/lamb_math.h, per tensor, in the state dtype)."""
 
 from .._validate import check_optimizer_lists
-from .adam import scaled_grad, step_lr, weights_in_state_dtype, write_back
+from .adam import power, scaled_grad, step_lr, weights_in_state_dtype, write_back
 
 
 def fused_lamb_stage1_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates, beta1,
@@ -16,8 +16,8 @@ def fused_lamb_stage1_(params, grads, exp_avgs, exp_avg_sqs, master_params, step
     for i, param in enumerate(params):
         steps[i].add_(1)
         step = steps[i].item()
-        bc1 = 1 - beta1 ** step if bias_correction else 1.0
-        bc2 = 1 - beta2 ** step if bias_correction else 1.0
+        bc1 = 1 - power(beta1, step) if bias_correction else 1.0
+        bc2 = 1 - power(beta2, step) if bias_correction else 1.0
         _, x = weights_in_state_dtype(param, master_params, i)
         m, v = exp_avgs[i], exp_avg_sqs[i]
         g = scaled_grad(grads[i], m.dtype, grad_scale, maximize)

@@ -8,7 +8,7 @@ import math
 import torch
 
 from .._validate import check_optimizer_lists, check_per_tensor_state
-from .adam import _sqrt, scaled_grad, step_lr, weights_in_state_dtype, write_back
+from .adam import _sqrt, power, scaled_grad, step_lr, weights_in_state_dtype, write_back
 
 
 def fused_novograd_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type,
@@ -31,8 +31,8 @@ def fused_novograd_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, 
         x = n if norm_type == 0 else n * n  # max|g| is averaged itself, the L2 norm squared
         fresh = step == 1 and not init_zero
         v.fill_(x if fresh else beta2 * v.item() + (1.0 - beta2) * x)
-        bc1 = 1.0 - beta1 ** step if bias_correction else 1.0
-        bc2 = 1.0 - beta2 ** step if bias_correction else 1.0
+        bc1 = 1.0 - power(beta1, step) if bias_correction else 1.0
+        bc2 = 1.0 - power(beta2, step) if bias_correction else 1.0
         layer_norm = v.item() if norm_type == 0 else _sqrt(v.item())
         # 0-d tensors, not Python floats: torch would turn some scalar divisions into
         # multiplications by the reciprocal, the kernel divides.

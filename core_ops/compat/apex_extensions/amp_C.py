@@ -35,8 +35,9 @@ def _noop(noop_flag_, tensors):
     """Apex's noop_flag, checked alike by every function here: one float32 or int32
     element on the tensors' device (a larger flag was once set whole by the norms and
     refused by scale)."""
-    device = tensors[0].device if tensors else None
-    return checked_noop_flag(noop_flag_, device)
+    if not tensors:  # an empty call reads no flag, as the ops
+        return noop_flag_
+    return checked_noop_flag(noop_flag_, tensors[0].device)
 
 
 def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):

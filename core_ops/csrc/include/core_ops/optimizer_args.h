@@ -14,6 +14,13 @@
 
 namespace core_ops {
 
+// A scalar the kernels read as a number (lr, grad_scale): floating or int32 / int64.
+inline void check_number(const Tensor& t, const char* name) {
+  const auto dt = dtype_of(t);
+  CORE_OPS_CHECK_TYPE(is_floating(dt) || dt == ScalarType::Int || dt == ScalarType::Long, name,
+                      " must be a floating or integer tensor, got ", dtype_name(dt));
+}
+
 // The dtype optimizer state and master weights are kept in for params of `param`.
 inline ScalarType state_dtype(ScalarType param) {
   return param == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
@@ -115,6 +122,7 @@ inline bool check_optimizer_group(TensorList params, TensorList grads,
     if (t->has_value()) {
       CORE_OPS_CHECK_VALUE((*t)->numel() == 1, t == &lr_tensor ? "lr" : "grad_scale",
                            " must be a one-element tensor on ", device);
+      check_number(**t, t == &lr_tensor ? "lr" : "grad_scale");
     }
   }
   if (found_inf.has_value()) check_flag(*found_inf);

@@ -209,13 +209,14 @@ void fused_novograd_(TensorList params, TensorList grads, TensorList exp_avgs,
       .writes(params, "params").writes(grads, "grads").writes(exp_avgs, "exp_avgs").writes(exp_avg_sqs, "exp_avg_sqs")
       .writes(master_params, "master_params").writes(steps, "steps").reads(grad_norms, "grad_norms")
       .reads(lr_tensor, "lr_tensor").reads(grad_scale, "grad_scale").reads(found_inf, "found_inf").check();
+  // A scalar argument, checked even for an empty call (the reference does).
+  CORE_OPS_CHECK_VALUE(norm_type == 0 || norm_type == 2,
+                       "norm_type must be 2 (L2) or 0 (infinity norm), got ", norm_type);
   if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf)) return;
   check_state_list(params, exp_avgs, "exp_avgs", false);
   check_novograd_per_tensor_state(params, exp_avg_sqs, grad_norms);
   check_masters(params, master_params);
   check_layouts(params, {{exp_avgs, "exp_avgs"}, {master_params, "master_params"}});
-  CORE_OPS_CHECK_VALUE(norm_type == 0 || norm_type == 2,
-                       "norm_type must be 2 (L2) or 0 (infinity norm), got ", norm_type);
   kStep({params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type, lr, beta1,
          beta2, eps, weight_decay, bias_correction, reg_inside_moment, grad_averaging, init_zero, maximize,
          lr_tensor, grad_scale, found_inf});
@@ -291,6 +292,7 @@ void fused_lamb_stage2_(TensorList params, TensorList master_params, TensorList 
   if (found_inf.has_value()) check_flag(*found_inf);
   if (lr_tensor.has_value()) {
     CORE_OPS_CHECK_VALUE(lr_tensor->numel() == 1, "lr must be a one-element tensor on ", device);
+    check_number(*lr_tensor, "lr");
   }
   kStep({params, master_params, updates, param_norms, update_norms, lr, weight_decay, use_nvlamb, lr_tensor,
          found_inf});
