@@ -207,9 +207,9 @@ def fuzz(seeds, cases=None, seconds=None, ops=None, timeout=120, only_routes=Non
                 if answer is None:
                     dead = child_.proc.poll() is not None
                     err = child_.stderr()
-                    findings.append({"op": op_name, "seed": seed, "case": index, "route": "all",
-                                     "input": "?", "finding": ("crashed: " if dead else f"hung past {timeout} s: ")
-                                     + err.strip().splitlines()[-1:][0] if err.strip() else "no output"})
+                    last = err.strip().splitlines()[-1] if err.strip() else "nothing on stderr"
+                    findings.append({"op": op_name, "seed": seed, "case": index, "route": "all", "input": "?",
+                                     "finding": ("crashed: " if dead else f"hung past {timeout} s: ") + last})
                     say(f"  {op_name} case {index}: {findings[-1]['finding']}")
                     child_ = Child(only_routes)
                     continue
@@ -229,7 +229,9 @@ def main():
     parser.add_argument("--cases", type=int, default=None, help="per op and seed")
     parser.add_argument("--ops", default=None, help="comma-separated op names (default: all)")
     parser.add_argument("--routes", default=None, help="comma-separated: raw, public, amp_C (default: all)")
-    parser.add_argument("--timeout", type=float, default=120, help="seconds a case may take")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds a case may take (default 120; 300 under CORE_OPS_SANITIZE=1, where a case "
+                             "of 2,000 tensors takes 20 s on 2 idle cores)")
     parser.add_argument("--repro", default=None, help="OP:SEED:INDEX, run here and said in full")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = parser.parse_args()
@@ -240,7 +242,8 @@ def main():
         return repro(*a.repro.split(":"), only_routes)
     seconds = a.seconds if a.seconds is not None or a.cases is not None else 600
     t0 = time.monotonic()
-    findings, counts = fuzz(a.seeds, a.cases, seconds, a.ops.split(",") if a.ops else None, a.timeout, only_routes)
+    timeout = a.timeout or (300 if os.environ.get("CORE_OPS_SANITIZE") == "1" else 120)
+    findings, counts = fuzz(a.seeds, a.cases, seconds, a.ops.split(",") if a.ops else None, timeout, only_routes)
     print(f"fuzz: {sum(counts.values())} cases over {len(counts)} ops, seeds {a.seeds}, "
           f"{time.monotonic() - t0:.0f} s: {len(findings)} findings")
     for f in findings:
