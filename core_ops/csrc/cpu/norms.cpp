@@ -290,13 +290,7 @@ Tensor3 norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor& mean
           if (stream) stream_fence();
         });
       };
-      const ScalarType out_type = dtype_of(dy);
-      CORE_OPS_CHECK_TYPE(out_type == dx_dtype || (out_type == ScalarType::Float && dx_dtype != ScalarType::Double),
-                          "grad_out must be the input's dtype or, for half input, torch.float32; got ",
-                          core_ops::dtype_name(out_type));
-      CORE_OPS_CHECK_TYPE(dtype_of(s) == (memory_efficient ? out_type : dx_dtype), "saved must be the ",
-                          memory_efficient ? "output's" : "input's", " dtype; got ",
-                          core_ops::dtype_name(dtype_of(s)));
+      const ScalarType out_type = dtype_of(dy);  // its pairing with dx_dtype: check_norm_bwd_args
       if (out_type == dx_dtype) {
         run(data<const in_t>(dy), data<const in_t>(s));
       } else if (memory_efficient) {

@@ -467,12 +467,7 @@ Tensor3 norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor& mean
   };
   const OptionalTensor dw = want_wb ? make_wb() : std::nullopt, db = want_wb ? make_wb() : std::nullopt;
   const Tensor m = core_ops::contiguous(rms ? rstd : mean), r = core_ops::contiguous(rstd);
-  const ScalarType out_type = dtype_of(dy);
-  CORE_OPS_CHECK_TYPE(out_type == dx_dtype || (out_type == ScalarType::Float && dx_dtype != ScalarType::Double),
-                      "grad_out must be the input's dtype or, for half input, torch.float32; got ",
-                      dtype_name(out_type));
-  CORE_OPS_CHECK_TYPE(dtype_of(s) == (memory_efficient ? out_type : dx_dtype), "saved must be the ",
-                      memory_efficient ? "output's" : "input's", " dtype; got ", dtype_name(dtype_of(s)));
+  const ScalarType out_type = dtype_of(dy);  // its pairing with dx_dtype: check_norm_bwd_args
   const cudaStream_t stream = current_stream(device);
   const auto run = [&](auto in_tag) {
     using in_t = decltype(in_tag);
