@@ -14,6 +14,12 @@ import torch
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+class SparseGradError(TypeError, RuntimeError):
+    """A sparse grad given to a fused optimizer. A TypeError, as the ops' own refusal
+    of a sparse tensor; also a RuntimeError, the class torch.optim and Apex raise for
+    it, so code that catches theirs catches this."""
+
+
 def tensor_list(value, name):
     """``value`` as a list of tensors. Cheap (one isinstance per element): the
     per-tensor checks run inside the kernels, see ``check_lists``."""

@@ -157,9 +157,9 @@ class FusedOptimizer(Optimizer):
             if p.grad.is_sparse or p.grad.shape != p.shape:
                 where = self._param_name(group, i, p)
                 if p.grad.is_sparse:
-                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients: {where} has one "
-                                       "(an nn.Embedding(sparse=True)? use sparse=False, or torch.optim.SparseAdam "
-                                       "for those params)")
+                    raise _validate.SparseGradError(
+                        f"{type(self).__name__} does not support sparse gradients: {where} has one (an "
+                        "nn.Embedding(sparse=True)? use sparse=False, or torch.optim.SparseAdam for those params)")
                 raise ValueError(f"{where}: its gradient has shape {tuple(p.grad.shape)}, the param "
                                  f"{tuple(p.shape)}")
             buckets[(p.device, p.dtype)].append(p)

@@ -80,6 +80,9 @@ def check_scale_args(grad_scale, found_inf):
         if value is not None and not isinstance(value, torch.Tensor):
             raise TypeError(f"step(): {name} must be a one-element tensor (on any device) or None, "
                             f"got {type(value).__name__} {value!r}")
+        if isinstance(value, torch.Tensor) and value.device.type == "meta":
+            raise ValueError(f"step(): {name} is a meta tensor, which holds no value: give a tensor on a "
+                             "device (any: it is moved to each param's)")
 
 
 def _number(value, name):
@@ -87,6 +90,9 @@ def _number(value, name):
         if value.numel() != 1:
             raise ValueError(f"{name} must be a number or a one-element tensor, got a tensor of shape "
                              f"{list(value.shape)}")
+        if value.device.type == "meta":
+            raise ValueError(f"{name} is a meta tensor, which holds no value: give a number or a tensor on "
+                             "the params' device")
         return value.item()
     if not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")

@@ -271,6 +271,30 @@ def test_lamb_and_novograd_reject_bad_lists():
                                             torch.ones(1), 1.0)
 
 
+def test_what_the_stand_ins_cannot_convert_reaches_the_op_which_names_it():
+    # Each of these was converted or copied by the stand-in before the op saw it: a
+    # uint8 grad became a float one, a bool momentum buffer was stepped in float32 and
+    # written back, a sparse param and an expanded update met torch's own copy errors.
+    noop = torch.zeros(1, dtype=torch.int32)
+    p, m = [torch.ones(3), torch.ones(3)], [torch.zeros(3), torch.zeros(3)]
+    with pytest.raises(TypeError, match=r"grads\[1\] has dtype torch.uint8"):
+        amp_C.multi_tensor_sgd(0, noop, [[torch.ones(3), torch.ones(3, dtype=torch.uint8)], p, m], 0.0, 0.9, 0.0,
+                               0.1, False, False, False, 1.0)
+    with pytest.raises(TypeError, match=r"momentum_buffers\[1\] has dtype torch.float16 but "
+                                        r"momentum_buffers\[0\] has torch.bool"):
+        half = [[torch.ones(3, dtype=torch.half) for _ in range(2)] for _ in range(2)]
+        amp_C.multi_tensor_sgd(0, noop, [*half, [torch.zeros(3, dtype=torch.bool), torch.zeros(3, dtype=torch.half)]],
+                               0.0, 0.9, 0.0, 0.1, False, False, False, 1.0)
+    with pytest.raises(TypeError, match=r"params\[1\] is a torch.sparse_coo tensor"):
+        amp_C.multi_tensor_lamb_stage2_cuda(0, noop, [[torch.ones(3), torch.ones(3).to_sparse()],
+                                                      [torch.ones(3), torch.ones(3)]],
+                                            torch.ones(2), torch.ones(2), 0.1, 0.0, False)
+    with pytest.raises(ValueError, match=r"updates\[0\] has elements that share memory"):
+        amp_C.multi_tensor_lamb_stage1_cuda(0, noop, [[torch.ones(3)], [torch.ones(3)], [torch.zeros(3)],
+                                                      [torch.zeros(3)], [torch.zeros(1).expand(3)]],
+                                            torch.zeros(1), 1, 0.9, 0.999, 1e-6, 0.0, 1.0)
+
+
 @pytest.mark.parametrize("norm_type", [2, 0])
 def test_apex_fused_novograd_checkpoint_resumes_exactly(norm_type):
     """An Apex FusedNovoGrad checkpoint (layer norms and step in the param group, fp16

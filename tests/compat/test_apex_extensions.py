@@ -231,3 +231,16 @@ def test_syncbn_channels_last_forms_equal_channels_first():
     assert torch.equal(masked, torch.where(out > 0, dyl, torch.zeros_like(dyl)))
     with pytest.raises(AttributeError, match="syncbn stand-in has no 'welford_mean_var_fused'"):
         syncbn.welford_mean_var_fused
+
+
+def test_syncbn_backward_refuses_sums_that_are_not_float():
+    # The stand-in divides the sums by the count: an integer sum became a float mean and
+    # was accepted. It now goes to the op as it is, which names it.
+    x = torch.randn(4, 3, 5)
+    mean, var = syncbn.welford_mean_var(x)
+    inv_std = torch.rsqrt(var + 1e-5)
+    g = torch.randn_like(x)
+    sum_dy, sum_dy_xmu, _, _ = syncbn.reduce_bn(g, x, mean, inv_std)
+    for bad in (sum_dy.to(torch.uint8), sum_dy.bool()):
+        with pytest.raises(ValueError, match=r"mean_dy_xmu must be a \(3,\) torch.float32 tensor"):
+            syncbn.batchnorm_backward(g, x, mean, inv_std, None, sum_dy, bad, torch.tensor([20]))

@@ -41,11 +41,44 @@ def _rel(op_name, args):
 THREADS = (1, 2, 3)  # torch's intra-op threads for a case: the CPU kernels split work by them
 
 
+class Spec:
+    """What the harness fuzzes under one name: ``draw(d)`` makes a call's arguments,
+    ``routes`` take them, ``reference`` says what they must do, and faults go into the
+    arguments of ``schema``'s op. A native op's spec has the raw route and the
+    reference kernel; a spec of a public autograd route (a forward and its backward)
+    brings its own reference, composed of the reference kernels."""
+
+    def __init__(self, name, draw, routes, reference=None, schema=None, floors=None):
+        self.name, self.draw, self.extra = name, draw, routes
+        self.reference, self.schema = reference, schema or name
+        self.floors = floors  # (args, the reference's outcome) -> {tensor position: magnitude}
+
+    @property
+    def native(self):
+        return self.reference is None
+
+    def routes(self):
+        from core_ops._library import op
+        return {"raw": op(self.name), **self.extra} if self.native else dict(self.extra)
+
+    def want(self):
+        from core_ops.reference import KERNELS as REF
+        return REF[self.name] if self.native else self.reference
+
+
 def specs():
+    """{name: Spec}: every native op, then the public autograd routes of the norms."""
     from specs_multi_tensor import SPECS as multi_tensor
-    from specs_norms import SPECS as norms
+    from specs_norms import FLOORS, SPECS as norms
     from specs_optimizers import SPECS as optimizers
-    return {**multi_tensor, **optimizers, **norms}
+    return {name: Spec(name, *value, floors=FLOORS.get(name))
+            for name, value in {**multi_tensor, **optimizers, **norms}.items()}
+
+
+def _floors(op_name, args, want):
+    import outcome
+    floors = specs()[op_name].floors
+    return floors(args, want) if floors and not isinstance(want[1], outcome.Raised) else None
 
 
 # ---- one case (in the child) ----------------------------------------------------------
@@ -56,42 +89,45 @@ def build_case(op_name, seed, index):
     from bad import mutate
     from draw import Draw
     d = Draw(seed, op_name, index)
-    draw, _ = specs()[op_name]
-    args, what = draw(d), "legal"
+    spec = specs()[op_name]
+    args, what = spec.draw(d), "legal"
     if d.chance(BAD_SHARE):
-        faulty = mutate(d, op_name, args)
+        faulty = mutate(d, spec.schema, args)
         if faulty is not None:
             args, what = faulty
     return args, what, d
 
 
 def routes_of(op_name, only=None):
-    from core_ops._library import op
-    _, extra = specs()[op_name]
-    routes = {"raw": op(op_name), **extra}
+    routes = specs()[op_name].routes()
     return {k: v for k, v in routes.items() if only is None or k in only}
 
 
-def run_case(op_name, seed, index, only_routes=None):
-    """The findings of one case: a list of dicts (empty when all agree). Runs with the
-    case's number of intra-op threads, and leaves the process's as it was."""
+# The routes whose errors are compared by class only: Apex's stand-ins and the classes
+# check their own arguments first and name them as their callers know them.
+OWN_WORDS = ("amp_C", "apex", "class")
+
+
+def run_case(op_name, seed, index, only_routes=None, ran=None):
+    """The findings of one case: a list of dicts (empty when all agree). The routes
+    that could take the call are added to ``ran``. Runs with the case's number of
+    intra-op threads, and leaves the process's as it was."""
     import torch
     threads = torch.get_num_threads()
     try:
-        return _run_case(op_name, seed, index, only_routes)
+        return _run_case(op_name, seed, index, only_routes, [] if ran is None else ran)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_case(op_name, seed, index, only_routes):
+def _run_case(op_name, seed, index, only_routes, ran):
     import torch
 
     import outcome
-    from core_ops.reference import KERNELS as REF
     args, what, d = build_case(op_name, seed, index)
     torch.set_num_threads(d.pick(THREADS))
-    want = outcome.run(REF[op_name], args)
-    rel = _rel(op_name, args)
+    want = outcome.run(specs()[op_name].want(), args)
+    rel, floors = _rel(op_name, args), _floors(op_name, args, want)
     found = []
 
     def note(route, why):
@@ -99,8 +135,12 @@ def _run_case(op_name, seed, index, only_routes):
 
     routes = routes_of(op_name, only_routes)
     for route, fn in routes.items():
-        got = outcome.run(fn, args)
-        why = outcome.compare(got, want, same_message=route != "amp_C", rel=rel)
+        try:
+            got = outcome.run(fn, args)
+        except outcome.NotThisRoute:
+            continue
+        ran.append(route)
+        why = outcome.compare(got, want, same_message=route not in OWN_WORDS, rel=rel, floors=floors)
         if why is None and isinstance(got[1], outcome.Raised) and route == "raw":
             why = _wrote_before_refusing(got[0], args)
         if why:
@@ -116,7 +156,7 @@ def _run_case(op_name, seed, index, only_routes):
         for t in threads:
             t.join()
         for k, got in enumerate(results):
-            why = outcome.compare(got, want, rel=rel)
+            why = outcome.compare(got, want, rel=rel, floors=floors)
             if why:
                 note(f"raw, Python thread {k} of 2", why)
     return found
@@ -142,13 +182,14 @@ def child(only_routes):
     backend = _build.ensure("cpu")
     print(json.dumps({"ready": backend.native, "reason": backend.reason}), flush=True)
     for line in sys.stdin:
-        op_name, seed, index = line.split()
+        op_name, seed, index = line.rstrip("\n").split("\t")
+        ran = []
         try:
-            found = run_case(op_name, int(seed), int(index), only_routes)
+            found = run_case(op_name, int(seed), int(index), only_routes, ran)
         except Exception as e:  # noqa: BLE001: a broken case is a finding too
             found = [{"op": op_name, "seed": int(seed), "case": int(index), "route": "harness",
                       "input": "?", "finding": f"the case itself failed: {type(e).__name__}: {e}"}]
-        print(json.dumps({"done": [op_name, int(seed), int(index)], "found": found}), flush=True)
+        print(json.dumps({"done": [op_name, int(seed), int(index)], "found": found, "ran": ran}), flush=True)
 
 
 # ---- the parent ------------------------------------------------------------------------
@@ -189,18 +230,20 @@ def reproducer(op_name, seed, index):
     return f"python tests/fuzz/run.py --repro {op_name}:{seed}:{index}"
 
 
-def fuzz(seeds, cases=None, seconds=None, ops=None, timeout=120, only_routes=None, say=print):
-    """Runs the cases; returns (findings, {op: cases run}). Ops take turns, case by
-    case, so a time limit covers every op alike."""
+def fuzz(seeds, cases=None, seconds=None, ops=None, timeout=120, only_routes=None, say=print, ran=None):
+    """Runs the cases; returns (findings, {op: cases run}); ``ran`` (a dict) gets
+    {(op, route): cases that route took}. Ops take turns, case by case, so a time
+    limit covers every op alike."""
     names = sorted(ops or specs())
     findings, counts = [], {n: 0 for n in names}
+    ran = {} if ran is None else ran
     child_ = Child(only_routes)
     for seed in seeds:
         start = time.monotonic()
         index = 0
         while (cases is None or index < cases) and (seconds is None or time.monotonic() - start < seconds):
             for op_name in names:
-                child_.proc.stdin.write(f"{op_name} {seed} {index}\n")
+                child_.proc.stdin.write(f"{op_name}\t{seed}\t{index}\n")
                 child_.proc.stdin.flush()
                 answer = child_.read(timeout)
                 counts[op_name] += 1
@@ -213,6 +256,8 @@ def fuzz(seeds, cases=None, seconds=None, ops=None, timeout=120, only_routes=Non
                     say(f"  {op_name} case {index}: {findings[-1]['finding']}")
                     child_ = Child(only_routes)
                     continue
+                for route in answer["ran"]:
+                    ran[op_name, route] = ran.get((op_name, route), 0) + 1
                 for f in answer["found"]:
                     findings.append(f)
                     say(f"  {f['op']} seed {f['seed']} case {f['case']} [{f['route']}; {f['input']}]: {f['finding']}")
@@ -228,7 +273,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=None, help="per seed (default 600 without --cases)")
     parser.add_argument("--cases", type=int, default=None, help="per op and seed")
     parser.add_argument("--ops", default=None, help="comma-separated op names (default: all)")
-    parser.add_argument("--routes", default=None, help="comma-separated: raw, public, amp_C (default: all)")
+    parser.add_argument("--routes", default=None,
+                        help="comma-separated: raw, public, amp_C, apex, class (default: all)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds a case may take (default 120; 300 under CORE_OPS_SANITIZE=1, where a case "
                              "of 2,000 tensors takes 20 s on 2 idle cores)")
@@ -243,7 +289,12 @@ def main():
     seconds = a.seconds if a.seconds is not None or a.cases is not None else 600
     t0 = time.monotonic()
     timeout = a.timeout or (300 if os.environ.get("CORE_OPS_SANITIZE") == "1" else 120)
-    findings, counts = fuzz(a.seeds, a.cases, seconds, a.ops.split(",") if a.ops else None, timeout, only_routes)
+    ran = {}
+    findings, counts = fuzz(a.seeds, a.cases, seconds, a.ops.split(",") if a.ops else None, timeout, only_routes,
+                            ran=ran)
+    for op_name in sorted(counts):
+        taken = ", ".join(f"{route} {n}" for (o, route), n in sorted(ran.items()) if o == op_name)
+        print(f"  {op_name}: {counts[op_name]} cases; routes taken: {taken or 'none'}")
     print(f"fuzz: {sum(counts.values())} cases over {len(counts)} ops, seeds {a.seeds}, "
           f"{time.monotonic() - t0:.0f} s: {len(findings)} findings")
     for f in findings:
@@ -257,7 +308,6 @@ def repro(op_name, seed, index, only_routes):
     import core_ops  # noqa: F401
     import outcome
     from core_ops import _build
-    from core_ops.reference import KERNELS as REF
     print("native:", _build.ensure("cpu").reason)
     args, what, d = build_case(op_name, int(seed), int(index))
     print(f"{op_name} seed {seed} case {index}: {what}")
@@ -267,13 +317,17 @@ def repro(op_name, seed, index, only_routes):
                  if isinstance(t, torch.Tensor) else repr(t) for t in items[:6]]
         print(f"  arg {k}: {'[' if isinstance(a, (list, tuple)) else ''}{', '.join(shown)}"
               f"{f', ... ({len(items)})' if len(items) > 6 else ''}{']' if isinstance(a, (list, tuple)) else ''}")
-    want = outcome.run(REF[op_name], args)
-    rel = _rel(op_name, args)
+    want = outcome.run(specs()[op_name].want(), args)
+    rel, floors = _rel(op_name, args), _floors(op_name, args, want)
     print("  reference:", want[1] if isinstance(want[1], outcome.Raised) else "returned")
     for route, fn in routes_of(op_name, only_routes).items():
-        got = outcome.run(fn, copy.deepcopy(args))
+        try:
+            got = outcome.run(fn, copy.deepcopy(args))
+        except outcome.NotThisRoute as e:
+            print(f"  {route}: not this route's call ({e})")
+            continue
         print(f"  {route}: {got[1] if isinstance(got[1], outcome.Raised) else 'returned'}; "
-              f"{outcome.compare(got, want, same_message=route != 'amp_C', rel=rel) or 'agrees'}")
+              f"{outcome.compare(got, want, same_message=route not in OWN_WORDS, rel=rel, floors=floors) or 'agrees'}")
     found = run_case(op_name, int(seed), int(index), only_routes)
     return 1 if found else 0
 

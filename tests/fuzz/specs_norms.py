@@ -127,14 +127,109 @@ def draw_bn_backward_elemt(d):
             _per_channel(d, c, dtype)]
 
 
-SPECS = {
-    "layer_norm_fwd": (draw_layer_norm_fwd, {}),
-    "layer_norm_bwd": (draw_layer_norm_bwd, {}),
-    "rms_norm_fwd": (draw_rms_norm_fwd, {}),
-    "rms_norm_bwd": (draw_rms_norm_bwd, {}),
-    "fused_add_rms_norm_fwd": (draw_fused_add_rms_norm_fwd, {}),
-    "sync_batch_norm_stats": (draw_bn_stats, {}),
-    "sync_batch_norm_elemt": (draw_bn_elemt, {}),
-    "sync_batch_norm_backward_reduce": (draw_bn_backward_reduce, {}),
-    "sync_batch_norm_backward_elemt": (draw_bn_backward_elemt, {}),
+# ---- a forward and the grads of its outputs (the public autograd routes) ----------------
+
+def draw_layer_norm_autograd(d):
+    args = draw_layer_norm_fwd(d)
+    x, out_dtype = args[0], args[5]
+    return args + [d.values(x.numel(), out_dtype or x.dtype).reshape(x.shape)]
+
+
+def draw_rms_norm_autograd(d):
+    args = draw_rms_norm_fwd(d)
+    x, out_dtype = args[0], args[4]
+    return args + [d.values(x.numel(), out_dtype or x.dtype).reshape(x.shape)]
+
+
+def draw_fused_add_rms_norm_autograd(d):
+    args = draw_fused_add_rms_norm_fwd(d)
+    x = args[0]
+    return args + [d.values(x.numel(), x.dtype).reshape(x.shape) for _ in range(2)]
+
+
+# ---- how large an input grad's terms are --------------------------------------------------
+# A norm's input grad is rstd * (w*g - mean(w*g) - xhat * mean(w*g*xhat)): terms of
+# rstd * |w*g| that cancel, exactly for a row of two (xhat is +-1 there) and nearly
+# for short rows. Its error is a rounding of those terms, so it is compared relative to
+# them, not to what is left after the cancelling.
+
+def _grad_terms(grad, rstd, weight):
+    w = 1.0 if weight is None else max(weight.double().abs().max().item(), 1.0)
+    finite = rstd.double()[rstd.double().isfinite()]
+    top = finite.abs().max().item() if finite.numel() else 0.0
+    return 3.0 * top * grad.double().abs().max().item() * w if grad.numel() else 0.0
+
+
+def _positions(want):
+    from outcome import tensors_of
+    return len(tensors_of(want[0]))
+
+
+def floors_layer_norm_bwd(args, want):
+    grad, _, _, rstd, weight = args[:5]
+    return {_positions(want): _grad_terms(grad, rstd, weight)}
+
+
+def floors_rms_norm_bwd(args, want):
+    grad, _, rstd, weight = args[:4]
+    return {_positions(want): _grad_terms(grad, rstd, weight)}
+
+
+def floors_layer_norm_autograd(args, want):
+    from core_ops.reference import KERNELS as REF
+    rstd = REF["layer_norm_fwd"](*args[:7])[2]
+    return {_positions(want) + 1: _grad_terms(args[7], rstd, args[1])}
+
+
+def floors_rms_norm_autograd(args, want):
+    from core_ops.reference import KERNELS as REF
+    rstd = REF["rms_norm_fwd"](*args[:6])[1]
+    return {_positions(want) + 1: _grad_terms(args[6], rstd, args[1])}
+
+
+def floors_fused_add_rms_norm_autograd(args, want):
+    from core_ops.reference import KERNELS as REF
+    rstd = REF["fused_add_rms_norm_fwd"](*args[:6])[2]
+    terms = _grad_terms(args[6], rstd, args[2]) + (args[7].double().abs().max().item() if args[7].numel() else 0.0)
+    n = _positions(want)
+    return {n + 2: terms, n + 3: terms}
+
+
+FLOORS = {
+    "layer_norm_bwd": floors_layer_norm_bwd,
+    "rms_norm_bwd": floors_rms_norm_bwd,
+    "layer_norm_fwd+bwd": floors_layer_norm_autograd,
+    "rms_norm_fwd+bwd": floors_rms_norm_autograd,
+    "fused_add_rms_norm_fwd+bwd": floors_fused_add_rms_norm_autograd,
 }
+
+
+def _specs():
+    import routes_norms as r
+    native = {
+        "layer_norm_fwd": draw_layer_norm_fwd,
+        "layer_norm_bwd": draw_layer_norm_bwd,
+        "rms_norm_fwd": draw_rms_norm_fwd,
+        "rms_norm_bwd": draw_rms_norm_bwd,
+        "fused_add_rms_norm_fwd": draw_fused_add_rms_norm_fwd,
+        "sync_batch_norm_stats": draw_bn_stats,
+        "sync_batch_norm_elemt": draw_bn_elemt,
+        "sync_batch_norm_backward_reduce": draw_bn_backward_reduce,
+        "sync_batch_norm_backward_elemt": draw_bn_backward_elemt,
+    }
+    specs = {name: (draw, r.ROUTES.get(name, {})) for name, draw in native.items()}
+    # (draw, routes, reference, the op whose schema bad.py puts faults into)
+    specs.update({
+        "layer_norm_fwd+bwd": (draw_layer_norm_autograd, {"public": r.public_layer_norm,
+                                                              "apex": r.apex_layer_norm},
+                                  r.ref_layer_norm, "layer_norm_fwd"),
+        "rms_norm_fwd+bwd": (draw_rms_norm_autograd, {"public": r.public_rms_norm, "apex": r.apex_rms_norm},
+                                r.ref_rms_norm, "rms_norm_fwd"),
+        "fused_add_rms_norm_fwd+bwd": (draw_fused_add_rms_norm_autograd,
+                                          {"public": r.public_fused_add_rms_norm}, r.ref_fused_add_rms_norm,
+                                          "fused_add_rms_norm_fwd"),
+    })
+    return specs
+
+
+SPECS = _specs()

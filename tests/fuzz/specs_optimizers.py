@@ -122,6 +122,34 @@ def draw_lamb_stage1(d):
             d.chance(0.8), d.chance(0.8), d.chance(0.2), grad_scale, found_inf]
 
 
+def draw_lamb_step(d):
+    """Both LAMB stages and the norms between them, as FusedLAMB.step takes them: the
+    first stage's arguments with no updates (the step makes its own), then lr,
+    use_nvlamb and lr_tensor."""
+    args = draw_lamb_stage1(d)
+    args[6] = []
+    lr_tensor, _, _ = _options(d)
+    return args + [d.pick((1e-3, 0.1)), d.chance(0.5), lr_tensor]
+
+
+def ref_lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates, beta1, beta2, eps,
+                  weight_decay, adam_w_mode, bias_correction, grad_averaging, maximize, grad_scale, found_inf, lr,
+                  use_nvlamb, lr_tensor):
+    from core_ops.reference import KERNELS as REF
+    from core_ops.reference.norms import acc_dtype
+    updates = [torch.zeros_like(p, dtype=_state_dtype(p.dtype)) if isinstance(p, torch.Tensor) and
+               p.is_floating_point() else torch.zeros(0) for p in params]
+    REF["fused_lamb_stage1_"](params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates, beta1, beta2,
+                              eps, weight_decay, adam_w_mode, bias_correction, grad_averaging, maximize, grad_scale,
+                              found_inf)
+    if not params:
+        return
+    _, param_norms = REF["multi_tensor_l2norm"](master_params or params, True)
+    _, update_norms = REF["multi_tensor_l2norm"](updates, True)
+    REF["fused_lamb_stage2_"](params, master_params, updates, param_norms.to(acc_dtype(updates[0].dtype)),
+                              update_norms, lr, weight_decay, use_nvlamb, lr_tensor, found_inf)
+
+
 def draw_lamb_stage2(d):
     params, _, dtype = _group(d)
     acc = _state_dtype(dtype)
@@ -137,18 +165,35 @@ def draw_novograd(d):
     params, grads, dtype = _group(d)
     acc = _state_dtype(dtype)
     n = len(params)
+    norm_type = d.pick((0, 2))
+    if d.chance(0.5):  # this step's norms, as the class and amp_C compute them
+        from core_ops.multi_tensor_apply.ops import per_tensor_norms
+        norms = per_tensor_norms(grads, norm_type, acc) if params else torch.zeros(0, dtype=acc)
+    else:
+        norms = (torch.rand(n, generator=d.gen) * 3).to(acc)
     return [params, grads, _state(d, params), [torch.rand(1, generator=d.gen).to(acc) for _ in params],
-            _masters(d, params, dtype), _steps(d, params), (torch.rand(n, generator=d.gen) * 3).to(acc),
-            d.pick((0, 2)), d.pick((1e-3, 0.1)), 0.95, 0.98, 1e-8, d.pick((0.0, 0.01)), d.chance(0.8),
+            _masters(d, params, dtype), _steps(d, params), norms,
+            norm_type, d.pick((1e-3, 0.1)), 0.95, 0.98, 1e-8, d.pick((0.0, 0.01)), d.chance(0.8),
             d.chance(0.5), d.chance(0.8), d.chance(0.5), d.chance(0.2), *_options(d)]
 
 
-SPECS = {
-    "fused_adam_": (draw_adam, {}),
-    "fused_adam_compact_": (draw_adam_compact, {}),
-    "fused_sgd_": (draw_sgd, {}),
-    "fused_adagrad_": (draw_adagrad, {}),
-    "fused_lamb_stage1_": (draw_lamb_stage1, {}),
-    "fused_lamb_stage2_": (draw_lamb_stage2, {}),
-    "fused_novograd_": (draw_novograd, {}),
-}
+def _specs():
+    from routes_optimizers import ROUTES
+    draws = {
+        "fused_adam_": draw_adam,
+        "fused_adam_compact_": draw_adam_compact,
+        "fused_sgd_": draw_sgd,
+        "fused_adagrad_": draw_adagrad,
+        "fused_lamb_stage1_": draw_lamb_stage1,
+        "fused_lamb_stage2_": draw_lamb_stage2,
+        "fused_novograd_": draw_novograd,
+    }
+    specs = {name: (draw, ROUTES.get(name, {})) for name, draw in draws.items()}
+    # FusedLAMB's step reaches both stages with the norms between: (draw, routes,
+    # reference, the op whose schema bad.py puts faults into).
+    specs["fused_lamb_stage1_+stage2_"] = (draw_lamb_step, {"class": ROUTES["lamb step"]}, ref_lamb_step,
+                                           "fused_lamb_stage1_")
+    return specs
+
+
+SPECS = _specs()

@@ -149,9 +149,12 @@ def test_bad_input_in_a_later_group_is_found_before_any_update(device, info):
     opt = info.make([{"params": [w]}, {"params": list(emb.parameters())}])
     w.grad = torch.ones(3, device=device)
     emb(torch.tensor([1, 2], device=device)).sum().backward()
-    # The error says which param: group 1's first, the embedding's (10, 3) weight.
-    with pytest.raises(RuntimeError, match=r"sparse gradients: param_groups\[1\]\['params'\]\[0\] \(shape \(10, 3\)"):
+    # The error says which param: group 1's first, the embedding's (10, 3) weight. It is
+    # a TypeError, as the ops' refusal of a sparse tensor, and a RuntimeError, as
+    # torch.optim's and Apex's.
+    with pytest.raises(RuntimeError, match=r"sparse gradients: param_groups\[1\]\['params'\]\[0\] \(shape \(10, 3\)") as e:
         opt.step()
+    assert isinstance(e.value, TypeError)
     assert torch.equal(w.detach().cpu(), torch.ones(3))
     assert opt.state[w].get("step", torch.zeros(())).item() == 0
 
@@ -180,8 +183,22 @@ def test_strided_params_are_rejected_when_added(info):
     info.make([torch.zeros(3, 4).t().requires_grad_()])  # a permutation is dense: accepted
 
 
+@pytest.mark.parametrize("info", CONTRACT)
+@pytest.mark.parametrize("name", ["grad_scale", "found_inf"])
+def test_a_meta_scale_or_flag_is_refused_before_any_update(info, name):
+    # It holds no value to move to the params' device: torch said "Cannot copy out of
+    # meta tensor" from inside the step.
+    params = [torch.ones(3, requires_grad=True)]
+    opt = info.make(params)
+    params[0].grad = torch.ones(3)
+    with pytest.raises(ValueError, match=f"step\\(\\): {name} is a meta tensor, which holds no value"):
+        opt.step(**{name: torch.ones(1, device="meta")})
+    assert torch.equal(params[0].detach(), torch.ones(3))
+
+
 BAD_GROUPS = [({"lr": -1.0}, "lr must be >= 0"), ({"lr": float("nan")}, "lr must be >= 0"),
-              ({"lr": torch.tensor(-1.0)}, "lr must be >= 0"), ({"eps": -1e-8}, "eps must be >= 0"),
+              ({"lr": torch.tensor(-1.0)}, "lr must be >= 0"),
+              ({"lr": torch.tensor(0.1, device="meta")}, "lr is a meta tensor, which holds no value"), ({"eps": -1e-8}, "eps must be >= 0"),
               ({"eps": float("nan")}, "eps must be >= 0"), ({"weight_decay": -0.1}, "weight_decay")]
 ADAM_LIKE_BAD = [({"betas": (1.5, 0.9)}, r"betas must be in \[0, 1\)"),
                  ({"betas": (0.9, float("nan"))}, r"betas must be in \[0, 1\)"),

@@ -12,21 +12,28 @@ Apex's capturable Adam did (Note [Grads written back unscaled]).
 import torch
 
 from ..._library import op
-from ..._validate import lr_arg, same_layout, state_dtype
+from ..._validate import dense, lr_arg, same_layout, state_dtype
 from ...multi_tensor_apply import ops
 from ._args import tensor_lists_of
 
 
 def _float_state(states, run):
     """Runs ``run(states)`` with the state lists in float32 (core_ops' ops require
-    it), copying the results back into half state lists."""
-    if not states[0] or states[0][0].dtype in (torch.float32, torch.float64):
+    it), copying the results back into half state lists. State of any other kind (a
+    float32 tensor among half ones, an integer or sparse one) goes to the op as it
+    is, which names what is wrong."""
+    if not all(_half_dense(t) for ts in states for t in ts) or not states[0]:
         run(states)
         return
     copies = [[t.float() for t in ts] for ts in states]
     run(copies)
     for ts, cs in zip(states, copies):
         torch._foreach_copy_(ts, cs)
+
+
+def _half_dense(t):
+    return t.dtype in (torch.float16, torch.bfloat16) and t.layout == torch.strided and t.device.type != "meta" \
+        and dense(t)
 
 
 def _steps(params, step):
@@ -56,7 +63,9 @@ def _grads_in(grads, dtype, scaled, run):
     dtype). When ``scaled``, the op writes the unscaled grads back (Note [Grads written
     back unscaled] in csrc/include/core_ops/optimizer_args.h): grads of another dtype
     get them too."""
-    converted = [g if g.dtype == dtype else g.to(dtype) for g in grads]
+    # Only float grads are converted: any other goes to the op as it is, which names it.
+    converted = [g.to(dtype) if g.dtype != dtype and g.is_floating_point() and g.layout == torch.strided
+                 and g.device.type != "meta" else g for g in grads]
     run(converted)
     moved = [(g, c) for g, c in zip(grads, converted) if c is not g]
     if scaled and moved:
@@ -149,6 +158,18 @@ def _clip_divisor(global_grad_norm, max_grad_norm, device):
     return torch.where(norm > limit, norm / limit, torch.ones((), device=device))
 
 
+def _in_place(update, param):
+    """Whether the op takes Apex's ``update`` of ``param`` as it is: in the state dtype,
+    laid out as the param. (Apex kept updates in the param's dtype; those are
+    converted. A sparse or meta tensor goes to the op as it is, which names it.)"""
+    if update.layout != torch.strided or param.layout != torch.strided or "meta" in (update.device.type,
+                                                                                     param.device.type):
+        return True
+    if not dense(update):  # an expanded or gapped update: the op says which
+        return True
+    return update.dtype == state_dtype(param.dtype) and same_layout(update, param)
+
+
 def _lamb_stage1(g, p, m, v, masters, updates, step, beta1, beta2, epsilon, weight_decay,
                  adam_w_mode, bias_correction, grad_averaging, grad_divisor, found_inf):
     _grads_in(g, p[0].dtype, grad_divisor is not None, lambda grads: _float_state(
@@ -238,7 +259,7 @@ def multi_tensor_lamb_stage1_cuda(chunk_size, noop_flag, tensor_lists, per_tenso
         at = [i for i, d in enumerate(decays) if d == decay]
         pick = [[ts[i] for i in at] for ts in (g, p, m, v, u)]
         ps, out = pick[1], pick[4]
-        direct = all(o.dtype == state_dtype(q.dtype) and same_layout(o, q) for o, q in zip(out, ps))
+        direct = all(_in_place(o, q) for o, q in zip(out, ps))
         updates = out if direct else [torch.empty_like(q, dtype=state_dtype(q.dtype)) for q in ps]
         _lamb_stage1(pick[0], ps, pick[2], pick[3], [], updates, step, beta1, beta2, epsilon,
                      decay, True, True, True, divisor, None)
@@ -254,8 +275,8 @@ def multi_tensor_lamb_stage2_cuda(chunk_size, noop_flag, tensor_lists, per_tenso
     p, u = tensor_lists_of(tensor_lists, (2,), "multi_tensor_lamb_stage2_cuda")
     if not p:
         return
-    updates = [x if x.dtype == state_dtype(q.dtype) and same_layout(x, q)
-               else torch.empty_like(q, dtype=state_dtype(q.dtype)).copy_(x) for x, q in zip(u, p)]
+    updates = [x if _in_place(x, q) else torch.empty_like(q, dtype=state_dtype(q.dtype)).copy_(x)
+               for x, q in zip(u, p)]
     _lamb_stage2(p, [], updates, lr, weight_decay, bool(use_nvlamb_python), None,
                  per_tensor_param_norm, per_tensor_update_norm)
 

@@ -57,9 +57,12 @@ def batchnorm_backward(grad_output, input, mean, inv_std, weight, sum_dy, sum_dy
     API before 2020 took the global means and no count; with ``reduce_bn`` returning
     sums now, a call in the old form fails for the missing ``count`` rather than
     taking sums for means.)"""
-    total = count.sum().to(sum_dy.dtype)
+    total = count.sum()
+
+    def mean_of(s):  # a sum that is not a floating tensor goes to the op as it is, which names it
+        return s / total.to(s.dtype) if isinstance(s, torch.Tensor) and s.is_floating_point() else s
     return _ops(input)("sync_batch_norm_backward_elemt")(grad_output, input, mean, inv_std, weight,
-                                                         sum_dy / total, sum_dy_xmu / total)
+                                                         mean_of(sum_dy), mean_of(sum_dy_xmu))
 
 
 def welford_mean_var_c_last(input):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ....._validate import SparseGradError
 from ....apex_extensions import fused_adam_cuda
 from ._grouped import per_group
 
@@ -53,8 +54,8 @@ class FusedAdam(torch.optim.Optimizer):
                         continue
                     grad = p.grad
                 if grad.is_sparse:
-                    raise RuntimeError("FusedAdam does not support sparse gradients, please consider "
-                                       "SparseAdam instead")
+                    raise SparseGradError("FusedAdam does not support sparse gradients, please consider "
+                                          "SparseAdam instead")
                 state = self.state[p]
                 if not state:
                     state["step"] = 0
