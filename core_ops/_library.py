@@ -23,7 +23,7 @@ import torch
 from ._boundary import checked, has_boundary
 from ._validate import (batch_norm_acc_dtype, check_arg_to_check, check_update_scale_tensors, loss_scale_args, check_batch_norm_args, check_compact_adam_lists, check_lists, check_norm_args,
                         check_norm_bwd_args, check_residual,
-                        check_optimizer_lists, check_per_tensor_state)
+                        check_lamb_norms, check_optimizer_lists, check_per_tensor_state)
 
 LIB_NAME = "core_ops"
 _lib = torch.library.Library(LIB_NAME, "DEF")
@@ -298,6 +298,7 @@ def _(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates, beta1
 def _(params, master_params, updates, param_norms, update_norms, lr, weight_decay, use_nvlamb,
       lr_tensor, found_inf):
     check_optimizer_lists(params, params, None, updates=updates, master_params=master_params or None)
+    check_lamb_norms(params, param_norms, update_norms)
 
 
 @_fake("fused_novograd_")

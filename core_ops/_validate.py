@@ -64,13 +64,14 @@ def same_layout(a, b):
         sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape) if n != 1)
 
 
-def check_lists(*named_lists, floating=True):
+def check_lists(*named_lists, floating=True, doubles_apart=True):
     """The per-tensor checks, for the reference and fake kernels; the C++ kernels make
     the same checks with the same wording (core_ops/tensor_lists.h), where a Python
     loop over thousands of tensors would cost more than the op.
 
     Every tensor dense and on the first tensor's device; one dtype per list, floating;
-    shapes equal index by index to the first list; float64 lists not mixed with others.
+    shapes equal index by index to the first list; float64 lists not mixed with others
+    (``doubles_apart``; an optimizer's state says its dtype in its own words instead).
     """
     named_lists = [(n, ts) for n, ts in named_lists]
     ref_name, ref = named_lists[0]
@@ -96,9 +97,10 @@ def check_lists(*named_lists, floating=True):
             raise TypeError(f"{name}: expected float32, float16, bfloat16 or float64 "
                             f"tensors, got {ts[0].dtype}")
     doubles = {ts[0].dtype == torch.float64 for _, ts in named_lists if ts}
-    if len(doubles) > 1:
-        names = ", ".join(n for n, _ in named_lists)
-        raise TypeError(f"{names}: float64 lists cannot be mixed with other dtypes")
+    if doubles_apart and len(doubles) > 1:
+        names = [n for n, _ in named_lists]
+        said = f"{', '.join(names[:-1])} and {names[-1]}"  # tensor_lists.h's all_or_no_double words
+        raise TypeError(f"{said}: float64 lists cannot be mixed with other dtypes")
 
 
 def flag(found_inf, device):
@@ -158,7 +160,7 @@ def check_optimizer_lists(params, grads, steps, **states):
     checks for the C++ kernels, in their order: the params' dtype kind last, where the
     kernels find it (picking a kernel for it). ``states`` maps a list's name to the
     list, or to None for an optional list that is absent."""
-    check_lists(("params", params), ("grads", grads), floating=False)
+    check_lists(("params", params), ("grads", grads), floating=False, doubles_apart=False)
     if not params:
         return
     if params[0].dtype != grads[0].dtype:
@@ -175,7 +177,7 @@ def check_optimizer_lists(params, grads, steps, **states):
         if ts is None:
             continue
         same_length(params, "params", ts, name)
-        check_lists(("params", params), (name, ts), floating=False)  # its dtype: the line below
+        check_lists(("params", params), (name, ts), floating=False, doubles_apart=False)  # its dtype: below
         if ts[0].dtype != want:
             raise TypeError(f"{name} must be {want} for {params[0].dtype} params, got {ts[0].dtype}")
     if states.get("master_params") and params[0].dtype == torch.float64:
@@ -187,6 +189,16 @@ def check_optimizer_lists(params, grads, steps, **states):
             if ts and not same_layout(ts[i], p):
                 raise ValueError(f"{name}[{i}] must have the strides of params[{i}] {list(p.stride())}, "
                                  f"got {list(ts[i].stride())}")
+
+
+def check_lamb_norms(params, param_norms, update_norms):
+    """LAMB stage 2's per-tensor norms, in optimizer_ops.h's words."""
+    if not params:
+        return
+    want, device = state_dtype(params[0].dtype), params[0].device
+    for norms in (param_norms, update_norms):
+        if norms.numel() != len(params) or norms.device != device or norms.dtype != want:
+            raise ValueError(f"param_norms and update_norms must hold one {want} norm per param on {device}")
 
 
 def check_dense_params(params):
@@ -350,7 +362,7 @@ def _check_like_params(params, ts, name, dtypes, dtype_words):
     the param's order), on its device, all of one dtype among ``dtypes``; in the words
     of compact_state_args.h's check_like_params."""
     same_length(params, "params", ts, name)
-    check_lists(("params", params), (name, ts), floating=False)
+    check_lists(("params", params), (name, ts), floating=False, doubles_apart=False)
     for i, (p, t) in enumerate(zip(params, ts)):
         if not same_layout(t, p):
             raise ValueError(f"{name}[{i}] must have the shape and strides of params[{i}] {list(p.stride())}, "

@@ -58,8 +58,8 @@ def _fits(params, *lists, steps=None):
         return False
     if not all(all(map(torch.Tensor.is_contiguous, ts)) for ts in lists):
         return False
-    return steps is None or (len(steps) == n and {(s.dtype, s.device, s.numel()) for s in steps}
-                             == {(torch.float32, first.device, 1)})
+    return steps is None or (len(steps) == n and {(s.dtype, s.device, s.layout, s.numel()) for s in steps}
+                             == {(torch.float32, first.device, torch.strided, 1)})
 
 
 def _flag(found_inf):

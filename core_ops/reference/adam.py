@@ -52,6 +52,17 @@ def power(base, exponent):
         return math.copysign(math.inf, base) if exponent % 2 else math.inf
 
 
+def divide(a, b):
+    """a / b as C's double division: +-inf or nan for b == 0 (a beta of -1 makes a bias
+    correction 0), not a ZeroDivisionError."""
+    try:
+        return a / b
+    except ZeroDivisionError:
+        if a == 0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, a) * math.copysign(1.0, b)
+
+
 def _sqrt(x):
     """math.sqrt as C's sqrt: nan for a negative (a beta > 1), not an error."""
     return math.sqrt(x) if x >= 0 else float("nan")
@@ -111,7 +122,7 @@ def adam_update_(x, g, m, v, vmax, step, lr, beta1, beta2, eps, weight_decay, ad
         vmax.copy_(vmax.maximum(v))
         second = vmax
     denom = correctly_rounded_sqrt(second).div_(bc2_sqrt).add_(eps)
-    x.add_(m.mul(-(lr / bc1)).div_(denom))
+    x.add_(m.mul(-divide(lr, bc1)).div_(denom))
 
 
 KERNELS = {"fused_adam_": fused_adam_}

@@ -8,7 +8,7 @@ import math
 import torch
 
 from .._validate import check_optimizer_lists, check_per_tensor_state
-from .adam import _sqrt, power, scaled_grad, step_lr, weights_in_state_dtype, write_back
+from .adam import _sqrt, divide, power, scaled_grad, step_lr, weights_in_state_dtype, write_back
 
 
 def fused_novograd_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type,
@@ -36,7 +36,7 @@ def fused_novograd_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, 
         layer_norm = v.item() if norm_type == 0 else _sqrt(v.item())
         # 0-d tensors, not Python floats: torch would turn some scalar divisions into
         # multiplications by the reciprocal, the kernel divides.
-        denom = torch.tensor(layer_norm / _sqrt(bc2) + eps, dtype=m.dtype, device=m.device)
+        denom = torch.tensor(divide(layer_norm, _sqrt(bc2)) + eps, dtype=m.dtype, device=m.device)
         bc1 = torch.tensor(bc1, dtype=m.dtype, device=m.device)
         weights, p = weights_in_state_dtype(param, master_params, i)
         g = scaled_grad(grads[i], m.dtype, grad_scale, maximize)

@@ -265,7 +265,7 @@ def class_adam_compact(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, e
     need(state_dtype is not None, "moments of a dtype the class keeps")
     if kind == torch.uint8:  # the class's own maps, block maxima beside the codes
         _same_lengths(params, exp_avg_absmaxes, exp_avg_sq_absmaxes)
-        need(all(isinstance(m, torch.Tensor) for m in (exp_avg_map, exp_avg_sq_map)), "both maps")
+        need(all(_plain(m, 256) and m.dtype == torch.float32 for m in (exp_avg_map, exp_avg_sq_map)), "both maps")
         need(torch.equal(exp_avg_map, dynamic_map(True)) and torch.equal(exp_avg_sq_map, dynamic_map(False)),
              "maps other than the class's")
     else:

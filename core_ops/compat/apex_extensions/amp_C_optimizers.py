@@ -17,12 +17,14 @@ from ...multi_tensor_apply import ops
 from ._args import tensor_lists_of
 
 
-def _float_state(states, run):
+def _float_state(states, run, weights):
     """Runs ``run(states)`` with the state lists in float32 (core_ops' ops require
-    it), copying the results back into half state lists. State of any other kind (a
-    float32 tensor among half ones, an integer or sparse one) goes to the op as it
-    is, which names what is wrong."""
-    if not all(_half_dense(t) for ts in states for t in ts) or not states[0]:
+    it), copying the results back into half state lists: Apex kept the state of half
+    ``weights`` in their dtype. State of any other kind (a float32 tensor among half
+    ones, another half dtype, an integer or sparse one) goes to the op as it is,
+    which names what is wrong."""
+    dtype = weights[0].dtype if weights else None
+    if not states[0] or not all(_half_dense(t) and t.dtype == dtype for ts in states for t in ts):
         run(states)
         return
     copies = [[t.float() for t in ts] for ts in states]
@@ -77,7 +79,7 @@ def _adam(g, p, m, v, masters, lr, beta1, beta2, epsilon, step, mode, bias_corre
     lr, lr_tensor = lr_arg(lr, p[0].device)
     _float_state([m, v], lambda s: op("fused_adam_")(
         p, g, s[0], s[1], [], masters, _steps(p, step), lr, beta1, beta2, epsilon, weight_decay,
-        bool(mode), bool(bias_correction), False, False, lr_tensor, grad_scale, found_inf))
+        bool(mode), bool(bias_correction), False, False, lr_tensor, grad_scale, found_inf), p)
 
 
 def multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, epsilon, step, mode,
@@ -133,7 +135,7 @@ def multi_tensor_sgd(chunk_size, noop_flag, tensor_lists, wd, momentum, dampenin
         [m], lambda s: op("fused_sgd_")(
             params, grads, s[0] if momentum else [], masters, float(_value(lr)), momentum,
             dampening, wd, bool(nesterov), bool(wd_after_momentum), bool(first_run), False, None,
-            grad_scale, noop_flag)))
+            grad_scale, noop_flag), p))
 
 
 def multi_tensor_adagrad(chunk_size, noop_flag, tensor_lists, lr, epsilon, mode, weight_decay):
@@ -144,7 +146,7 @@ def multi_tensor_adagrad(chunk_size, noop_flag, tensor_lists, lr, epsilon, mode,
         return
     _float_state([h], lambda s: op("fused_adagrad_")(
         p, g, s[0], [], _steps(p, 1), float(_value(lr)), 0.0, epsilon, weight_decay, bool(mode),
-        False, None, None, None))
+        False, None, None, None), p)
 
 
 # ---- LAMB ---------------------------------------------------------------------------
@@ -158,6 +160,13 @@ def _clip_divisor(global_grad_norm, max_grad_norm, device):
     return torch.where(norm > limit, norm / limit, torch.ones((), device=device))
 
 
+def _one_dtype(ts):
+    """The dtype of every tensor of ``ts``, or None where they differ (Apex's kernels
+    took one dtype a list: such a list goes to the op as it is, which names it)."""
+    dtypes = {t.dtype for t in ts}
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
 def _in_place(update, param):
     """Whether the op takes Apex's ``update`` of ``param`` as it is: in the state dtype,
     laid out as the param. (Apex kept updates in the param's dtype; those are
@@ -165,7 +174,7 @@ def _in_place(update, param):
     if update.layout != torch.strided or param.layout != torch.strided or "meta" in (update.device.type,
                                                                                      param.device.type):
         return True
-    if not dense(update):  # an expanded or gapped update: the op says which
+    if not dense(update) or not update.is_floating_point():  # expanded, gapped, not float: the op says which
         return True
     return update.dtype == state_dtype(param.dtype) and same_layout(update, param)
 
@@ -176,7 +185,7 @@ def _lamb_stage1(g, p, m, v, masters, updates, step, beta1, beta2, epsilon, weig
         [m, v], lambda s: op("fused_lamb_stage1_")(
             p, grads, s[0], s[1], masters, _steps(p, step), updates, beta1, beta2, epsilon,
             weight_decay, bool(adam_w_mode), bool(bias_correction), bool(grad_averaging), False,
-            grad_divisor, found_inf)))
+            grad_divisor, found_inf), p))
 
 
 def _lamb_stage2(p, masters, updates, lr, weight_decay, use_nvlamb, found_inf, param_norms=None,
@@ -259,7 +268,7 @@ def multi_tensor_lamb_stage1_cuda(chunk_size, noop_flag, tensor_lists, per_tenso
         at = [i for i, d in enumerate(decays) if d == decay]
         pick = [[ts[i] for i in at] for ts in (g, p, m, v, u)]
         ps, out = pick[1], pick[4]
-        direct = all(_in_place(o, q) for o, q in zip(out, ps))
+        direct = _one_dtype(out) is None or all(_in_place(o, q) for o, q in zip(out, ps))
         updates = out if direct else [torch.empty_like(q, dtype=state_dtype(q.dtype)) for q in ps]
         _lamb_stage1(pick[0], ps, pick[2], pick[3], [], updates, step, beta1, beta2, epsilon,
                      decay, True, True, True, divisor, None)
@@ -275,8 +284,8 @@ def multi_tensor_lamb_stage2_cuda(chunk_size, noop_flag, tensor_lists, per_tenso
     p, u = tensor_lists_of(tensor_lists, (2,), "multi_tensor_lamb_stage2_cuda")
     if not p:
         return
-    updates = [x if _in_place(x, q) else torch.empty_like(q, dtype=state_dtype(q.dtype)).copy_(x)
-               for x, q in zip(u, p)]
+    updates = u if _one_dtype(u) is None else [
+        x if _in_place(x, q) else torch.empty_like(q, dtype=state_dtype(q.dtype)).copy_(x) for x, q in zip(u, p)]
     _lamb_stage2(p, [], updates, lr, weight_decay, bool(use_nvlamb_python), None,
                  per_tensor_param_norm, per_tensor_update_norm)
 
@@ -313,6 +322,6 @@ def multi_tensor_novograd(chunk_size, noop_flag, tensor_lists, grad_norms, lr, b
     _float_state([m], lambda s: op("fused_novograd_")(
         p, g, s[0], list(kept.unbind(0)), [], _steps(p, step), norms, norm_type,
         lr, beta1, beta2, epsilon, weight_decay, bool(bias_correction), mode == 0,
-        bool(grad_averaging), True, False, lr_tensor, None, None))
+        bool(grad_averaging), True, False, lr_tensor, None, None), p)
     kept = kept.reshape(grad_norms.shape)
     grad_norms.copy_(kept.sqrt() if norm_type == 2 else kept)
