@@ -357,16 +357,19 @@ def check_residual(input, residual):
 COMPACT_STATE_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)
 
 
-def _check_like_params(params, ts, name, dtypes, dtype_words):
+def _check_like_params(params, ts, name):
     """``ts``: one tensor per param, of its shape and strides (state walks memory in
-    the param's order), on its device, all of one dtype among ``dtypes``; in the words
-    of compact_state_args.h's check_like_params."""
+    the param's order), on its device, of one dtype; in the words of
+    compact_state_args.h's check_like_params (its dtype is checked after)."""
     same_length(params, "params", ts, name)
     check_lists(("params", params), (name, ts), floating=False, doubles_apart=False)
     for i, (p, t) in enumerate(zip(params, ts)):
         if not same_layout(t, p):
             raise ValueError(f"{name}[{i}] must have the shape and strides of params[{i}] {list(p.stride())}, "
                              f"got {list(t.stride())}")
+
+
+def _check_dtype_kind(ts, name, dtypes, dtype_words):
     if ts[0].dtype not in dtypes:
         raise TypeError(f"{name}: expected {dtype_words} tensors, got {ts[0].dtype}")
 
@@ -395,8 +398,9 @@ def check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_av
         raise TypeError(f"params: compact Adam state is for float32, float16 or bfloat16 params, got "
                         f"{params[0].dtype}")
     check_dense_params(params)
-    _check_like_params(params, exp_avgs, "exp_avgs", COMPACT_STATE_DTYPES, "float32, bfloat16 or uint8")
-    _check_like_params(params, exp_avg_sqs, "exp_avg_sqs", COMPACT_STATE_DTYPES, "float32, bfloat16 or uint8")
+    _check_like_params(params, exp_avgs, "exp_avgs")
+    _check_like_params(params, exp_avg_sqs, "exp_avg_sqs")
+    _check_dtype_kind(exp_avgs, "exp_avgs", COMPACT_STATE_DTYPES, "float32, bfloat16 or uint8")
     if exp_avg_sqs[0].dtype != exp_avgs[0].dtype:
         raise TypeError(f"exp_avg_sqs have dtype {exp_avg_sqs[0].dtype} but exp_avgs {exp_avgs[0].dtype}")
     quantized = exp_avgs[0].dtype == torch.uint8
@@ -419,7 +423,8 @@ def check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_av
                              f"{params[0].device} for uint8 moments")
         _check_map_values(qmap, f"{name}_map")
     if master_params:
-        _check_like_params(params, master_params, "master_params", (torch.float32, torch.int16), "float32 or int16")
+        _check_like_params(params, master_params, "master_params")
+        _check_dtype_kind(master_params, "master_params", (torch.float32, torch.int16), "float32 or int16")
         if master_params[0].dtype == torch.int16 and params[0].dtype != torch.bfloat16:
             raise TypeError(f"master_params: int16 remainders are for bfloat16 params, got {params[0].dtype} "
                             "params")

@@ -10,7 +10,7 @@ def fused_lamb_stage1_(params, grads, exp_avgs, exp_avg_sqs, master_params, step
                        maximize, grad_scale, found_inf):
     check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
                           updates=updates, master_params=master_params or None)
-    if found_inf is not None and found_inf.item() > 0:
+    if not params or (found_inf is not None and found_inf.item() > 0):  # an empty call reads nothing
         return
     beta3 = 1 - beta1 if grad_averaging else 1.0
     for i, param in enumerate(params):

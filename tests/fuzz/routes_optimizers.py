@@ -40,12 +40,16 @@ def _storage(t):
     return t.untyped_storage().data_ptr()
 
 
-def _common_step(steps, params):
+def _common_step(steps, params, *others):
     """The one count every param's step counter holds (Apex keeps one per group, and
-    the counters made from it are the adapter's own)."""
+    the counters made from it are the adapter's own: none may share memory with
+    another tensor of the call, ``others`` being the call's lone tensors)."""
     need(len(steps) == len(params) and steps, "per-param step counters")
     need(all(_plain(s) and s.dtype == torch.float32 for s in steps), "float32 host step counters")
     need(len({_storage(s) for s in steps}) == len(steps), "step counters that share memory")
+    lone = {_storage(t) for t in others if isinstance(t, torch.Tensor) and t.layout == torch.strided
+            and t.device.type == "cpu"}
+    need(not lone & {_storage(s) for s in steps}, "a step counter that is another argument")
     values = {s.item() for s in steps}
     need(len(values) == 1, "step counters that differ")
     return values.pop()
@@ -78,13 +82,16 @@ def _same_lengths(params, *lists, may_be_empty=()):
 
 
 # ---- amp_C ----------------------------------------------------------------------------
+# Apex's functions return at once on empty lists: a raw call with no params (whose lone
+# tensors the op still checks) is not theirs.
 
 def amp_c_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr, beta1, beta2,
                eps, weight_decay, adam_w_mode, bias_correction, amsgrad, maximize, lr_tensor, grad_scale,
                found_inf):
+    need(params, "no params")
     need(not amsgrad and not max_exp_avg_sqs and not maximize, "amsgrad or maximize")
     _same_lengths(params, grads, exp_avgs, exp_avg_sqs, master_params, may_be_empty=(3,))
-    step = _common_step(steps, params) + 1
+    step = _common_step(steps, params, lr_tensor, grad_scale, found_inf) + 1
     amp_c = _amp_c()
     lr_ = lr if lr_tensor is None else lr_tensor
     if not master_params and found_inf is None:
@@ -104,6 +111,7 @@ def amp_c_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_par
 
 def amp_c_sgd(params, grads, momentum_buffers, master_params, lr, momentum, dampening, weight_decay, nesterov,
               wd_after_momentum, first_step, maximize, lr_tensor, grad_scale, found_inf):
+    need(params, "no params")
     need(not maximize and lr_tensor is None, "maximize or a device lr")
     need(bool(momentum_buffers) == bool(momentum), "momentum buffers exactly with momentum")
     need(not master_params or momentum_buffers, "masters without momentum (Apex's lists hold both)")
@@ -119,6 +127,7 @@ def amp_c_sgd(params, grads, momentum_buffers, master_params, lr, momentum, damp
 
 def amp_c_adagrad(params, grads, state_sums, master_params, steps, lr, lr_decay, eps, weight_decay, adagrad_w_mode,
                   maximize, lr_tensor, grad_scale, found_inf):
+    need(params, "no params")
     # Apex's Adagrad has no step count: its lr never decays.
     need(lr_decay == 0.0 and not master_params and not maximize, "lr decay, masters or maximize")
     need(lr_tensor is None and grad_scale is None and found_inf is None, "a device lr, a scale or a flag")
@@ -131,6 +140,7 @@ def amp_c_adagrad(params, grads, state_sums, master_params, steps, lr, lr_decay,
 
 def amp_c_lamb_stage1(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates, beta1, beta2, eps,
                       weight_decay, adam_w_mode, bias_correction, grad_averaging, maximize, grad_scale, found_inf):
+    need(params, "no params")
     need(adam_w_mode and bias_correction and grad_averaging and not maximize, "a LAMB Apex's stage 1 does not do")
     need(not master_params and found_inf is None, "masters or a flag")
     _same_lengths(params, grads, exp_avgs, exp_avg_sqs, updates)
@@ -139,7 +149,7 @@ def amp_c_lamb_stage1(params, grads, exp_avgs, exp_avg_sqs, master_params, steps
     # is the raw op's only where no conversion happens.
     need(all(isinstance(u, torch.Tensor) and isinstance(p, torch.Tensor) and u.dtype == state_dtype(p.dtype)
              and same_layout(u, p) for u, p in zip(updates, params)), "updates amp_C would convert")
-    step = _common_step(steps, params)
+    step = _common_step(steps, params, grad_scale)
     # Apex's clipping divides the grads by global_norm / max_norm where it exceeds it:
     # a scale of s >= 1 is global_norm s against max_norm 1.
     norm = 0.0 if grad_scale is None else _inverse(_inverse(grad_scale)).item()
@@ -153,7 +163,11 @@ def amp_c_lamb_stage1(params, grads, exp_avgs, exp_avg_sqs, master_params, steps
 
 def amp_c_lamb_stage2(params, master_params, updates, param_norms, update_norms, lr, weight_decay, use_nvlamb,
                       lr_tensor, found_inf):
+    need(params, "no params")
+    from core_ops._validate import same_layout, state_dtype
     need(not master_params and found_inf is None, "masters or a flag")
+    need(all(isinstance(u, torch.Tensor) and isinstance(p, torch.Tensor) and u.dtype == state_dtype(p.dtype)
+             and same_layout(u, p) for u, p in zip(updates, params)), "updates amp_C would convert")
     _amp_c().multi_tensor_lamb_stage2_cuda(CHUNK, torch.zeros(1, dtype=torch.int32), [params, updates],
                                            param_norms, update_norms, lr if lr_tensor is None else lr_tensor,
                                            weight_decay, use_nvlamb)
@@ -162,6 +176,7 @@ def amp_c_lamb_stage2(params, master_params, updates, param_norms, update_norms,
 def amp_c_novograd(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type, lr, beta1,
                    beta2, eps, weight_decay, bias_correction, reg_inside_moment, grad_averaging, init_zero, maximize,
                    lr_tensor, grad_scale, found_inf):
+    need(params, "no params")
     from core_ops.multi_tensor_apply import ops
     need(init_zero and not maximize and not master_params, "a first step taken from the grad, maximize or masters")
     need(grad_scale is None and found_inf is None, "a scale or a flag")
