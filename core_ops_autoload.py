@@ -13,23 +13,45 @@ executing, the plugin is imported (and a ``module:function`` hook called); a plu
 that fails to import warns and leaves the host's import alone.
 
 This module is top-level and imports only the standard library: importing
-``core_ops`` (and torch) from a ``.pth`` would slow every Python process.
+``core_ops`` (and torch) from a ``.pth`` would slow every Python process. Start-up
+reads no setting either: the settings are read when a host is imported, from
+``core_ops/settings.py`` loaded alone (``settings()``: it imports only the standard
+library; about 15 ms, next to the host's seconds).
 """
 
-import os
 import sys
 
 OFF = "CORE_OPS_AUTOLOAD"
+_SETTINGS = []
+
+
+def settings():
+    """core_ops' settings (``core_ops/settings.py``), without importing core_ops: the
+    package's own module when core_ops is imported, else a private copy of it."""
+    if "core_ops.settings" in sys.modules:
+        return sys.modules["core_ops.settings"]
+    if not _SETTINGS:
+        import importlib.util
+        import os
+        package = importlib.util.find_spec("core_ops")  # finds, does not import
+        path = os.path.join(package.submodule_search_locations[0], "settings.py")
+        spec = importlib.util.spec_from_file_location("_core_ops_autoload_settings", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while it runs
+        spec.loader.exec_module(module)
+        _SETTINGS.append(module)
+    return _SETTINGS[0]
 
 
 def enabled():
-    """Off only for ``CORE_OPS_AUTOLOAD=0``. Another value than 0 or 1 warns here (at
-    start-up an error would stop every Python process) and ``import core_ops`` refuses it."""
-    value = os.environ.get(OFF, "1").strip()
-    if value not in ("0", "1", ""):
+    """Off only for ``CORE_OPS_AUTOLOAD=0``. Another value than 0 or 1 warns here (an
+    error would stop the host's import) and ``import core_ops`` refuses it."""
+    try:
+        return settings().core("autoload") != "0"
+    except ValueError as e:
         import warnings
-        warnings.warn(f"{OFF}={os.environ[OFF]!r} is not 0 or 1: autoload stays on", stacklevel=2)
-    return value != "0"
+        warnings.warn(f"{e}: autoload stays on", stacklevel=2)
+        return True
 
 
 def when_imported(hosts, plugin, only_if_set=None):
@@ -45,11 +67,8 @@ def when_imported(hosts, plugin, only_if_set=None):
     loads the plugin, which refuses a variable it reads set without ``only_if_set``; a
     plugin asked for through ``only_if_set`` that fails to load fails the host's
     import with the variable's name instead of warning, and its message stays the last
-    line the user reads (``said_last``)."""
-    if not enabled():
-        return
-    if only_if_set and not any(k.startswith("CORE_OPS_") for k in os.environ):
-        return
+    line the user reads (``said_last``). Whether autoload is on, and whether a
+    variable is set, is read when the host is imported (start-up reads nothing)."""
     if any(isinstance(f, _HostFinder) and f.plugin == plugin for f in sys.meta_path):
         return
     sys.meta_path.insert(0, _HostFinder(hosts, plugin, only_if_set))
@@ -91,7 +110,10 @@ class _HostFinder:  # a meta path finder: find_spec is all the import system ask
         importing = sys.modules.get(module)
         if importing is not None and getattr(getattr(importing, "__spec__", None), "_initializing", False):
             return  # the plugin imports the host itself (python -m core_ops_accelerate): it is loading
-        requested = bool(self.only_if_set and os.environ.get(self.only_if_set))
+        if not enabled() or (self.only_if_set and not settings().any_set()):
+            return
+        asked_with = settings().variable(self.only_if_set) if self.only_if_set else None
+        requested = asked_with is not None
         try:
             # Every name is checked; the plugin then loads whenever a variable is set, so
             # that one it reads without the one that switches it on stops the run too.
@@ -103,7 +125,7 @@ class _HostFinder:  # a meta path finder: find_spec is all the import system ask
             # Note [Settings that stop the run]: a setting that cannot take effect stops
             # the run; otherwise the user's import of the host must not fail for us.
             if requested or type(e).__name__ == "BadEnvironment":
-                asked = (f"{self.only_if_set}={os.environ[self.only_if_set]!r} asks for {module}"
+                asked = (f"{self.only_if_set}={asked_with!r} asks for {module}"
                          if requested else "the CORE_OPS_* settings")
                 message = f"core-ops: {asked}, which failed: {type(e).__name__}: {e}"
                 said_last(message)

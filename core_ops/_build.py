@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from . import _cache_trust, _cpu_build, _cuda_toolkit, _wheel_library
+from . import _cache_trust, _cpu_build, _cuda_toolkit, _wheel_library, settings
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 KINDS = ("cpu", "cuda")
@@ -49,18 +49,11 @@ class Backend:
 _backends: dict[str, Backend] = {}
 
 
-BACKENDS = ("auto", "jit", "reference")  # CORE_OPS_BACKEND's values; unset means auto
-
-
 def forced_reference() -> bool:
-    """Whether CORE_OPS_BACKEND asks for the pure-PyTorch reference everywhere. Any value
-    but those of BACKENDS is refused: a typo (``refernce``) must not run native kernels
-    without a word."""
-    value = os.environ.get("CORE_OPS_BACKEND", "").strip().lower()
-    if value not in ("", *BACKENDS):
-        raise ValueError(f"CORE_OPS_BACKEND={os.environ['CORE_OPS_BACKEND']!r} is not one of "
-                         f"{', '.join(BACKENDS)} (unset: auto, the fastest tier each op has)")
-    return value == "reference"
+    """Whether CORE_OPS_BACKEND asks for the pure-PyTorch reference everywhere (a value
+    outside the setting's is refused by it: a typo must not run native kernels
+    without a word)."""
+    return settings.core("backend") == "reference"
 
 
 def _default_root() -> Path:
@@ -70,8 +63,8 @@ def _default_root() -> Path:
 
 def cache_root() -> Path:
     """The cache the settings name (CORE_OPS_CACHE_DIR, else the user's cache folder)."""
-    env = os.environ.get("CORE_OPS_CACHE_DIR")
-    return Path(env).expanduser() if env else _default_root()
+    folder = settings.core("cache_dir")
+    return Path(folder).expanduser() if folder else _default_root()
 
 
 def cache() -> tuple[Path, str | None]:
@@ -218,7 +211,7 @@ def _library_name(kind: str, key: str) -> str:
 def _compile(kind: str, name: str, build_dir: Path, arch: str | None) -> None:
     if kind == "cpu":
         _cpu_build.build(build_dir / f"{name}.so", build_dir, [_cpu_build.host_level()], cxx(), ninja(),
-                         jobs=_usable_cores(), verbose=os.environ.get("CORE_OPS_VERBOSE_BUILD") == "1")
+                         jobs=_usable_cores(), verbose=settings.core("verbose_build") == "1")
         return
     home = cuda_home()
     if home is None:
@@ -252,7 +245,7 @@ def _compile(kind: str, name: str, build_dir: Path, arch: str | None) -> None:
             build_directory=str(build_dir),
             is_python_module=False,
             with_cuda=True,
-            verbose=os.environ.get("CORE_OPS_VERBOSE_BUILD") == "1",
+            verbose=settings.core("verbose_build") == "1",
             extra_cflags=["-O3", "-fvisibility=hidden", _cpu_build.TARGET_FLAG],
             extra_cuda_cflags=cuda_flags(),
             extra_ldflags=link_flags,
@@ -444,12 +437,10 @@ _wheel_not_taken: dict[str, str] = {}
 def forced_jit() -> bool:
     """Whether native kernels must come from the JIT cache, not the wheel: asked for
     (CORE_OPS_BACKEND=jit), or a sanitized build (CORE_OPS_SANITIZE=1) wanted."""
-    from . import settings
-    return os.environ.get("CORE_OPS_BACKEND", "").strip().lower() == "jit" or settings.core("sanitize") == "1"
+    return settings.core("backend") == "jit" or settings.core("sanitize") == "1"
 
 
 def _jit_reason() -> str:
-    from . import settings
     return "CORE_OPS_SANITIZE=1" if settings.core("sanitize") == "1" else "CORE_OPS_BACKEND=jit"
 
 

@@ -27,8 +27,7 @@ _SAID = set()
 
 def shared() -> bool:
     """Whether CORE_OPS_SHARED_CACHE=1 opts in to a cache other users write."""
-    text = os.environ.get("CORE_OPS_SHARED_CACHE", "").strip()
-    return bool(text) and settings.BY_NAME["shared_cache"].parse(text, "CORE_OPS_SHARED_CACHE") == "1"
+    return settings.core("shared_cache") == "1"
 
 
 def why_untrusted(path: Path, team: bool | None = None) -> str | None:

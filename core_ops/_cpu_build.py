@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from . import settings
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 
 # The oldest torch the libraries load on; TORCH_TARGET_VERSION holds it as torch's
@@ -45,9 +47,8 @@ def is_x86() -> bool:
 
 
 def requested_level() -> str | None:
-    """CORE_OPS_CPU_LEVEL, checked at import by core_ops/_environment.py."""
-    value = os.environ.get("CORE_OPS_CPU_LEVEL", "").strip().lower()
-    return value or None
+    """CORE_OPS_CPU_LEVEL (a setting: its value is checked where it is declared)."""
+    return settings.core("cpu_level")
 
 
 def host_level() -> str:
@@ -78,7 +79,6 @@ def sanitizer_flags() -> list[str]:
     """CORE_OPS_SANITIZE=1 (settings.py): ASan and UBSan, an undefined operation fatal
     (so a test fails on it, not just a line in a log), frames kept for the reports.
     Part of the cache key, as every flag: a sanitized build has its own entry."""
-    from . import settings
     if settings.core("sanitize") != "1":
         return []
     return ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g"]

@@ -13,14 +13,13 @@ from . import settings
 KNOWN = frozenset(settings.BY_ENV)
 
 
-class BadEnvironment(ValueError):
-    """A ``CORE_OPS_*`` variable that is misspelt or holds a value outside its set
-    (core_ops_autoload.py stops the host's import on it, by this name)."""
+BadEnvironment = settings.BadEnvironment  # (declared with the settings)
 
 
-def check(environ=os.environ):
+def check(environ=None):
     """Raises BadEnvironment naming each unknown ``CORE_OPS_*`` variable, the closest
     valid name and the whole list, or a bad value of a variable core_ops reads itself."""
+    environ = os.environ if environ is None else environ
     for setting in settings.SETTINGS:
         if settings.CORE in setting.readers and setting.env in environ and environ[setting.env].strip():
             try:
@@ -44,7 +43,7 @@ def check(environ=os.environ):
                          f"core-ops reads ({readers}; docs/settings.md)")
 
 
-def plugins_without_autoload(modules=None, find_spec=None, environ=os.environ):
+def plugins_without_autoload(modules=None, find_spec=None, environ=None):
     """The core-ops plugins importable here whose autoload ``.pth`` never ran (an
     editable install, ``pip install -e``, cannot carry it): their apex-* names and
     CORE_OPS_OPT_LEVEL do nothing until they are imported."""
@@ -52,7 +51,7 @@ def plugins_without_autoload(modules=None, find_spec=None, environ=os.environ):
     import sys
     modules = sys.modules if modules is None else modules
     find_spec = importlib.util.find_spec if find_spec is None else find_spec
-    if "core_ops_autoload" in modules or environ.get("CORE_OPS_AUTOLOAD", "1").strip() == "0":
+    if "core_ops_autoload" in modules or settings.core("autoload", environ) == "0":
         return []
     return [name for name in ("core_ops_lightning", "core_ops_accelerate")
             if name not in modules and find_spec(name) is not None]

@@ -35,9 +35,9 @@ def backend_report(build=True):
     """A dict: versions, cache path, and for every device kind the library status and
     each op's backend. With ``build``, CPU kernels are built if missing (CUDA only
     when a GPU is present), so the report says what a real call would get."""
-    from . import __version__
+    from importlib.metadata import version  # the installed distribution's (pyproject's)
     report = {
-        "core-ops": __version__,
+        "core-ops": version("core-ops"),
         "torch": torch.__version__,
         "cuda (torch build)": str(torch.version.cuda),
         "cuda toolkit": _build.cuda_home() or "not found",

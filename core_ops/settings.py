@@ -14,11 +14,17 @@ The rule is the same everywhere: an argument given in code wins, else the variab
 when it is set, else the default of the route. One convention for "never": 0
 (``max_consecutive_skips=0``, ``skip_report_seconds=0``); None always means "not
 given here".
+
+This module is the ground floor: it imports nothing of core_ops (torch only inside the
+parsers that build dtypes), so every module may read it, and no other module reads a
+``CORE_OPS_*`` variable itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 import os
 from typing import Any, Callable
@@ -38,6 +44,39 @@ DDP = "ddp"  # core_ops' DistributedDataParallel under Accelerate and Lightning'
 ACCELERATE = "accelerate"  # Accelerate's ApexPlugin only
 READERS = {CORE: "core-ops", AMP: "amp, both plugins", PLUGINS: "both plugins", DDP: "Accelerate, apex-ddp",
            ACCELERATE: "Accelerate"}
+
+
+class BadEnvironment(ValueError):
+    """A ``CORE_OPS_*`` variable that is misspelt or holds a value outside its set
+    (core_ops_autoload.py stops the host's import on it, by this name)."""
+
+
+# The names of dtypes, one table for every setting and option that takes one.
+DTYPE_NAMES = {"fp32": "float32", "float32": "float32", "fp64": "float64", "float64": "float64",
+               "fp16": "float16", "float16": "float16", "half": "float16", "bf16": "bfloat16",
+               "bfloat16": "bfloat16"}
+
+
+def dtype_of(value, where, allowed, none=None):
+    """``value`` (a torch dtype or its name: "bf16", "torch.float16") as one of
+    ``allowed`` (dtypes); ``none``: what None means, where None is allowed. Raises
+    ValueError naming ``where``."""
+    import torch
+    if value is None and none:
+        return None
+    name = DTYPE_NAMES.get(value.strip().lower().removeprefix("torch.")) if isinstance(value, str) else None
+    dtype = getattr(torch, name) if name else value
+    if not isinstance(dtype, torch.dtype) or dtype not in allowed:
+        also = f"None ({none}) or " if none else ""
+        raise ValueError(f"{where} must be {also}one of {', '.join(map(str, allowed))} (or their names: fp32, "
+                         f"bf16, ...), got {value!r}")
+    return dtype
+
+
+# The patches to torch (core_ops.torch_patches: one module each), by the names
+# CORE_OPS_TORCH_PATCHES_OFF takes.
+PATCH_NAMES = ("ddp_init_broadcast", "fsdp_policy_slots", "grad_scaler_flags", "inductor_norms",
+               "inductor_twin_reductions")
 
 
 # ---- parsers: (value, where) -> value; ``where`` is the route's spelling ("loss_scale" or
@@ -75,13 +114,10 @@ def opt_level(value, where):
 
 def half_dtype(value, where):
     import torch
-    names = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-    if isinstance(value, torch.dtype) and value in (torch.float16, torch.bfloat16):
-        return value
-    if isinstance(value, str) and value.strip().lower().removeprefix("torch.") in names:
-        return names[value.strip().lower().removeprefix("torch.")]
-    raise ValueError(f"{_says(where, value)}: expected fp16 or bf16 (torch.float16 / torch.bfloat16)")
+    try:
+        return dtype_of(value, where, (torch.float16, torch.bfloat16))
+    except ValueError:
+        raise ValueError(f"{_says(where, value)}: expected fp16 or bf16 (torch.float16 / torch.bfloat16)") from None
 
 
 def loss_scale(value, where):
@@ -138,12 +174,12 @@ def never_or_count(value, where):
 
 
 def reduce_dtype(value, where):
-    from .parallel.options import reduce_dtype_of
+    import torch
     try:
-        return reduce_dtype_of(value, where)
-    except ValueError as e:
-        raise ValueError(f"{_says(where, value)}: expected a dtype or its name (fp32, bf16, fp16, fp64) "
-                         f"({e})") from None
+        return dtype_of(value, where, (torch.float32, torch.float64, torch.float16, torch.bfloat16))
+    except ValueError:
+        raise ValueError(f"{_says(where, value)}: expected torch.float32, float64, float16 or bfloat16, or its name "
+                         "(fp32, fp64, fp16, bf16); unset (None): each grad's own dtype") from None
 
 
 def fused_optimizer(value, where):
@@ -152,9 +188,21 @@ def fused_optimizer(value, where):
 
 
 def patch_names(value, where):
-    """The patches to torch a value leaves out (core_ops.torch_patches checks the names)."""
-    from .torch_patches._patch import VARIABLE, switched_off
-    return ",".join(sorted(switched_off({VARIABLE: str(value)})))
+    """The patches to torch a value leaves out, comma-separated (``all``: every one);
+    a name that is no patch raises BadEnvironment."""
+    names = {n.strip() for n in str(value).split(",") if n.strip()}
+    if "all" in names:
+        return ",".join(PATCH_NAMES)
+    unknown = sorted(names - set(PATCH_NAMES))
+    if unknown:
+        raise BadEnvironment(f"{where}={value!r}: {', '.join(unknown)} is not a patch to torch; expected a "
+                             f"comma-separated list of {', '.join(PATCH_NAMES)}, or all")
+    return ",".join(sorted(names))
+
+
+def patches_off(environ=None):
+    """The set of patches to torch that CORE_OPS_TORCH_PATCHES_OFF leaves out."""
+    return {n for n in (core("torch_patches_off", environ) or "").split(",") if n}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +304,81 @@ def core(name, environ=None):
         READ.add(setting.env)
         return setting.parse(text, setting.env)
     return setting.default if setting.default is None else setting.parse(setting.default, name)
+
+
+def variable(env, environ=None):
+    """The text of variable ``env`` (a ``CORE_OPS_*`` name) when set and not empty, else
+    None: for messages that quote what the user set."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(env)
+    return text if text is not None and str(text).strip() else None
+
+
+def any_set(environ=None):
+    """Whether any ``CORE_OPS_*`` variable is set, known or not (a misspelt one too)."""
+    environ = os.environ if environ is None else environ
+    return any(k.startswith("CORE_OPS_") for k in environ)
+
+
+@contextlib.contextmanager
+def _patched(values):
+    import os as _os
+    texts = {}
+    for name, value in values.items():
+        if name not in BY_NAME:
+            raise TypeError(f"settings.patch: unknown setting {name!r}; the settings are {', '.join(BY_NAME)}")
+        setting = BY_NAME[name]
+        if value is not None:
+            setting.parse(value, name)  # refused here, not where it is read
+        texts[setting.env] = None if value is None else _text(value)
+    before = {env: _os.environ.get(env) for env in texts}
+    try:
+        for env, text in texts.items():
+            if text is None:
+                _os.environ.pop(env, None)
+            else:
+                _os.environ[env] = text
+        yield
+    finally:
+        for env, text in before.items():
+            if text is None:
+                _os.environ.pop(env, None)
+            else:
+                _os.environ[env] = text
+
+
+def _text(value):
+    """A value as its variable's text: True -> "1", torch.bfloat16 -> "bfloat16"."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value).removeprefix("torch.")
+
+
+class patch:
+    """``settings.patch(backend="reference", loss_scale=128)``: the settings set, as their
+    variables, for a ``with`` block or a decorated function, then restored (None: the
+    variable unset). Each value is checked first. As torch's ``config.patch``; what
+    reads a setting reads it as the user's variable would be read."""
+
+    def __init__(self, **values):
+        self.values = values
+        self._stack = []
+
+    def __enter__(self):
+        cm = _patched(self.values)
+        cm.__enter__()
+        self._stack.append(cm)
+        return self
+
+    def __exit__(self, *exc):
+        return self._stack.pop().__exit__(*exc)
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            with _patched(self.values):
+                return fn(*args, **kwargs)
+        return run
 
 
 def names(*readers):

@@ -160,7 +160,7 @@ def test_a_mistyped_backend_is_refused_not_ignored(tmp_path):
         proc = subprocess.run(command, capture_output=True, text=True, env=env)
         assert proc.returncode != 0
         assert proc.stderr.strip().splitlines()[-1].startswith(
-            "core_ops._environment.BadEnvironment: CORE_OPS_BACKEND='refernce': expected one of auto, jit, reference"), \
+            "core_ops.settings.BadEnvironment: CORE_OPS_BACKEND='refernce': expected one of auto, jit, reference"), \
             proc.stderr[-2000:]
     for value in ("auto", "Reference", ""):
         env = dict(os.environ, CORE_OPS_BACKEND=value)  # the suite's cache: nothing to build

@@ -13,7 +13,7 @@ def test_a_mistyped_variable_is_an_error_naming_the_right_one():
     proc = subprocess.run([sys.executable, "-c", "import core_ops"], capture_output=True, text=True, env=env)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("core_ops._environment.BadEnvironment: unknown environment variable CORE_OPS_OPT_LEVLE (did you mean "
+    assert last.startswith("core_ops.settings.BadEnvironment: unknown environment variable CORE_OPS_OPT_LEVLE (did you mean "
                            "CORE_OPS_OPT_LEVEL?); core-ops reads (core: CORE_OPS_AUTOLOAD, CORE_OPS_BACKEND"), last
 
 

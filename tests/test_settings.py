@@ -2,6 +2,7 @@
 the rule argument > variable > default in every route, the plugins' own defaults, one
 "never" (0), errors that name what the user wrote, and the docs table made from it."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,30 @@ def test_a_variable_no_route_read_is_said_at_exit():
     said = [line for line in proc.stderr.splitlines() if line.startswith("core-ops: ")]
     assert said == ["core-ops: CORE_OPS_MESSAGE_SIZE='4096' was set, but nothing in this run read it (it is read "
                     "by Accelerate, apex-ddp: docs/settings.md)"], proc.stderr[-2000:]
+
+
+def test_patch_sets_the_settings_for_a_block_or_a_function_and_restores_them(monkeypatch):
+    monkeypatch.setenv("CORE_OPS_HALF_DTYPE", "fp16")
+    monkeypatch.delenv("CORE_OPS_LOSS_SCALE", raising=False)
+    with settings.patch(half_dtype=torch.bfloat16, loss_scale=128, skip_nonfinite=True):
+        routed = settings.resolve("amp")
+        assert (routed["half_dtype"], routed["loss_scale"], routed["skip_nonfinite"]) == (torch.bfloat16, 128.0, True)
+        assert routed.sources["half_dtype"] == "CORE_OPS_HALF_DTYPE"  # read as the user's variable would be
+        with settings.patch(half_dtype=None):  # None: unset, the route's default
+            assert settings.resolve("amp").sources["half_dtype"] == "default"
+    assert os.environ["CORE_OPS_HALF_DTYPE"] == "fp16" and "CORE_OPS_LOSS_SCALE" not in os.environ
+
+    @settings.patch(backend="reference")
+    def reads():
+        return settings.core("backend")
+    assert reads() == "reference" and settings.core("backend") == "auto"
+
+
+def test_patch_refuses_what_the_setting_refuses_before_setting_anything(monkeypatch):
+    monkeypatch.delenv("CORE_OPS_OPT_LEVEL", raising=False)
+    with pytest.raises(ValueError, match="loss_scale=-1: expected 'dynamic' or a number > 0"):
+        with settings.patch(opt_level="O2", loss_scale=-1):
+            pass
+    assert "CORE_OPS_OPT_LEVEL" not in os.environ
+    with pytest.raises(TypeError, match="settings.patch: unknown setting 'opt_levle'"):
+        settings.patch(opt_levle="O2").__enter__()

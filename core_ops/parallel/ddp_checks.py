@@ -9,14 +9,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 OWNED = WeakIdKeyDictionary()
 
 
-def is_count(size):
-    """A positive whole number; an integral float counts too (Apex's docs and scripts
-    write ``message_size=1e7``)."""
-    if isinstance(size, float) and size.is_integer():
-        size = int(size)
-    return not isinstance(size, bool) and isinstance(size, int) and size > 0
-
-
 def trainable(module):
     """The params of ``module`` that require grad, once each, owned by no wrapper yet."""
     _check_materialized(module)

@@ -13,30 +13,10 @@ import torch
 
 from .. import settings
 from ..amp import fsdp
-from .ddp_checks import is_count
 
-REDUCE_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp64": torch.float64,
-                 "float64": torch.float64, "fp16": torch.float16, "float16": torch.float16,
-                 "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
-
-
-def reduce_dtype_of(value, name, allowed=tuple(dict.fromkeys(REDUCE_DTYPES.values())), none=None):
-    """``value`` (a dtype or a name such as "bf16") as one of ``allowed`` dtypes;
-    ``none``: what None means, when it is allowed."""
-    if value is None and none:
-        return None
-    dtype = REDUCE_DTYPES.get(value.lower()) if isinstance(value, str) else value
-    if dtype not in allowed:
-        also = f"None ({none}) or " if none else ""
-        raise ValueError(f"{name} must be {also}one of {', '.join(map(str, allowed))} (or their names: fp32, "
-                         f"bf16, ...), got {value!r}")
-    return dtype
-
-
-def _flag(value, name):
-    if value not in (True, False):  # 0 and 1 too (argparse's store_true aside, scripts pass ints)
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
+def _setting(name, value):
+    """``value`` of option ``name`` through its setting's parser (its checks and words)."""
+    return settings.BY_NAME[name].parse(value, name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,21 +38,19 @@ class DDPOptions:
     broadcast_buffers: bool = True
 
     def __post_init__(self):
-        if not is_count(self.message_size):
-            raise ValueError(f"message_size must be a positive number of elements, got {self.message_size!r}")
+        # The options that are settings take the setting's parser (Note [One declaration
+        # per setting]); the others are checked here, flags by the same parser.
+        for name in ("message_size", "delay_allreduce", "allreduce_always_fp32", "gradient_predivide_factor"):
+            object.__setattr__(self, name, _setting(name, getattr(self, name)))
+        if self.allreduce_dtype is not None:
+            object.__setattr__(self, "allreduce_dtype", _setting("allreduce_dtype", self.allreduce_dtype))
         if not isinstance(self.num_allreduce_streams, int) or self.num_allreduce_streams < 1:
             raise ValueError(f"num_allreduce_streams must be >= 1, got {self.num_allreduce_streams!r}")
-        if not (isinstance(self.gradient_predivide_factor, (int, float)) and self.gradient_predivide_factor > 0):
-            raise ValueError(f"gradient_predivide_factor must be > 0, got {self.gradient_predivide_factor!r}")
-        dtype = reduce_dtype_of(self.allreduce_dtype, "allreduce_dtype", none="each grad's own dtype")
-        for name in ("delay_allreduce", "allreduce_always_fp32", "gradient_average", "retain_allreduce_buffers",
-                     "broadcast_buffers"):
-            object.__setattr__(self, name, _flag(getattr(self, name), name))
-        if self.allreduce_always_fp32 and dtype not in (None, torch.float32):
-            raise ValueError(f"allreduce_always_fp32=True contradicts allreduce_dtype={dtype}; give one of them")
-        object.__setattr__(self, "message_size", int(self.message_size))
-        object.__setattr__(self, "gradient_predivide_factor", float(self.gradient_predivide_factor))
-        object.__setattr__(self, "allreduce_dtype", dtype)
+        for name in ("gradient_average", "retain_allreduce_buffers", "broadcast_buffers"):
+            object.__setattr__(self, name, settings.flag(getattr(self, name), name))
+        if self.allreduce_always_fp32 and self.allreduce_dtype not in (None, torch.float32):
+            raise ValueError(f"allreduce_always_fp32=True contradicts allreduce_dtype={self.allreduce_dtype}; give "
+                             "one of them")
 
     @classmethod
     def names(cls):
@@ -107,8 +85,9 @@ class FSDPOptions:
             raise TypeError(f"auto_wrap_policy takes a set of nn.Module classes to shard one by one (e.g. "
                             f"{{Block}}), got {policy!r}")
         object.__setattr__(self, "auto_wrap_policy", classes)
-        object.__setattr__(self, "reshard_after_forward", _flag(self.reshard_after_forward, "reshard_after_forward"))
-        object.__setattr__(self, "reduce_dtype", reduce_dtype_of(
+        object.__setattr__(self, "reshard_after_forward",
+                           settings.flag(self.reshard_after_forward, "reshard_after_forward"))
+        object.__setattr__(self, "reduce_dtype", settings.dtype_of(
             self.reduce_dtype, "reduce_dtype", (torch.float32, torch.float16, torch.bfloat16)))
 
     def shard(self, module, mesh=None, opt_level=None, half_dtype=torch.float16, root=True):

@@ -4,16 +4,17 @@ turns patches off (Note [Patches to torch] in ``__init__.py``)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import warnings
 
 import torch
 
-# The modules of this package that reach into torch, by the names the switch takes.
-NAMES = ("ddp_init_broadcast", "fsdp_policy_slots", "grad_scaler_flags", "inductor_norms",
-         "inductor_twin_reductions")
-VARIABLE = "CORE_OPS_TORCH_PATCHES_OFF"
+from .. import settings
+
+# The modules of this package that reach into torch, by the names the switch takes
+# (declared with the switch, in settings.py).
+NAMES = settings.PATCH_NAMES
+VARIABLE = settings.BY_NAME["torch_patches_off"].env
 ISSUE_URL = "https://github.com/pytorch/pytorch/issues/"
 _WARNED = set()
 
@@ -26,19 +27,10 @@ def _release(text):
     return int(found[1]), int(found[2])
 
 
-def switched_off(environ=os.environ):
+def switched_off(environ=None):
     """The patch names ``CORE_OPS_TORCH_PATCHES_OFF`` lists (``all``: every one).
     Raises BadEnvironment for a name that is not a patch."""
-    text = environ.get(VARIABLE, "")
-    names = {n.strip() for n in text.split(",") if n.strip()}
-    if "all" in names:
-        return set(NAMES)
-    unknown = sorted(names - set(NAMES))
-    if unknown:
-        from .._environment import BadEnvironment
-        raise BadEnvironment(f"{VARIABLE}={text!r}: {', '.join(unknown)} is not a patch to torch; "
-                             f"expected a comma-separated list of {', '.join(NAMES)}, or all")
-    return names
+    return settings.patches_off(environ)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +66,7 @@ class Patch:
         low, high = (_release(v) for v in self.torch)
         return low <= _release(version or torch.__version__) < high
 
-    def active(self, environ=os.environ):
+    def active(self, environ=None):
         """Whether to patch now: not switched off, and this torch within ``torch``
         (outside it, warns once that the patch is left out and what that costs)."""
         if self.name in switched_off(environ):

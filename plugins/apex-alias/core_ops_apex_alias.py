@@ -30,9 +30,10 @@ NAMES = frozenset({"apex", "apex_C", "amp_C", "fused_layer_norm_cuda", "fused_ad
 
 
 def install():
-    """Puts the finder first on ``sys.meta_path`` (idempotent); nothing when
-    ``CORE_OPS_AUTOLOAD=0``."""
-    if core_ops_autoload.enabled() and not any(isinstance(f, AliasOnFirstImport) for f in sys.meta_path):
+    """Puts the finder first on ``sys.meta_path`` (idempotent). ``CORE_OPS_AUTOLOAD=0``
+    is read at the first import of an Apex name, not at start-up (reading the settings
+    costs about 15 ms, which every Python process would pay)."""
+    if not any(isinstance(f, AliasOnFirstImport) for f in sys.meta_path):
         sys.meta_path.insert(0, AliasOnFirstImport())
 
 
@@ -56,6 +57,8 @@ class AliasOnFirstImport:  # a meta path finder: find_spec is all the import sys
             return None
         if self in sys.meta_path:  # asked once: from here on core_ops' finder, or nobody
             sys.meta_path.remove(self)
+        if not core_ops_autoload.enabled():
+            return None
         real = installed_apex(self)
         if real is not None:
             warnings.warn(

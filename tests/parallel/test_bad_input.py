@@ -52,7 +52,8 @@ def test_other_arguments(world1):
         DistributedDataParallel(nn.Linear(2, 2), allreduce_trigger_params=[nn.Parameter(torch.ones(1))])
     with pytest.raises(TypeError, match="torch.nn.Module"):
         DistributedDataParallel(lambda x: x)
-    with pytest.raises(ValueError, match="allreduce_dtype must be None .* got torch.int8"):
+    with pytest.raises(ValueError, match=r"allreduce_dtype=torch.int8: expected torch.float32, float64, float16 or "
+                                         r"bfloat16.*unset \(None\): each grad's own dtype"):
         DistributedDataParallel(nn.Linear(2, 2), allreduce_dtype=torch.int8)
     with pytest.raises(ValueError, match="allreduce_always_fp32=True contradicts allreduce_dtype"):
         DistributedDataParallel(nn.Linear(2, 2), allreduce_always_fp32=True,

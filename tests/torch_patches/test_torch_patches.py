@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import core_ops.torch_patches as torch_patches
-from core_ops._environment import BadEnvironment
+from core_ops.settings import BadEnvironment
 from core_ops.torch_patches import NAMES, VARIABLE, Patch, _patch, switched_off
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_the_variable_is_declared_and_a_bad_value_stops_the_import():
     assert runs["inductor_norms"].stdout.split() == ["['inductor_norms']", "False"], runs["inductor_norms"].stderr
     assert runs["inductor_norm"].returncode == 1
     assert runs["inductor_norm"].stderr.strip().splitlines()[-1].startswith(
-        "core_ops._environment.BadEnvironment: CORE_OPS_TORCH_PATCHES_OFF='inductor_norm': inductor_norm is not a "
+        "core_ops.settings.BadEnvironment: CORE_OPS_TORCH_PATCHES_OFF='inductor_norm': inductor_norm is not a "
         "patch to torch")
 
 

@@ -17,6 +17,7 @@ from accelerate.state import AcceleratorState, GradientState
 sys.path.insert(0, str(Path(__file__).parents[3] / "tests" / "support"))
 import small_task as task  # noqa: E402
 from core_ops.amp import AmpLoop  # noqa: E402
+from core_ops import settings  # noqa: E402
 from core_ops.optimizers import FusedAdam  # noqa: E402
 from core_ops_accelerate import ApexPlugin, _compat  # noqa: E402
 
@@ -121,9 +122,8 @@ def test_save_state_and_load_state_resume_exactly(tmp_path):
     assert torch.equal(task.flat(whole.parameters()), task.flat(resumed.parameters()))
 
 
-def test_a_torch_adamw_steps_with_remainders_through_its_fused_twin(monkeypatch):
-    monkeypatch.setenv("CORE_OPS_MASTER_WEIGHTS", "remainder")
-    monkeypatch.setenv("CORE_OPS_HALF_DTYPE", "bf16")
+@settings.patch(master_weights="remainder", half_dtype="bf16")
+def test_a_torch_adamw_steps_with_remainders_through_its_fused_twin():
     plugin = ApexPlugin(opt_level="O2", fused_optimizer=True)
     accelerator, model, opt, loader, sched = accelerated(plugin, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3))
     run(accelerator, model, opt, loader, sched, clip=None)
@@ -150,10 +150,9 @@ def test_dynamo_backend_trains_as_eager():
     assert torch.equal(params[0], params[1])
 
 
-def test_save_state_and_load_state_resume_compact_state_exactly(tmp_path, monkeypatch):
+@settings.patch(master_weights="remainder", half_dtype="bf16")
+def test_save_state_and_load_state_resume_compact_state_exactly(tmp_path):
     """Remainders and 8-bit moments through save_state / load_state."""
-    monkeypatch.setenv("CORE_OPS_MASTER_WEIGHTS", "remainder")
-    monkeypatch.setenv("CORE_OPS_HALF_DTYPE", "bf16")
     adam = lambda ps: FusedAdam(ps, lr=1e-3, state_dtype="int8", min_8bit_size=64)  # noqa: E731
     batches = list(task.loader())
     accelerator, whole, wopt, _, wsched = accelerated(ApexPlugin(opt_level="O2"), seed=3, optimizer=adam)
@@ -225,18 +224,17 @@ def test_options_come_from_the_environment(monkeypatch):
         ApexPlugin()
 
 
-def test_remainders_from_the_environment_train_as_fp32_masters(monkeypatch):
+def test_remainders_from_the_environment_train_as_fp32_masters():
     """CORE_OPS_MASTER_WEIGHTS=remainder (what `accelerate launch` passes on): FusedAdam
     keeps bfloat16 params plus remainders, bit for bit the fp32-master run. (Without
     clipping: amp clips remainders' bfloat16 grads in place, one bfloat16 rounding a
     clipped grad, where fp32 masters' grads are float32.)"""
-    monkeypatch.setenv("CORE_OPS_HALF_DTYPE", "bf16")
     adam = lambda ps: FusedAdam(ps, lr=1e-3)  # noqa: E731
     params = []
-    for master_weights in ("1", "remainder"):
-        monkeypatch.setenv("CORE_OPS_MASTER_WEIGHTS", master_weights)
-        accelerator, model, opt, loader, sched = accelerated(ApexPlugin(opt_level="O2"), optimizer=adam)
-        run(accelerator, model, opt, loader, sched, clip=None)
+    for master_weights in (True, "remainder"):
+        with settings.patch(half_dtype="bf16", master_weights=master_weights):
+            accelerator, model, opt, loader, sched = accelerated(ApexPlugin(opt_level="O2"), optimizer=adam)
+            run(accelerator, model, opt, loader, sched, clip=None)
         params.append(task.flat(model.parameters()))
         AcceleratorState._reset_state(True)
         GradientState._reset_state()

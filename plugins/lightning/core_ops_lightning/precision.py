@@ -62,7 +62,17 @@ class _Apex:
         self.precision = name_of(self.loop.opt_level, self.loop.half_dtype)
 
     def __repr__(self):
-        extra = "".join(f", {k}={v!r}" for k, v in self.options.items() if k not in ("opt_level", "half_dtype"))
+        """Every setting in effect that is not the route's default, wherever it came from
+        (an argument or a ``CORE_OPS_*`` variable, which is said): what this plugin
+        will do, not only what its caller passed."""
+        shown = [f"{k}={v!r}" for k, v in self.options.items() if k in APEX_ONLY]
+        for name, value in self.settings.values.items():
+            source = self.settings.sources[name]
+            if name in ("opt_level", "half_dtype") or source == "default":
+                continue
+            said = str(value).removeprefix("torch.") if name == "half_dtype" else repr(value)
+            shown.append(f"{name}={said}" + (f" ({source})" if source.startswith("CORE_OPS_") else ""))
+        extra = "".join(f", {s}" for s in shown)
         return f"{type(self).__name__}({self.loop.opt_level!r}, half_dtype={self.loop.half_dtype}{extra})"
 
     # ---- what users read ------------------------------------------------------------
@@ -216,12 +226,18 @@ class _FabricApex(_Apex):
 def precision_classes(trainer_pkg, fabric_pkg, module_name):
     """(Trainer ApexPrecision, Fabric ApexPrecision) of one Lightning tree, both named
     ``ApexPrecision`` in ``module_name`` (_trees.py moves Fabric's to its own module,
-    where pickling finds it: ``ddp_spawn`` sends the plugin to its processes)."""
-    doc = ("Apex's opt levels for Lightning: ``Trainer(plugins=[ApexPrecision('O2', "
-           "half_dtype=torch.bfloat16, loss_scale='dynamic')])``, or ``precision='apex-O2'``.")
-    trainer = type("ApexPrecision", (_TrainerApex, trainer_pkg.plugins.precision.Precision),
-                   {"__module__": module_name, "__qualname__": "ApexPrecision", "__doc__": doc})
-    fabric = type("ApexPrecision", (_FabricApex, fabric_pkg.plugins.precision.Precision),
-                  {"__module__": module_name, "__qualname__": "ApexPrecision",
-                   "__doc__": doc.replace("Trainer(", "Fabric(")})
-    return trainer, fabric
+    where pickling finds it: ``ddp_spawn`` sends the plugin to its processes). Written
+    here, once, over the tree's own Precision classes."""
+
+    class ApexPrecision(_TrainerApex, trainer_pkg.plugins.precision.Precision):
+        """Apex's opt levels for Lightning: ``Trainer(plugins=[ApexPrecision('O2',
+        half_dtype=torch.bfloat16, loss_scale='dynamic')])``, or ``precision='apex-O2'``."""
+
+    class ApexFabricPrecision(_FabricApex, fabric_pkg.plugins.precision.Precision):
+        """Apex's opt levels for Fabric: ``Fabric(plugins=[ApexPrecision('O2',
+        half_dtype=torch.bfloat16, loss_scale='dynamic')])``, or ``precision='apex-O2'``."""
+
+    for cls in (ApexPrecision, ApexFabricPrecision):  # each module names its class ApexPrecision
+        cls.__name__ = cls.__qualname__ = "ApexPrecision"
+        cls.__module__ = module_name
+    return ApexPrecision, ApexFabricPrecision

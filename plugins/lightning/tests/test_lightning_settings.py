@@ -170,3 +170,13 @@ def test_a_skipped_step_is_said_on_the_console_and_counted_in_global_step(capfd)
     assert trainer.global_step == len(model.history) == len(loader())
     assert torch.equal(model.history[1]["params"], model.history[2]["params"])  # step 2 skipped
     assert torch.equal(flat(model.parameters()), model.history[-1]["params"])
+
+
+def test_the_repr_shows_every_setting_in_effect_and_where_a_variable_gave_it(monkeypatch):
+    from core_ops_lightning import ApexPrecision
+    assert repr(ApexPrecision("O2")) == "ApexPrecision('O2', half_dtype=torch.float16)"
+    monkeypatch.setenv("CORE_OPS_MASTER_WEIGHTS", "remainder")  # set by the variable, not the code
+    plugin = ApexPrecision("O2", half_dtype=torch.bfloat16, loss_scale=128, max_consecutive_skips=0)
+    assert repr(plugin) == ("ApexPrecision('O2', half_dtype=torch.bfloat16, loss_scale=128.0, "
+                            "master_weights='remainder' (CORE_OPS_MASTER_WEIGHTS), max_consecutive_skips=0)")
+    assert type(plugin).__qualname__ == "ApexPrecision" and type(plugin).__module__ == "core_ops_lightning.pytorch"
