@@ -106,8 +106,7 @@ def check_lone_tensors(given):
         t = given.get(arg)
         if t is not None and t.numel() != 1:
             raise ValueError(words.format(shape=list(t.shape), device=device))
-        if t is not None and arg in ("lr_tensor", "grad_scale") and not (
-                t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
+        if t is not None and not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
             name = "lr" if arg == "lr_tensor" else arg
             raise TypeError(f"{name} must be a floating or integer tensor, got {t.dtype}")
     if "grad_scale" in given:

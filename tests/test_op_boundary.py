@@ -301,6 +301,18 @@ def test_an_8bit_map_holding_nan_or_out_of_order_is_refused(route):
                    bad, unsigned, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True, False, None, None, None)
 
 
+def test_a_scale_that_is_not_a_number_is_refused_naming_it(route):
+    # The CPU kernel said "expected a floating or integer scalar tensor" without the
+    # argument's name, the CUDA kernel converted a uint8 scale, the reference took it.
+    d = device_of(route)
+    with pytest.raises(TypeError, match="^scale must be a floating or integer tensor, got torch.uint8$"):
+        call(route, "multi_tensor_scale_", [torch.ones(3, device=d)], [torch.zeros(3, device=d)],
+             torch.ones(1, dtype=torch.uint8, device=d), flag(route))
+    with pytest.raises(TypeError, match="^inv_scale must be a floating or integer tensor, got torch.bool$"):
+        call(route, "multi_tensor_unscale_l2norm_", [torch.ones(3, device=d)], torch.ones(1, dtype=torch.bool, device=d),
+             flag(route), False)
+
+
 @pytest.mark.parametrize("route", ["native", "reference"])
 def test_sync_batch_norm_refuses_float8_weights(route):
     if route == "native":

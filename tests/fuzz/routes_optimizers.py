@@ -43,11 +43,12 @@ def _storage(t):
 def _common_step(steps, params, *others):
     """The one count every param's step counter holds (Apex keeps one per group, and
     the counters made from it are the adapter's own: none may share memory with
-    another tensor of the call, ``others`` being the call's lone tensors)."""
+    another tensor of the call, ``others``: tensors and lists)."""
     need(len(steps) == len(params) and steps, "per-param step counters")
     need(all(_plain(s) and s.dtype == torch.float32 for s in steps), "float32 host step counters")
     need(len({_storage(s) for s in steps}) == len(steps), "step counters that share memory")
-    lone = {_storage(t) for t in others if isinstance(t, torch.Tensor) and t.layout == torch.strided
+    flat = [t for o in others for t in (o if isinstance(o, (list, tuple)) else [o])]
+    lone = {_storage(t) for t in flat if isinstance(t, torch.Tensor) and t.layout == torch.strided
             and t.device.type == "cpu"}
     need(not lone & {_storage(s) for s in steps}, "a step counter that is another argument")
     values = {s.item() for s in steps}
@@ -91,7 +92,8 @@ def amp_c_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_par
     need(params, "no params")
     need(not amsgrad and not max_exp_avg_sqs and not maximize, "amsgrad or maximize")
     _same_lengths(params, grads, exp_avgs, exp_avg_sqs, master_params, may_be_empty=(3,))
-    step = _common_step(steps, params, lr_tensor, grad_scale, found_inf) + 1
+    step = _common_step(steps, params, lr_tensor, grad_scale, found_inf, params, grads, exp_avgs, exp_avg_sqs,
+                        master_params) + 1
     amp_c = _amp_c()
     lr_ = lr if lr_tensor is None else lr_tensor
     if not master_params and found_inf is None:
@@ -132,7 +134,7 @@ def amp_c_adagrad(params, grads, state_sums, master_params, steps, lr, lr_decay,
     need(lr_decay == 0.0 and not master_params and not maximize, "lr decay, masters or maximize")
     need(lr_tensor is None and grad_scale is None and found_inf is None, "a device lr, a scale or a flag")
     _same_lengths(params, grads, state_sums)
-    _common_step(steps, params)
+    _common_step(steps, params, params, grads, state_sums)
     _amp_c().multi_tensor_adagrad(CHUNK, torch.zeros(1, dtype=torch.int32), [grads, params, state_sums], lr, eps,
                                   int(adagrad_w_mode), weight_decay)
     _advance(steps, None)
@@ -149,7 +151,7 @@ def amp_c_lamb_stage1(params, grads, exp_avgs, exp_avg_sqs, master_params, steps
     # is the raw op's only where no conversion happens.
     need(all(isinstance(u, torch.Tensor) and isinstance(p, torch.Tensor) and u.dtype == state_dtype(p.dtype)
              and same_layout(u, p) for u, p in zip(updates, params)), "updates amp_C would convert")
-    step = _common_step(steps, params, grad_scale)
+    step = _common_step(steps, params, grad_scale, params, grads, exp_avgs, exp_avg_sqs, updates)
     # Apex's clipping divides the grads by global_norm / max_norm where it exceeds it:
     # a scale of s >= 1 is global_norm s against max_norm 1.
     norm = 0.0 if grad_scale is None else _inverse(_inverse(grad_scale)).item()
@@ -181,7 +183,7 @@ def amp_c_novograd(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, g
     need(init_zero and not maximize and not master_params, "a first step taken from the grad, maximize or masters")
     need(grad_scale is None and found_inf is None, "a scale or a flag")
     _same_lengths(params, grads, exp_avgs, exp_avg_sqs)
-    step = _common_step(steps, params) + 1
+    step = _common_step(steps, params, params, grads, exp_avgs, exp_avg_sqs, grad_norms) + 1
     need(norm_type in (0, 2) and all(_plain(v) for v in exp_avg_sqs), "one kept norm per tensor")
     need(all(_plain(g, g.numel()) for g in grads), "host grads")
     # Apex's kernel computes this step's norms itself: the raw call's must be them.

@@ -196,9 +196,17 @@ def _lamb_stage2(p, masters, updates, lr, weight_decay, use_nvlamb, found_inf, p
     if update_norms is None:
         update_norms = ops.multi_tensor_l2norm(updates, per_tensor=True)[1]
     lr, lr_tensor = lr_arg(lr, p[0].device)
-    op("fused_lamb_stage2_")(p, masters, updates, param_norms.to(p[0].device, dtype),
-                             update_norms.to(p[0].device, dtype), lr, weight_decay,
+    op("fused_lamb_stage2_")(p, masters, updates, _norms_as(param_norms, p[0].device, dtype),
+                             _norms_as(update_norms, p[0].device, dtype), lr, weight_decay,
                              bool(use_nvlamb), lr_tensor, found_inf)
+
+
+def _norms_as(norms, device, dtype):
+    """Apex's per-tensor norms (float32, float16 for half params) as the op takes them;
+    norms that are not floating (or on meta) go to the op as they are, which names them."""
+    if not norms.is_floating_point() or norms.device.type == "meta":
+        return norms
+    return norms.to(device, dtype)
 
 
 def _lamb(g, p, m, v, masters, lr, beta1, beta2, epsilon, step, bias_correction, weight_decay,

@@ -14,13 +14,6 @@
 
 namespace core_ops {
 
-// A scalar the kernels read as a number (lr, grad_scale): floating or int32 / int64.
-inline void check_number(const Tensor& t, const char* name) {
-  const auto dt = dtype_of(t);
-  CORE_OPS_CHECK_TYPE(is_floating(dt) || dt == ScalarType::Int || dt == ScalarType::Long, name,
-                      " must be a floating or integer tensor, got ", dtype_name(dt));
-}
-
 // The dtype optimizer state and master weights are kept in for params of `param`.
 inline ScalarType state_dtype(ScalarType param) {
   return param == ScalarType::Double ? ScalarType::Double : ScalarType::Float;

@@ -153,6 +153,21 @@ inline bool all_or_no_double(std::initializer_list<TensorList> lists, const char
   return doubles > 0;
 }
 
+// A scalar the kernels read as a number (scale, inv_scale, lr, grad_scale): floating or
+// int32 / int64.
+inline void check_number(const Tensor& t, const char* name) {
+  const auto dt = dtype_of(t);
+  CORE_OPS_CHECK_TYPE(is_floating(dt) || dt == ScalarType::Int || dt == ScalarType::Long, name,
+                      " must be a floating or integer tensor, got ", dtype_name(dt));
+}
+
+// A one-element factor of the list ops (scale, inv_scale), checked where the CPU and
+// CUDA kernels read it alike.
+inline void check_factor(const Tensor& t, const char* name) {
+  CORE_OPS_CHECK_VALUE(t.numel() == 1, name, " must be a one-element tensor, got shape ", t.sizes());
+  check_number(t, name);
+}
+
 // Returns false when there is nothing to do (empty lists).
 inline bool check_scale_args(TensorList src, TensorList dst, const Tensor& scale, const Tensor& found_inf) {
   CallDevice().list(src, "src").list(dst, "dst").one(scale, "scale").one(found_inf, "found_inf");
@@ -160,6 +175,7 @@ inline bool check_scale_args(TensorList src, TensorList dst, const Tensor& scale
       .reads(src, "src", "dst").reads(scale, "scale").writes(dst, "dst").writes(found_inf, "found_inf").check();
   if (!check_matching_lists(src, "src", dst, "dst")) return false;
   check_flag(found_inf);
+  check_factor(scale, "scale");
   return true;
 }
 
@@ -200,6 +216,7 @@ inline bool check_unscale_args(TensorList tensors, const Tensor& inv_scale, cons
   if (tensors.empty()) return false;
   check_list(tensors, "tensors", tensors[0].device());
   check_flag(found_inf);
+  check_factor(inv_scale, "inv_scale");
   return true;
 }
 
