@@ -322,7 +322,6 @@ def any_set(environ=None):
 
 @contextlib.contextmanager
 def _patched(values):
-    import os as _os
     texts = {}
     for name, value in values.items():
         if name not in BY_NAME:
@@ -331,20 +330,21 @@ def _patched(values):
         if value is not None:
             setting.parse(value, name)  # refused here, not where it is read
         texts[setting.env] = None if value is None else _text(value)
-    before = {env: _os.environ.get(env) for env in texts}
+    before = {env: os.environ.get(env) for env in texts}
     try:
-        for env, text in texts.items():
-            if text is None:
-                _os.environ.pop(env, None)
-            else:
-                _os.environ[env] = text
+        _set_variables(texts)
         yield
     finally:
-        for env, text in before.items():
-            if text is None:
-                _os.environ.pop(env, None)
-            else:
-                _os.environ[env] = text
+        _set_variables(before)
+
+
+def _set_variables(texts):
+    """Each variable of ``texts`` set to its text, or unset for None."""
+    for env, text in texts.items():
+        if text is None:
+            os.environ.pop(env, None)
+        else:
+            os.environ[env] = text
 
 
 def _text(value):
