@@ -6,7 +6,7 @@ import math
 import torch
 
 from .. import _build, _validate
-from .._boundary import check_no_grad_writes
+from .._boundary import check_call, check_no_grad_writes
 from .._library import op
 from .._sharded import is_sharded, locals_of, whole_norms
 
@@ -28,6 +28,16 @@ def _prepare(*named_lists, writes=(), op_name=""):
     return lists, device
 
 
+def _call(name, lists, *args):
+    """``op(name)(*args)``, or for empty ``lists`` only the checks the op makes of every
+    call (Note [Op boundary]: a meta scale beside a CPU flag is refused either way);
+    an empty call then does nothing, without a dispatch."""
+    if lists:
+        op(name)(*args)
+    else:
+        check_call(name, args, {})
+
+
 def _scalar_dtype(tensors):
     # The dtype the kernels compute in (Note [Multi-tensor conventions]).
     return torch.float64 if tensors and tensors[0].dtype == torch.float64 else torch.float32
@@ -40,8 +50,7 @@ def multi_tensor_scale(src, dst, scale, found_inf=None):
     (src, dst), device = _prepare(("src", src), ("dst", dst), writes=("dst",), op_name="multi_tensor_scale")
     found_inf = _validate.flag(found_inf, device)
     scale = _validate.scalar_tensor(scale, device, "scale", _scalar_dtype(src))
-    if src:
-        op("multi_tensor_scale_")(src, dst, scale, found_inf)
+    _call("multi_tensor_scale_", src, src, dst, scale, found_inf)
     return found_inf
 
 
@@ -51,8 +60,7 @@ def multi_tensor_check_finite(tensors, found_inf=None):
     finite values never raise the flag."""
     (tensors,), device = _prepare(("tensors", tensors))
     found_inf = _validate.flag(found_inf, device)
-    if tensors:
-        op("multi_tensor_check_finite_")(tensors, found_inf)
+    _call("multi_tensor_check_finite_", tensors, tensors, found_inf)
     return found_inf
 
 
@@ -63,8 +71,7 @@ def multi_tensor_axpby(x, y, out, a, b, found_inf=None, arg_to_check=-1):
         raise ValueError(f"arg_to_check must be -1 (both), 0 (x) or 1 (y), got {arg_to_check!r}")
     (x, y, out), device = _prepare(("x", x), ("y", y), ("out", out), writes=("out",), op_name="multi_tensor_axpby")
     found_inf = _validate.flag(found_inf, device)
-    if x:
-        op("multi_tensor_axpby_")(x, y, out, float(a), float(b), found_inf, arg_to_check)
+    _call("multi_tensor_axpby_", x, x, y, out, float(a), float(b), found_inf, arg_to_check)
     return found_inf
 
 

@@ -118,6 +118,9 @@ def amp_c_sgd(params, grads, momentum_buffers, master_params, lr, momentum, damp
     need(bool(momentum_buffers) == bool(momentum), "momentum buffers exactly with momentum")
     need(not master_params or momentum_buffers, "masters without momentum (Apex's lists hold both)")
     _same_lengths(params, grads, momentum_buffers, master_params, may_be_empty=(1, 2))
+    # Apex's SGD took grads of another float dtype than the params (fp16 grads of fp32
+    # weights): amp_C converts those, so such a call is not the raw op's.
+    need(all(isinstance(g, torch.Tensor) and g.dtype == params[0].dtype for g in grads), "grads amp_C would convert")
     scale = 1.0 if grad_scale is None else _inverse(grad_scale).item()
     if master_params:
         lists = [grads, master_params, momentum_buffers, params]

@@ -66,8 +66,10 @@ def _grads_in(grads, dtype, scaled, run):
     back unscaled] in csrc/include/core_ops/optimizer_args.h): grads of another dtype
     get them too."""
     # Only float grads are converted: any other goes to the op as it is, which names it.
-    converted = [g.to(dtype) if g.dtype != dtype and g.is_floating_point() and g.layout == torch.strided
-                 and g.device.type != "meta" else g for g in grads]
+    # A list of mixed dtypes (Apex's kernels took one a list) goes to the op as it is too.
+    mixed = _one_dtype(grads) is None
+    converted = [g.to(dtype) if not mixed and g.dtype != dtype and g.is_floating_point()
+                 and g.layout == torch.strided and g.device.type != "meta" else g for g in grads]
     run(converted)
     moved = [(g, c) for g, c in zip(grads, converted) if c is not g]
     if scaled and moved:
