@@ -12,10 +12,10 @@ import time
 import torch
 
 import core_ops  # noqa: F401
-from core_ops import _build
-from core_ops._library import op
+from core_ops import native
+from core_ops._schemas import op
 
-assert _build.ensure("cpu").native
+assert native.ensure("cpu").native
 
 
 def tmin(fn, n=300):

@@ -23,8 +23,8 @@ opt = FusedAdam(model.parameters(), lr=1e-3)
 model(torch.randn(8, 256)).sum().backward()
 opt.step()
 t1 = time.perf_counter()
-from core_ops import _build
-print(f"{t1 - t0:.3f}", _build.ensure("cpu").reason)
+from core_ops import native
+print(f"{t1 - t0:.3f}", native.ensure("cpu").reason)
 """
 
 

@@ -27,7 +27,7 @@ import torch
 
 import core_ops
 from core_ops.optimizers import FusedAdam
-from core_ops._library import op
+from core_ops._schemas import op
 
 torch.manual_seed(0)
 

@@ -17,7 +17,7 @@ def main(argv=None):
     st.add_argument("--markdown", action="store_true", help="the table of docs/settings.md")
     args = parser.parse_args(argv)
 
-    from . import _build, _info, settings
+    from . import _info, native, settings
 
     if args.command == "settings":
         if args.markdown:
@@ -27,7 +27,7 @@ def main(argv=None):
         return 0
 
     try:
-        _build.forced_reference()
+        native.forced_reference()
     except ValueError as e:  # a mistyped CORE_OPS_BACKEND: said once, without a traceback
         print(f"core_ops: {e}", file=sys.stderr)
         return 2
@@ -38,8 +38,8 @@ def main(argv=None):
     ok = True
     for kind in kinds:
         # A failure recorded by an earlier build is retried: asking to build means it.
-        backend = _build.ensure(kind, force=True, arch=args.arch if kind == "cuda" else None, warn=False) \
-            if args.force else _build.ensure(kind, arch=args.arch, warn=False, retry_failed=True)
+        arch = args.arch if kind == "cuda" else None
+        backend = native.ensure(kind, native.Request(rebuild=args.force, arch=arch, retry_failed=True), warn=False)
         print(f"{kind}: {'ok' if backend.native else 'FAILED'}: {backend.reason}")
         ok &= backend.native
     return 0 if ok else 1

@@ -1,5 +1,5 @@
 """Note [Op boundary]: what every multi-tensor and optimizer op checks of any call,
-whichever kernel runs it, read off the op's schema in _library.py:
+whichever kernel runs it, read off the op's schema in _schemas.py:
 
 - one device: every tensor of the call is on the device of its first tensor (the first
   of its first list). A tensor elsewhere is an error, not a no-op: dispatch picks the

@@ -1,4 +1,4 @@
-"""Tiers 2 and 3 of Note [Backend tiers] (torch_fused.py), registered as each op's
+"""Backends 3 and 4 of Note [Backends] (native/__init__.py), registered as each op's
 CompositeExplicitAutograd kernel: torch's fused kernel where the op has one and the
 call fits it, else the pure-PyTorch reference. A native kernel, once loaded, takes
 its device's own key over this one."""

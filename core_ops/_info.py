@@ -4,53 +4,54 @@ import platform
 
 import torch
 
-from . import _build, torch_fused
-from ._library import LIB_NAME, OP_NAMES
+from . import native, torch_fused
+from ._schemas import LIB_NAME, OP_NAMES
+from .native import cache, toolchain
 
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 
 
 def _cache_line():
     """The cache used, and why: private instead of the one set, or shared by a team."""
-    from . import _cache_trust
-    root, why = _build.cache()
+    root, why = cache.root()
     if why is not None:
-        return f"{root} (private: {_build.cache_root()} is not used: {why})"
-    return f"{root} (shared with a team: CORE_OPS_SHARED_CACHE=1)" if _cache_trust.shared() else str(root)
+        return f"{root} (private: {cache.configured_root()} is not used: {why})"
+    return f"{root} (shared with a team: CORE_OPS_SHARED_CACHE=1)" if cache.shared() else str(root)
 
 
 def op_backend(name, kind):
-    """Which tier of Note [Backend tiers] (torch_fused.py) ``name`` takes on ``kind``:
-    'native' if the dispatcher holds a C++ kernel for the device, else 'torch (<its
-    kernel>) where the call fits, else reference' for an op torch has a fused kernel
-    of, else 'reference'."""
+    """Which backend of Note [Backends] (native/__init__.py) serves ``name`` on ``kind``:
+    'native' if the dispatcher holds a C++ kernel for the device (backend 1 or 2), else
+    '3 torch (<its kernel>) where the call fits, else 4 reference' for an op torch has a
+    fused kernel of, else '4 reference'."""
     if torch._C._dispatch_has_kernel_for_dispatch_key(f"{LIB_NAME}::{name}", _DISPATCH_KEYS[kind]):
         return "native"
-    if name in torch_fused.KERNELS and not _build.forced_reference():
-        return f"torch ({torch_fused.COVERS[name]}) where the call fits, else reference"
-    return "reference"
+    if name in torch_fused.KERNELS and not native.forced_reference():
+        return f"3 torch ({torch_fused.COVERS[name]}) where the call fits, else 4 reference"
+    return "4 reference"
 
 
 def backend_report(build=True):
-    """A dict: versions, cache path, and for every device kind the library status and
-    each op's backend. With ``build``, CPU kernels are built if missing (CUDA only
-    when a GPU is present), so the report says what a real call would get."""
+    """A dict: versions, cache path, and for every device kind the native backend taken
+    (or why none was), why each before it was passed over, and each op's backend. With
+    ``build``, CPU kernels are built if missing (CUDA only when a GPU is present), so the
+    report says what a real call would get."""
     from importlib.metadata import version  # the installed distribution's (pyproject's)
     report = {
         "core-ops": version("core-ops"),
         "torch": torch.__version__,
         "cuda (torch build)": str(torch.version.cuda),
-        "cuda toolkit": _build.cuda_home() or "not found",
-        "c++ compiler": _build._first_line([_build.cxx() or "c++", "--version"]) or "not found",
+        "cuda toolkit": toolchain.cuda_home() or "not found",
+        "c++ compiler": toolchain.version_line([toolchain.cxx() or "c++", "--version"]) or "not found",
         "python": platform.python_version(),
         "cpu capability": torch.backends.cpu.get_cpu_capability(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
         "cache": _cache_line(),
         "devices": {},
     }
-    for kind in _build.KINDS:
+    for kind in native.KINDS:
         wanted = build and (kind == "cpu" or torch.cuda.is_available())
-        backend = _build.ensure(kind, build=wanted, warn=False)
+        backend = native.ensure(kind, native.Request(build=wanted), warn=False)
         if kind == "cuda" and not torch.cuda.is_available():
             # Nothing here would build or run it: say so, promise nothing "on first use".
             note = ("native library loaded (no GPU here to run it)" if backend.native else
@@ -60,6 +61,7 @@ def backend_report(build=True):
             note = backend.reason
         report["devices"][kind] = {
             "library": note,
+            "passed over": list(backend.passed_over),
             "ops": {name: op_backend(name, kind) for name in OP_NAMES},
         }
     return report
@@ -78,6 +80,7 @@ def format_report(report):
     lines = [f"{k:>20}: {v}" for k, v in report.items() if k != "devices"]
     for kind, dev in report["devices"].items():
         lines.append(f"\n[{kind}] {dev['library']}")
+        lines += [f"  passed over: {why}" for why in dev["passed over"]]
         for name, backend in dev["ops"].items():
             lines.append(f"  {name:<32} {backend}")
     lines.append("\n" + format_settings())

@@ -230,7 +230,7 @@ def check_per_tensor_state(params, exp_avg_sqs, grad_norms):
 
 def batch_norm_acc_dtype(input_dtype):
     """The dtype the batch-norm statistics are kept in: float64 for float64 input, else
-    float32 (Note [Sync batch norm ops] in _library.py)."""
+    float32 (Note [Sync batch norm ops] in _schemas.py)."""
     return torch.float64 if input_dtype == torch.float64 else torch.float32
 
 
@@ -302,7 +302,7 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 def check_norm_args(input, hidden, params=(), out_dtype=None, name="input"):
-    """The layer / RMS norm ops' arguments (Note [Norm ops] in _library.py): ``input``
+    """The layer / RMS norm ops' arguments (Note [Norm ops] in _schemas.py): ``input``
     floating with a whole number of rows of ``hidden`` values, params of ``hidden``
     values on its device, and an output dtype of the input's or, for half input,
     float32."""
@@ -387,7 +387,7 @@ def _check_map_values(qmap, name):
 
 def check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
                              exp_avg_sq_absmaxes, master_params, exp_avg_map, exp_avg_sq_map):
-    """The checks of fused_adam_compact_ (Note [Compact Adam state] in _library.py), for
+    """The checks of fused_adam_compact_ (Note [Compact Adam state] in _schemas.py), for
     the reference and fake kernels; csrc/include/core_ops/compact_state_args.h words
     them for the C++ kernels."""
     from .reference.compact_state import blocks_of

@@ -225,7 +225,7 @@ class Setting:
 SETTINGS = (
     # core_ops itself
     Setting("backend", "CORE_OPS_BACKEND", _choice("auto", "jit", "reference"), "auto", (CORE,),
-            "auto: the fastest tier each op has; jit: as auto, but native kernels are built here even where "
+            "auto: the first backend that serves each op (wheel, jit, torch, reference); jit: as auto, but native kernels are built here even where "
             "the wheel has them; reference: the pure-PyTorch kernels everywhere"),
     Setting("cpu_level", "CORE_OPS_CPU_LEVEL", _choice("baseline", "avx2", "avx512"), None, (CORE,),
             "the highest x86-64 level the CPU kernels may use (default: the highest this CPU runs)"),

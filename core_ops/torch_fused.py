@@ -1,21 +1,20 @@
-"""The middle tier: ops on torch's own fused kernels where no native kernel is loaded.
+"""Backend 3 of Note [Backends] (native/__init__.py): ops on torch's own fused kernels
+where no native library is loaded.
 
-Note [Backend tiers]: each op runs on the first of
-  1. native: core_ops' C++ / CUDA kernel for the device (csrc/), once built and loaded;
-  2. torch: for the ops whose math torch has as one fused kernel, that kernel
-     (``torch._fused_adam_`` / ``_fused_adamw_``, ``_fused_sgd_``, ``_fused_adagrad_``,
-     ``_amp_foreach_non_finite_check_and_unscale_``, ``_foreach_norm``), when the call's arguments are ones
-     it takes: plain float32 / float64 tensors, dense and contiguous, the state in the
-     params' dtype, no master weights, and the options torch has (no Apex-only ones
-     such as ``wd_after_momentum``, ``adagrad_w_mode`` or ``bias_correction=False``);
-  3. reference: the pure-PyTorch kernel (core_ops/reference/), for everything else.
-A GPU box with no CUDA toolkit (torch's pip wheels carry none) thus still steps at
-torch's fused speed instead of the reference's. Tiers 2 and 3 are registered as one
+Note [Torch's fused kernels]: for the ops whose math torch has as one fused kernel
+(``torch._fused_adam_`` / ``_fused_adamw_``, ``_fused_sgd_``, ``_fused_adagrad_``,
+``_amp_foreach_non_finite_check_and_unscale_``, ``_foreach_norm``), that kernel serves a
+call whose arguments it takes: plain float32 / float64 tensors, dense and contiguous,
+the state in the params' dtype, no master weights, and the options torch has (no
+Apex-only ones such as ``wd_after_momentum``, ``adagrad_w_mode`` or
+``bias_correction=False``); any other call goes on to backend 4, the reference. A GPU
+box with no CUDA toolkit (torch's pip wheels carry none) thus still steps at torch's
+fused speed instead of the reference's. Backends 3 and 4 are registered as one
 CompositeExplicitAutograd kernel per op (_fallback.py); a native kernel, once loaded,
 takes its device's key over it. Results agree with the reference within the
 tolerances its tests state (torch's fused Adam forms its moments with fused
 multiply-adds and float32 hyperparameters: a few ulps a step,
-tests/test_torch_fused_tier.py). ``CORE_OPS_BACKEND=reference`` skips tier 2 too.
+tests/test_torch_backend.py). ``CORE_OPS_BACKEND=reference`` passes backend 3 over too.
 
 The steps: torch's fused optimizers read step counts already advanced and leave the
 advancing to their Python callers; core_ops' ops advance them themselves, and not
@@ -27,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _build
+from . import native
 from ._validate import check_lists
 from .reference import KERNELS as REFERENCE
 
@@ -43,9 +42,9 @@ def _fits(params, *lists, steps=None):
     float64 tensors of one dtype and device, each list (but an empty one) holding one
     tensor of its param's shape per param, and one-element float32 step counts
     (torch's CPU kernels check none of the shapes). Set and list comprehensions, not
-    a per-tensor loop: this runs on every step (0.2 ms for 800 tensors, bench_tiers.py).
+    a per-tensor loop: this runs on every step (0.2 ms for 800 tensors, bench_backends.py).
     Anything else goes to the reference, whose checks then name what is wrong."""
-    if _build.forced_reference() or not params:
+    if native.forced_reference() or not params:
         return False
     first, n = params[0], len(params)
     lists = [params, *[ts for ts in lists if ts]]
@@ -114,7 +113,7 @@ def fused_adam_compact_(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, 
     args = (params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes, master_params, steps,
             exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adam_w_mode, bias_correction,
             maximize, lr_tensor, grad_scale, found_inf)
-    if (_build.forced_reference() or not params or not bias_correction
+    if (native.forced_reference() or not params or not bias_correction
             or not all(map(torch.Tensor.is_contiguous, [*params, *grads]))):
         return REFERENCE["fused_adam_compact_"](*args)
     check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes,
@@ -178,7 +177,7 @@ def fused_adagrad_(params, grads, state_sums, master_params, steps, lr, lr_decay
 
 def _one_kind(ts, dtypes):
     """``ts`` non-empty, dense and contiguous, of one device and one dtype in ``dtypes``."""
-    if not ts or _build.forced_reference() or ts[0].dtype not in dtypes:
+    if not ts or native.forced_reference() or ts[0].dtype not in dtypes:
         return False
     return {(t.dtype, t.device, t.layout) for t in ts} == {(ts[0].dtype, ts[0].device, torch.strided)} and all(
         map(torch.Tensor.is_contiguous, ts))
@@ -212,7 +211,7 @@ def multi_tensor_l2norm(tensors, per_tensor):
     return total, norms if per_tensor else norms.new_empty(0)
 
 
-# What tier 2 covers, for ``core_ops info``.
+# What backend 3 covers, for ``core_ops info``.
 COVERS = {
     "fused_adam_": "torch._fused_adam_ / _fused_adamw_",
     "fused_adam_compact_": "torch._fused_adam_ / _fused_adamw_ on the state widened to float32",

@@ -61,9 +61,9 @@ def world1():
 @pytest.fixture
 def both_native():
     """GPU tests that compare the native CPU and CUDA kernels: both must have built."""
-    from core_ops import _build
+    from core_ops import native
     for kind in ("cpu", "cuda"):
-        backend = _build.ensure(kind)
+        backend = native.ensure(kind)
         assert backend.native, backend.reason
 
 
@@ -78,11 +78,11 @@ NO_JIT_BUILD = "the JIT route builds with a C++ compiler, and none is here (a wh
 
 
 def pytest_collection_modifyitems(config, items):
-    from core_ops import _build
+    from core_ops.native import toolchain
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     no_cxx = pytest.mark.skip(reason="inductor's CPU code needs a C++ compiler, and none is here")
     no_jit = pytest.mark.skip(reason=NO_JIT_BUILD)
-    cuda, cxx, jit = torch.cuda.is_available(), _has_cxx(), _build.cxx() is not None
+    cuda, cxx, jit = torch.cuda.is_available(), _has_cxx(), toolchain.cxx() is not None
     for item in items:
         if "gpu" in item.keywords and not cuda:
             item.add_marker(no_gpu)
@@ -98,13 +98,14 @@ def jit_cpu_library():
     """The JIT route's CPU library (built into the suite's cache if need be), for the
     tests of building, caching and cache trust: in a wheel install this process runs
     the wheel's library instead (Note [Prebuilt libraries]). Skips without a compiler."""
-    from core_ops import _build, _wheel_library
-    if _build.cxx() is None:
+    from core_ops import native
+    from core_ops.native import loader, toolchain
+    if toolchain.cxx() is None:
         pytest.skip(NO_JIT_BUILD)
-    backend = _build.ensure("cpu")
-    if backend.native and Path(backend.path).parent != _wheel_library.LIB_DIR:
+    backend = native.ensure("cpu")
+    if backend.native and Path(backend.path).parent != loader.LIB_DIR:
         return Path(backend.path)
-    code = "from core_ops import _build; b = _build.ensure('cpu', warn=False); print(b.native, b.path)"
+    code = "from core_ops import native; b = native.ensure('cpu', warn=False); print(b.native, b.path)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
                           env={**os.environ, "CORE_OPS_BACKEND": "jit"})
     assert proc.returncode == 0 and proc.stdout.split()[-2] == "True", proc.stdout + proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""Building, caching and falling back (Note [Native build] in core_ops/_build.py).
+"""Building, caching and falling back (Note [Native build] in core_ops/native/cache.py).
 
 These run real builds in fresh cache folders, in subprocesses, as a user would meet them.
 """
@@ -15,18 +15,18 @@ import pytest
 
 import torch
 
-from core_ops import _build, _cuda_toolkit
+from core_ops.native import build, cache, cuda_toolkit, toolchain
 
 PY = sys.executable
 CALL = textwrap.dedent("""
     import warnings, torch, core_ops
-    from core_ops import _build
+    from core_ops import native
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         total, _ = core_ops.multi_tensor_l2norm([torch.full((16,), 1.0), torch.full((9,), 1.0)])
         core_ops.multi_tensor_l2norm([torch.ones(3)])
     print("RESULT", total.item())
-    print("NATIVE", _build.ensure("cpu").native)
+    print("NATIVE", native.ensure("cpu").native)
     print("WARNINGS", len([w for w in caught if "core_ops" in str(w.message)]))
     for w in caught: print("WARNING", w.message)
 """)
@@ -69,10 +69,10 @@ def test_no_compiler_falls_back_to_reference_with_one_warning(tmp_path):
 def with_broken_source(tmp_path):
     """CALL, building from a copy of the sources with one that does not compile."""
     broken = tmp_path / "csrc"
-    shutil.copytree(_build.CSRC, broken)
+    shutil.copytree(build.CSRC, broken)
     (broken / "cpu" / "broken.cpp").write_text("this is not C++;\n")
-    return (f"import core_ops._build as b, core_ops._cpu_build as c\n"
-            f"b.CSRC = c.CSRC = __import__('pathlib').Path({str(broken)!r})\n" + CALL)
+    return (f"import core_ops.native.build as b\n"
+            f"b.CSRC = __import__('pathlib').Path({str(broken)!r})\n" + CALL)
 
 
 @pytest.mark.jit_build
@@ -122,7 +122,7 @@ def test_cache_built_elsewhere_loads_without_a_compiler(tmp_path, jit_cpu_librar
     cached_library_in(tmp_path, jit_cpu_library)
     out, err = finish(run(CALL, tmp_path))  # a machine with a compiler marks it on load
     assert "NATIVE True" in out and "building" not in err
-    assert len(list(tmp_path.glob(f"*/{_build.PORTABLE_KEY}"))) == 1
+    assert len(list(tmp_path.glob(f"*/{cache.PORTABLE_KEY}"))) == 1
     out, err = finish(run(CALL, tmp_path, CXX="/nonexistent/c++"))
     assert "RESULT 5.0" in out and "NATIVE True" in out and "WARNINGS 0" in out
 
@@ -130,12 +130,12 @@ def test_cache_built_elsewhere_loads_without_a_compiler(tmp_path, jit_cpu_librar
 def test_truncated_cached_library_is_not_loaded(tmp_path, jit_cpu_library):
     # Loading a library cut short (a build killed while linking) crashed with SIGBUS.
     library = cached_library_in(tmp_path, jit_cpu_library)
-    assert _build._complete(library)
+    assert cache.complete(library)
     with open(library, "r+b") as fh:
         fh.truncate(library.stat().st_size // 2)
-    assert not _build._complete(library)
-    code = ("from core_ops import _build\n"
-            "print('BACKEND', _build.ensure('cpu', build=False, warn=False).reason)")
+    assert not cache.complete(library)
+    code = ("from core_ops import native\n"
+            "print('BACKEND', native.ensure('cpu', native.LOOK, warn=False).reason)")
     out, _ = finish(run(code, tmp_path))
     assert "BACKEND not built yet" in out
 
@@ -143,8 +143,8 @@ def test_truncated_cached_library_is_not_loaded(tmp_path, jit_cpu_library):
 def test_pip_ninja_is_used_when_its_folder_is_not_on_path(monkeypatch, tmp_path):
     ninja = pytest.importorskip("ninja")
     monkeypatch.setenv("PATH", str(tmp_path))  # an environment's python run unactivated
-    assert _build._precondition("cpu") is None or "compiler" in _build._precondition("cpu")
-    with _build._ninja_on_path():
+    assert toolchain.missing("cpu") is None or "compiler" in toolchain.missing("cpu")
+    with toolchain.ninja_on_path():
         assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR
         assert shutil.which("ninja") is not None
     assert os.environ["PATH"] == str(tmp_path)  # the user's PATH is left as it was
@@ -183,8 +183,10 @@ def test_info_reports_native_cpu_ops():
     assert proc.returncode == 0, proc.stderr
     cpu = proc.stdout.split("[cpu]")[1].split("[cuda]")[0]
     assert "native" in cpu.splitlines()[0]
-    for name in ("multi_tensor_scale_", "multi_tensor_l2norm", "update_scale_"):
-        assert f"{name}" in cpu and all(line.split()[-1] == "native" for line in cpu.splitlines()[1:] if line.strip())
+    from core_ops._schemas import OP_NAMES
+    ops = {line.split()[0]: line.split()[-1] for line in cpu.splitlines()[1:] if line.split()[:1] != ["passed"]
+           and line.strip()}
+    assert ops == {name: "native" for name in OP_NAMES}
     for key in ("torch", "cache", "c++ compiler", "cuda toolkit"):
         assert key in proc.stdout
     import core_ops
@@ -195,27 +197,27 @@ def test_info_reports_native_cpu_ops():
 
 
 def test_cache_key_tracks_sources_flags_and_arch(tmp_path, monkeypatch):
-    assert _build.build_key("cuda", "8.0") != _build.build_key("cuda", "9.0")
-    before = _build.build_key("cpu")
+    assert cache.key("cuda", "8.0") != cache.key("cuda", "9.0")
+    before = cache.key("cpu")
     copy = tmp_path / "csrc"
-    shutil.copytree(_build.CSRC, copy)
-    monkeypatch.setattr(_build, "CSRC", copy)
-    assert _build.build_key("cpu") == before
+    shutil.copytree(build.CSRC, copy)
+    monkeypatch.setattr(build, "CSRC", copy)
+    assert cache.key("cpu") == before
     header = copy / "include" / "core_ops" / "multi_tensor_math.h"
     header.write_text(header.read_text() + "\n// changed\n")
-    assert _build.build_key("cpu") != before
+    assert cache.key("cpu") != before
 
 
 def _why_no_cuda_build():
     """Why this machine cannot build the CUDA kernels for this torch, or None."""
     if torch.version.cuda is None:
         return f"this torch ({torch.__version__}) is built without CUDA: there are no CUDA kernels to build"
-    if _build.cxx() is None:
+    if toolchain.cxx() is None:
         return "no C++ compiler here: nvcc needs the host's (a wheel install runs its own libraries)"
-    home = _build.cuda_home()
+    home = toolchain.cuda_home()
     if home is None or not Path(home, "bin", "nvcc").exists():
         return "no CUDA toolkit on this machine"
-    return _cuda_toolkit.mismatch(home)
+    return cuda_toolkit.mismatch(home)
 
 
 NO_CUDA_BUILD = _why_no_cuda_build()
@@ -232,9 +234,9 @@ def test_cuda_extension_compiles_for_sm80_and_sm90_and_loads():
 
 CUDA_ENTRY_CHECKS = textwrap.dedent("""
     import torch
-    from core_ops import _build
-    from core_ops._library import op
-    assert _build.ensure("cpu").native and _build.ensure("cuda").native  # the arch list of the build above
+    from core_ops import native
+    from core_ops._schemas import op
+    assert native.ensure("cpu").native and native.ensure("cuda").native  # the arch list of the build above
     CUDA = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
     class ClaimsCuda(torch.Tensor):
@@ -308,7 +310,7 @@ def _system_toolkit(pip):
     """What a private mount namespace hides so that only the pip root is left: the
     toolkit folders and every CUDA tool (or wrapper) on PATH outside the pip root."""
     hide = set()
-    for root in (_cuda_toolkit.find_root(), "/usr/local/cuda"):
+    for root in (cuda_toolkit.find_root(), "/usr/local/cuda"):
         if root and Path(root).exists() and Path(root).resolve() != pip.resolve():
             hide.add(str(Path(root).resolve()))
     for folder in os.environ.get("PATH", "").split(os.pathsep):
@@ -319,11 +321,11 @@ def _system_toolkit(pip):
     return sorted(hide)
 
 
-@pytest.mark.skipif(_cuda_toolkit.pip_root() is None or shutil.which("unshare") is None
+@pytest.mark.skipif(cuda_toolkit.pip_root() is None or shutil.which("unshare") is None
                     or not hasattr(os, "geteuid") or os.geteuid() != 0,
                     reason="needs the [cuda] extra's pip packages, unshare and root")
-@pytest.mark.skipif(_cuda_toolkit.pip_root() is not None
-                    and _cuda_toolkit.pip_packages_apart(str(_cuda_toolkit.pip_root())) is not None,
+@pytest.mark.skipif(cuda_toolkit.pip_root() is not None
+                    and cuda_toolkit.pip_packages_apart(str(cuda_toolkit.pip_root())) is not None,
                     reason="the [cuda] extra's packages are of different releases (the build refuses them: "
                            "test_compiler_packages_of_two_releases_are_named)")
 def test_the_cuda_kernels_build_from_pip_packages_alone(tmp_path):
@@ -332,7 +334,7 @@ def test_the_cuda_kernels_build_from_pip_packages_alone(tmp_path):
     cpp_extension also looks in /usr/local/cuda) and CUDA_HOME unset, the CUDA library
     builds for sm_90 from the pip packages in a fresh cache, loads, and `info` names
     the pip root as the toolkit."""
-    pip = _cuda_toolkit.pip_root()
+    pip = cuda_toolkit.pip_root()
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty_file").write_text("")
     env = dict(os.environ, PY=PY, EMPTY_DIR=str(tmp_path / "empty"), EMPTY_FILE=str(tmp_path / "empty_file"),
@@ -348,19 +350,19 @@ def test_compiler_packages_of_two_releases_are_named(monkeypatch):
     """cuda-toolkit 13.0.2 (torch 2.11, 2.12) pins nvcc but not nvvm and crt, so pip took
     13.5's beside nvcc 13.0, whose ptxas refused the PTX: the build says which packages
     to pin instead of failing in ptxas."""
-    pip = _cuda_toolkit.pip_root()
+    pip = cuda_toolkit.pip_root()
     if pip is None:
         pytest.skip("needs the [cuda] extra's pip packages")
-    real = _cuda_toolkit.version
-    monkeypatch.setattr(_cuda_toolkit, "version", lambda name: {"nvidia-cuda-nvcc": "13.0.88", "nvidia-nvvm": "13.5.37",
+    real = cuda_toolkit.version
+    monkeypatch.setattr(cuda_toolkit, "version", lambda name: {"nvidia-cuda-nvcc": "13.0.88", "nvidia-nvvm": "13.5.37",
                                                                 "nvidia-cuda-crt": "13.5.37"}.get(name) or real(name))
-    reason = _cuda_toolkit.mismatch(str(pip))
+    reason = cuda_toolkit.mismatch(str(pip))
     assert reason == (f"the pip packages of the CUDA compiler in {pip} are of different CUDA releases "
                       "(nvidia-cuda-nvcc 13.0.88, nvidia-nvvm 13.5.37, nvidia-cuda-crt 13.5.37), whose parts "
                       'refuse each other: pip install "nvidia-nvvm==13.0.*" "nvidia-cuda-crt==13.0.*"')
-    monkeypatch.setattr(_cuda_toolkit, "version", lambda name: "13.0.88")
-    assert _cuda_toolkit.pip_packages_apart(str(pip)) is None
-    assert _cuda_toolkit.pip_packages_apart("/usr/local/cuda") is None  # a full toolkit: not pip's
+    monkeypatch.setattr(cuda_toolkit, "version", lambda name: "13.0.88")
+    assert cuda_toolkit.pip_packages_apart(str(pip)) is None
+    assert cuda_toolkit.pip_packages_apart("/usr/local/cuda") is None  # a full toolkit: not pip's
 
 
 def test_a_compiler_of_another_cuda_release_is_named(tmp_path, monkeypatch):
@@ -376,23 +378,23 @@ def test_a_compiler_of_another_cuda_release_is_named(tmp_path, monkeypatch):
 
     compiler("11.8")
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    message = _cuda_toolkit.mismatch(str(tmp_path))
+    message = cuda_toolkit.mismatch(str(tmp_path))
     assert "is CUDA 11.8 but this torch was built with CUDA 13.0" in message
     assert 'pip install "cuda-toolkit[nvcc,cccl]==13.0.*"' in message
     compiler("13.2")
-    assert _cuda_toolkit.mismatch(str(tmp_path)) is None  # a minor version apart builds
+    assert cuda_toolkit.mismatch(str(tmp_path)) is None  # a minor version apart builds
     (tmp_path / "include").mkdir()
     (tmp_path / "include" / "cuda_runtime_api.h").write_text("#define CUDART_VERSION 13020\n")
-    assert _cuda_toolkit.mismatch(str(tmp_path)) is None  # its own headers
+    assert cuda_toolkit.mismatch(str(tmp_path)) is None  # its own headers
     compiler("13.0")
     monkeypatch.setattr(torch.version, "cuda", "13.2")
-    message = _cuda_toolkit.mismatch(str(tmp_path))
+    message = cuda_toolkit.mismatch(str(tmp_path))
     assert "is CUDA 13.0 but the CUDA runtime headers beside it are 13.2" in message
     assert 'pip install "cuda-toolkit[nvcc,cccl]==13.2.*"' in message
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
-    monkeypatch.setattr(_build, "cxx", lambda: "/usr/bin/c++")  # a host compiler is checked first
-    message = _build._precondition("cuda")
+    monkeypatch.setattr(toolchain, "cxx", lambda: "/usr/bin/c++")  # a host compiler is checked first
+    message = toolchain.missing("cuda")
     assert "is CUDA 13.0 but this torch was built with CUDA 12.4" in message
     assert "set CUDA_HOME to a CUDA 12.x toolkit (12.4 as torch)" in message
 
@@ -401,15 +403,14 @@ def test_each_cpu_source_compiles_once_per_level_baseline_linked_first():
     """Note [CPU levels]: the ninja file compiles register.cpp once and every other
     source once per level with that level's flags, and links the baseline objects
     first (the linker keeps the first copy of a shared inline function)."""
-    from core_ops import _cpu_build
-    text = _cpu_build._ninja_file("c++", ["avx512", "baseline", "avx2"], "lib.so")
+    text = build._ninja_file("c++", ["avx512", "baseline", "avx2"], "lib.so")
     builds = [line.split()[1].rstrip(":") for line in text.splitlines() if line.startswith("build ") and ".o:" in line]
-    names = [p.stem for p in _cpu_build.kernel_sources()]
+    names = [p.stem for p in build.kernel_sources()]
     assert builds == ["register.o"] + [f"{level}/{n}.o" for level in ("baseline", "avx2", "avx512") for n in names]
     link = next(line for line in text.splitlines() if line.startswith("build lib.so: link"))
     assert link.split()[3:] == builds
     assert "-DCORE_OPS_CPU_LEVEL=avx512 -DCORE_OPS_CPU_LEVEL_ID=2" in text and "-mavx512bw" in text
-    assert _cpu_build.TARGET_FLAG == "-DTORCH_TARGET_VERSION=0x020a000000000000"
+    assert toolchain.TARGET_FLAG == "-DTORCH_TARGET_VERSION=0x020a000000000000"
 
 
 def test_kernels_include_nothing_of_torch_but_its_stable_abi():
@@ -417,14 +418,14 @@ def test_kernels_include_nothing_of_torch_but_its_stable_abi():
     and torch/headeronly, so the libraries load on every torch from the target on."""
     allowed = ("torch/csrc/stable/", "torch/headeronly/")
     offenders = []
-    for path in sorted(_build.CSRC.rglob("*")):
+    for path in sorted(build.CSRC.rglob("*")):
         if path.suffix not in (".h", ".cpp", ".cu", ".cuh"):
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             included = re.match(r'\s*#\s*include\s*[<"]([^>"]+)[>"]', line)
             if included and included.group(1).split("/")[0] in ("ATen", "c10", "torch") \
                     and not included.group(1).startswith(allowed):
-                offenders.append(f"{path.relative_to(_build.CSRC)}:{n}: {included.group(1)}")
+                offenders.append(f"{path.relative_to(build.CSRC)}:{n}: {included.group(1)}")
     assert not offenders, offenders
 
 
@@ -432,11 +433,11 @@ def test_kernels_read_dtypes_through_dtype_of():
     """Note [Dtype lookup]: Tensor::scalar_type() costs up to 22 calls into torch; the
     kernels read a dtype with core_ops::dtype_of (one call), which alone may call it."""
     offenders = []
-    for path in sorted(_build.CSRC.rglob("*")):
+    for path in sorted(build.CSRC.rglob("*")):
         if path.suffix not in (".h", ".cpp", ".cu", ".cuh"):
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("//")[0]
             if re.search(r"(\.|->)scalar_type\(\)", code) and "return t.scalar_type();" not in code:
-                offenders.append(f"{path.relative_to(_build.CSRC)}:{n}: {line.strip()}")
+                offenders.append(f"{path.relative_to(build.CSRC)}:{n}: {line.strip()}")
     assert not offenders, offenders

@@ -1,4 +1,4 @@
-"""Note [A cache no one else writes] (core_ops/_cache_trust.py): a library, or a folder on
+"""Note [A cache no one else writes] (core_ops/native/cache.py): a library, or a folder on
 its way inside the cache, that another user owns or that group or others may write is
 never loaded; core_ops builds privately instead and says so; a team opts in to a shared
 cache with CORE_OPS_SHARED_CACHE=1. Another owner is made with chown (root only)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from core_ops import _build, _cache_trust
+from core_ops.native import cache
 
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file another owner needs root (chown)")
 NOBODY = 65534  # another user's uid: no account is needed to own a file
@@ -20,7 +20,7 @@ NOBODY = 65534  # another user's uid: no account is needed to own a file
 def test_folders_core_ops_makes_are_private(tmp_path):
     old = os.umask(0o022)
     try:
-        _cache_trust.make_private(tmp_path / "cache" / "core_ops_cpu_x")
+        cache.make_private(tmp_path / "cache" / "core_ops_cpu_x")
     finally:
         os.umask(old)
     for folder in (tmp_path / "cache", tmp_path / "cache" / "core_ops_cpu_x"):
@@ -32,18 +32,18 @@ def test_folders_core_ops_makes_are_private(tmp_path):
 def test_a_folder_others_may_write_is_untrusted(tmp_path, mode, why, monkeypatch):
     monkeypatch.delenv("CORE_OPS_SHARED_CACHE", raising=False)
     tmp_path.chmod(mode)
-    said = _cache_trust.why_untrusted(tmp_path)
+    said = cache.why_untrusted(tmp_path)
     assert said == (None if why is None else f"{tmp_path} {why}")
     # A team's cache: group-writable is trusted, a folder anyone may write never is.
-    assert _cache_trust.why_untrusted(tmp_path, team=True) == (
+    assert cache.why_untrusted(tmp_path, team=True) == (
         f"{tmp_path} is writable by every user" if mode == 0o777 else None)
 
 
 @AS_ROOT
 def test_another_owner_is_untrusted_unless_the_team_opted_in(tmp_path):
     os.chown(tmp_path, NOBODY, NOBODY)
-    assert _cache_trust.why_untrusted(tmp_path, team=False) == f"{tmp_path} is owned by another user (uid {NOBODY})"
-    assert _cache_trust.why_untrusted(tmp_path, team=True) is None
+    assert cache.why_untrusted(tmp_path, team=False) == f"{tmp_path} is owned by another user (uid {NOBODY})"
+    assert cache.why_untrusted(tmp_path, team=True) is None
 
 
 def test_an_unsafe_cache_is_passed_over_for_a_private_one_said_once(tmp_path):
@@ -52,22 +52,22 @@ def test_an_unsafe_cache_is_passed_over_for_a_private_one_said_once(tmp_path):
     shared.chmod(0o777)
     with pytest.warns(UserWarning, match=f"the build cache {shared} is not used \\({shared} is writable by every "
                                          "user: another user could plant a library there\\); building privately"):
-        root, why = _cache_trust.choose(shared, tmp_path / "home" / "core_ops")
+        root, why = cache.choose(shared, tmp_path / "home" / "core_ops")
     assert why == f"{shared} is writable by every user"
     assert root == tmp_path / "home" / f"core_ops-private-{os.getuid()}"
-    assert root.stat().st_mode & 0o777 == 0o700 and _cache_trust.why_unsafe(root) is None
+    assert root.stat().st_mode & 0o777 == 0o700 and cache.why_unsafe(root) is None
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert _cache_trust.choose(shared, tmp_path / "home" / "core_ops")[0] == root  # said once
+        assert cache.choose(shared, tmp_path / "home" / "core_ops")[0] == root  # said once
 
 
 PLANTED = """
 import warnings
-from core_ops import _build
+from core_ops import native
 with warnings.catch_warnings(record=True) as said:
     warnings.simplefilter("always")
-    backend = _build.ensure("cpu", build=False, warn=False)
+    backend = native.ensure("cpu", native.LOOK, warn=False)
 print(backend.native, backend.path)
 print(" | ".join(str(w.message) for w in said))
 """
@@ -77,7 +77,7 @@ print(" | ".join(str(w.message) for w in said))
 def test_a_planted_library_is_never_loaded(tmp_path, jit_cpu_library):
     """The real CPU library, copied into a cache at the path its key gives: loaded when
     this user owns it; owned by another user (planted), refused, and nothing is built
-    over it (build=False: the private cache has none yet). On the JIT route, which is the
+    over it (a look, native.LOOK: the private cache has none yet). On the JIT route, which is the
     one that loads from a cache."""
     name = jit_cpu_library.parent.name
     cache = tmp_path / "cache"

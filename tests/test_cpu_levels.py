@@ -13,9 +13,9 @@ import textwrap
 import pytest
 import torch
 
-from core_ops import _build, _cpu_build
+from core_ops.native import build, toolchain
 
-pytestmark = pytest.mark.skipif(not _cpu_build.is_x86(), reason="the levels are x86-64's")
+pytestmark = pytest.mark.skipif(not build.is_x86(), reason="the levels are x86-64's")
 
 # The levels this CPU runs, as torch detected them.
 _RUNS = {"DEFAULT": ["baseline"], "AVX2": ["baseline", "avx2"], "AVX512": ["baseline", "avx2", "avx512"]}
@@ -24,12 +24,12 @@ RUNNABLE = _RUNS.get(torch.backends.cpu.get_cpu_capability(), ["baseline"])
 
 @pytest.fixture(scope="module")
 def library(tmp_path_factory):
-    cxx, ninja = _build.cxx(), _build.ninja()
+    cxx, ninja = toolchain.cxx(), toolchain.ninja()
     if cxx is None or ninja is None:
         pytest.skip("no C++ compiler or ninja: the levels cannot be built here")
     folder = tmp_path_factory.mktemp("levels")
     path = folder / "core_ops_cpu.so"
-    _cpu_build.build(path, folder / "build", list(_cpu_build.LEVELS), cxx, ninja, jobs=_build._usable_cores())
+    build.cpu_library(path, folder / "build", list(build.LEVELS), cxx, ninja, jobs=toolchain.usable_cores())
     return path
 
 
@@ -69,10 +69,11 @@ def test_wide_instructions_only_in_their_levels_symbols(library):
 _BATTERY = textwrap.dedent("""
     import sys, torch
     import core_ops
-    from core_ops import _build, reference
+    from core_ops import native, reference
+    from core_ops.native import loader
     torch.ops.load_library(sys.argv[1])
     # this library serves the public ops too: no JIT build beside it
-    _build._backends["cpu"] = _build.Backend(True, "the library under test", sys.argv[1])
+    loader._settled["cpu"] = native.Backend(True, "the library under test", sys.argv[1])
     print(torch.ops.core_ops.native_cpu_level(torch.empty(0)))
     g = torch.Generator().manual_seed(0)
     def rand(*shape, dtype=torch.float32):

@@ -1,6 +1,6 @@
 """core_ops/csrc/cpu/vec.h, the kernels' own vector layer, at every level this machine
 runs: tests/support/vec_check.cpp compiled with the CPU library's flags for the level
-(core_ops/_cpu_build.py) checks each operation against scalar code, bit for bit on
+(core_ops/native/build.py) checks each operation against scalar code, bit for bit on
 edge values (Note [Vector results as at::vec] in vec.h). "generic" is the baseline
 build with no intrinsics (CORE_OPS_VEC_GENERIC): the code aarch64 and other CPUs
 compile, run here."""
@@ -13,27 +13,27 @@ from pathlib import Path
 import pytest
 import torch
 
-from core_ops import _build, _cpu_build
+from core_ops.native import build, toolchain
 
 CHECK = Path(__file__).parent / "support" / "vec_check.cpp"
-CPU_SOURCES = _cpu_build.CSRC / "cpu"
+CPU_SOURCES = build.CSRC / "cpu"
 
 # The x86-64 levels this CPU runs, as torch detected them.
 _RUNS = {"DEFAULT": ["baseline"], "AVX2": ["baseline", "avx2"], "AVX512": ["baseline", "avx2", "avx512"]}
-RUNNABLE = _RUNS.get(torch.backends.cpu.get_cpu_capability(), ["baseline"]) if _cpu_build.is_x86() else ["baseline"]
+RUNNABLE = _RUNS.get(torch.backends.cpu.get_cpu_capability(), ["baseline"]) if build.is_x86() else ["baseline"]
 VARIANTS = ["baseline", "generic", "avx2", "avx512"]
 
 
 def _flags(variant):
     level = "baseline" if variant == "generic" else variant
     extra = ["-DCORE_OPS_VEC_GENERIC"] if variant == "generic" else []
-    return [*_cpu_build.common_flags(), *_cpu_build.level_flags(level), *extra, f"-I{CPU_SOURCES}"]
+    return [*build.common_flags(), *build.level_flags(level), *extra, f"-I{CPU_SOURCES}"]
 
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory):
     """{variant: the compiled check, or the compiler's error}, compiled side by side."""
-    cxx = _build.cxx()
+    cxx = toolchain.cxx()
     if cxx is None:
         pytest.skip("no C++ compiler (c++ or $CXX) to build the vector checks with")
     folder = tmp_path_factory.mktemp("vec")
@@ -51,7 +51,7 @@ def programs(tmp_path_factory):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_vector_ops_match_scalar(programs, variant):
     if variant not in programs:
-        pytest.skip(f"this CPU does not run the {variant} level" if _cpu_build.is_x86() else
+        pytest.skip(f"this CPU does not run the {variant} level" if build.is_x86() else
                     f"{variant} is an x86-64 level")
     program = programs[variant]
     assert isinstance(program, Path), f"vec_check.cpp did not compile at {variant}:\n{program}"

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import core_ops.compat.apex  # noqa: F401  (installs the alias finder: amp_C)
-from core_ops import _build
-from core_ops._library import op
+from core_ops import native
+from core_ops._schemas import op
 from core_ops.reference import KERNELS as REF
 
 ROUTES = ["native", "reference", "meta"]
@@ -19,8 +19,8 @@ ROUTES = ["native", "reference", "meta"]
 
 @pytest.fixture(params=ROUTES)
 def route(request):
-    if request.param == "native" and not _build.ensure("cpu").native:
-        pytest.fail(f"native CPU kernels did not load: {_build.ensure('cpu').reason}")
+    if request.param == "native" and not native.ensure("cpu").native:
+        pytest.fail(f"native CPU kernels did not load: {native.ensure('cpu').reason}")
     return request.param
 
 
@@ -247,7 +247,7 @@ def test_public_update_scale_refuses_a_hysteresis_int32_cannot_hold():
 def test_a_growth_tracker_at_int32_max_grows_the_scale_without_overflow(route):
     # The native kernel added 1 in int32 there (undefined behaviour; UBSan's report).
     if route == "native":
-        assert _build.ensure("cpu").native
+        assert native.ensure("cpu").native
     top = 2**31 - 1
     scale, (growth, hysteresis) = update_scale(route, growth_tracker=top, growth_interval=top)
     assert scale.item() == 16.0 and growth.item() == 0 and hysteresis.item() == 1
@@ -271,7 +271,7 @@ def test_amp_c_noop_flag_of_two_elements_is_refused_by_every_function():
 def test_a_grad_scale_on_the_host_must_be_finite_and_positive(value, name):
     # Grads divided by it would turn the params into nan (the reference once raised
     # ZeroDivisionError for NovoGrad's 0, the native kernel wrote nan).
-    assert _build.ensure("cpu").native
+    assert native.ensure("cpu").native
     for kernel in (op(name), REF[name]):
         p = torch.randn(4)
         before = p.clone()
@@ -289,7 +289,7 @@ def test_a_grad_scale_on_the_host_must_be_finite_and_positive(value, name):
 def test_an_8bit_map_holding_nan_or_out_of_order_is_refused(route):
     from core_ops.reference.compact_state import dynamic_map
     if route == "native":
-        assert _build.ensure("cpu").native
+        assert native.ensure("cpu").native
     kernel = op("fused_adam_compact_") if route == "native" else REF["fused_adam_compact_"]
     signed, unsigned = dynamic_map(True), dynamic_map(False)
     for bad, message in ((signed.clone().index_fill_(0, torch.tensor([5]), float("nan")), "value 5 is nan"),
@@ -316,7 +316,7 @@ def test_a_scale_that_is_not_a_number_is_refused_naming_it(route):
 @pytest.mark.parametrize("route", ["native", "reference"])
 def test_sync_batch_norm_refuses_float8_weights(route):
     if route == "native":
-        assert _build.ensure("cpu").native
+        assert native.ensure("cpu").native
     kernel = op("sync_batch_norm_elemt") if route == "native" else REF["sync_batch_norm_elemt"]
     x = torch.randn(4, 3, 5)
     weight = torch.ones(3).to(torch.float8_e4m3fn)

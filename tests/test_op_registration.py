@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import core_ops
-from core_ops import _build
+from core_ops import native
 
 
 def samples(device):
@@ -53,14 +53,14 @@ def samples(device):
 
 @pytest.mark.parametrize("name", list(samples("cpu")))
 def test_opcheck(device, name):
-    _build.ensure(device)
+    native.ensure(device)
     torch.library.opcheck(getattr(torch.ops.core_ops, name).default, samples(device)[name])
 
 
 @pytest.mark.inductor_cpu  # its cpu case
 def test_torch_compile_clip_step(device):
     """A compiled unscale + global-norm clip gives the eager result."""
-    _build.ensure(device)
+    native.ensure(device)
 
     def clip(grads, inv_scale, max_norm):
         total, _, found = core_ops.multi_tensor_unscale_l2norm(grads, inv_scale)

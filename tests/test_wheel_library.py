@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core_ops import _build, _wheel_library
+from core_ops.native import loader
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,42 +32,42 @@ def _manifest(folder, **changes):
 
 @pytest.fixture
 def lib_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(_wheel_library, "LIB_DIR", tmp_path)
-    monkeypatch.setattr(_wheel_library, "MANIFEST", tmp_path / "BUILD.json")
+    monkeypatch.setattr(loader, "LIB_DIR", tmp_path)
+    monkeypatch.setattr(loader, "MANIFEST", tmp_path / "BUILD.json")
     return tmp_path
 
 
 def test_a_source_install_has_no_wheel_library(lib_dir):
-    path, why = _wheel_library.library("cpu")
+    path, why = loader.wheel_library("cpu")
     assert path is None and "source install builds at first use" in why
 
 
 def test_the_wheel_library_is_taken_from_its_target_release_on(lib_dir):
     _manifest(lib_dir)
-    path, why = _wheel_library.library("cpu")
+    path, why = loader.wheel_library("cpu")
     assert path == lib_dir / "core_ops_cpu.so"
     assert "the wheel's" in why and "for torch >= 2.10" in why
 
 
 def test_an_older_torch_than_the_target_takes_the_jit_route(lib_dir):
     _manifest(lib_dir, torch_target="9.1")
-    path, why = _wheel_library.library("cpu")
+    path, why = loader.wheel_library("cpu")
     assert path is None and f"torch {torch.__version__} is older than the wheel's libraries (torch >= 9.1)" in why
 
 
 def test_a_library_for_another_machine_or_missing_is_not_taken(lib_dir):
     _manifest(lib_dir, cpu={"machines": ["riscv64"]})
-    path, why = _wheel_library.library("cpu")
+    path, why = loader.wheel_library("cpu")
     assert path is None and "is for riscv64" in why
     _manifest(lib_dir)
     (lib_dir / "core_ops_cpu.so").unlink()
-    path, why = _wheel_library.library("cpu")
+    path, why = loader.wheel_library("cpu")
     assert path is None and "missing from the install" in why
 
 
 def test_the_cuda_library_needs_torchs_cuda_major(lib_dir, monkeypatch):
     _manifest(lib_dir)
-    path, why = _wheel_library.library("cuda")
+    path, why = loader.wheel_library("cuda")
     assert path is None and "has no CUDA library (a --cpu-only wheel)" in why
     built = json.loads((lib_dir / "BUILD.json").read_text())
     built["libraries"]["cuda"] = {"file": "core_ops_cuda.so", "cuda_major": 13, "sass": ["90"],
@@ -75,12 +75,12 @@ def test_the_cuda_library_needs_torchs_cuda_major(lib_dir, monkeypatch):
     (lib_dir / "BUILD.json").write_text(json.dumps(built))
     (lib_dir / "core_ops_cuda.so").write_bytes(b"\x7fELF")
     monkeypatch.setattr(torch.version, "cuda", "12.8")
-    path, why = _wheel_library.library("cuda")
+    path, why = loader.wheel_library("cuda")
     assert path is None and "torch's CUDA is 12.8, the wheel's library is for CUDA 13" in why
     monkeypatch.setattr(torch.version, "cuda", None)
-    assert _wheel_library.library("cuda") == (None, "this torch has no CUDA")
+    assert loader.wheel_library("cuda") == (None, "this torch has no CUDA")
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    path, why = _wheel_library.library("cuda")
+    path, why = loader.wheel_library("cuda")
     assert path == lib_dir / "core_ops_cuda.so" and "SASS for sm_90" in why
 
 
@@ -90,15 +90,17 @@ _ORDER = textwrap.dedent("""
     import json, shutil, sys
     from pathlib import Path
     import core_ops
-    from core_ops import _build, _wheel_library
+    from core_ops import native
+    from core_ops.native import loader
     lib, target = Path(sys.argv[1]), sys.argv[2]
-    _wheel_library.LIB_DIR, _wheel_library.MANIFEST = lib, lib / "BUILD.json"
-    built = json.loads(_wheel_library.MANIFEST.read_text())
+    loader.LIB_DIR, loader.MANIFEST = lib, lib / "BUILD.json"
+    built = json.loads(loader.MANIFEST.read_text())
     built["torch_target"] = target
-    _wheel_library.MANIFEST.write_text(json.dumps(built))
-    backend = _build.ensure("cpu", warn=False)
+    loader.MANIFEST.write_text(json.dumps(built))
+    backend = native.ensure("cpu", warn=False)
     print(backend.native, backend.path)
     print(backend.reason)
+    print(" | ".join(backend.passed_over))
 """)
 
 
@@ -115,21 +117,21 @@ def _order(tmp_path, built_cpu, target, **env):
     proc = subprocess.run([sys.executable, "-c", _ORDER, str(lib), target], capture_output=True, text=True,
                           timeout=300, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr
-    native_path, reason = proc.stdout.strip().splitlines()[-2:]
-    return native_path, reason
+    native_path, reason, passed = proc.stdout.splitlines()[-3:]  # the last may be empty
+    return native_path, reason, passed
 
 
 def test_loading_order_wheel_first_then_the_jit_cache(tmp_path, built_cpu):
-    where, reason = _order(tmp_path, built_cpu, "2.10")
+    where, reason, passed = _order(tmp_path, built_cpu, "2.10")
     assert where == f"True {tmp_path / 'lib' / 'core_ops_cpu.so'}"
-    assert reason.startswith("native: the wheel's") and "; level " in reason
+    assert reason.startswith("native: the wheel's") and "; level " in reason and passed == ""
     # the wheel's library is too new for this torch: the JIT cache, saying why
-    where, reason = _order(tmp_path, built_cpu, "9.1")
+    where, reason, passed = _order(tmp_path, built_cpu, "9.1")
     assert where == f"True {built_cpu}"
-    assert reason.startswith("native: built here") and "the wheel's library not taken: torch" in reason
+    assert reason.startswith("native: built here") and passed.startswith("1 wheel: torch ")
     # CORE_OPS_BACKEND=jit passes over it on purpose
-    where, reason = _order(tmp_path, built_cpu, "2.10", CORE_OPS_BACKEND="jit")
-    assert where == f"True {built_cpu}" and "not taken: CORE_OPS_BACKEND=jit" in reason
+    where, reason, passed = _order(tmp_path, built_cpu, "2.10", CORE_OPS_BACKEND="jit")
+    assert where == f"True {built_cpu}" and passed == "1 wheel: CORE_OPS_BACKEND=jit"
 
 
 def test_retag_makes_a_py3_none_platform_wheel_with_a_true_record(tmp_path):

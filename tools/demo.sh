@@ -14,7 +14,7 @@ py="$repo/.venv/bin/python"
 kinds=cpu
 "$py" -c "import torch; raise SystemExit(0 if torch.cuda.is_available() else 1)" && kinds="cpu cuda"
 for kind in $kinds; do
-  if ! "$py" -c "from core_ops import _build; raise SystemExit(0 if _build.ensure('$kind', build=False, warn=False).native else 1)"; then
+  if ! "$py" -c "from core_ops import native; raise SystemExit(0 if native.ensure('$kind', native.LOOK, warn=False).native else 1)"; then
     echo "building core-ops' $kind kernels (once; cached for later runs)..."
     start=$(date +%s)
     "$py" -m core_ops build $([ "$kind" = cuda ] && echo --cuda) > /tmp/core-ops-build.log 2>&1 \

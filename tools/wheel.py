@@ -1,5 +1,5 @@
 """The release wheel: tools/wheel.sh's Python half (Note [Prebuilt libraries] in
-core_ops/_wheel_library.py says what the wheel holds and when it is used).
+core_ops/native/loader.py says what the wheel holds and when it is used).
 
     python tools/wheel.py STAGING [--cpu-only] [--cuda-archs "8.0;...;12.0+PTX"]
 
@@ -36,29 +36,29 @@ def _sources_importable(staging: Path) -> None:
 
 
 def build_cpu(staging: Path, work: Path) -> dict:
-    from core_ops import _build, _cpu_build
-    levels = list(_cpu_build.LEVELS) if _cpu_build.is_x86() else ["baseline"]
-    ninja = _build.ninja()
-    if ninja is None or _build.cxx() is None:
+    from core_ops.native import build, toolchain
+    levels = list(build.LEVELS) if build.is_x86() else ["baseline"]
+    ninja = toolchain.ninja()
+    if ninja is None or toolchain.cxx() is None:
         raise SystemExit("wheel.py: the wheel's build needs a C++ compiler and ninja (pip install ninja)")
     library = staging / "core_ops" / "lib" / "core_ops_cpu.so"
     library.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    _cpu_build.build(library, work / "cpu", levels, _build.cxx(), ninja, jobs=_build._usable_cores())
+    build.cpu_library(library, work / "cpu", levels, toolchain.cxx(), ninja, jobs=toolchain.usable_cores())
     print(f"wheel: CPU library, levels {', '.join(levels)}: {time.perf_counter() - start:.0f} s", flush=True)
     return {"file": library.name, "levels": levels, "machines": [platform.machine().lower()]}
 
 
 def build_cuda(staging: Path, work: Path, archs: str) -> dict:
     import torch
-    from core_ops import _build
-    if torch.version.cuda is None or _build.cuda_home() is None:
+    from core_ops.native import build, toolchain
+    if torch.version.cuda is None or toolchain.cuda_home() is None:
         raise SystemExit("wheel.py: the CUDA library needs a CUDA build of torch and a CUDA toolkit "
                          "(or pass --cpu-only)")
     start = time.perf_counter()
     build_dir = work / "cuda"
     build_dir.mkdir(parents=True, exist_ok=True)
-    _build._compile("cuda", "core_ops_cuda", build_dir, archs)
+    build.cuda_library("core_ops_cuda", build_dir, archs)
     library = staging / "core_ops" / "lib" / "core_ops_cuda.so"
     shutil.copy2(build_dir / "core_ops_cuda.so", library)
     print(f"wheel: CUDA library, {archs}: {time.perf_counter() - start:.0f} s", flush=True)
@@ -103,12 +103,12 @@ def main() -> None:
     staging = args.staging.resolve()
     _sources_importable(staging)
     import torch
-    from core_ops import _cpu_build
+    from core_ops.native import toolchain
     work = Path(tempfile.mkdtemp(prefix="core_ops_wheel_"))
     libraries = {"cpu": build_cpu(staging, work)}
     if not args.cpu_only:
         libraries["cuda"] = build_cuda(staging, work, args.cuda_archs)
-    target = ".".join(map(str, _cpu_build.TARGET_TORCH))
+    target = ".".join(map(str, toolchain.TARGET_TORCH))
     (staging / "core_ops" / "lib" / "BUILD.json").write_text(json.dumps(
         {"torch_target": target, "built_with_torch": torch.__version__.split("+")[0], "libraries": libraries},
         indent=1) + "\n")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The release wheel: one core_ops-*.whl in OUTDIR holding the prebuilt native libraries
-# (Note [Prebuilt libraries] in core_ops/_wheel_library.py; docs/kernels.md, "Releasing").
+# (Note [Prebuilt libraries] in core_ops/native/loader.py; docs/kernels.md, "Releasing").
 #
 #   bash tools/wheel.sh OUTDIR               # CPU library (every x86-64 level) + CUDA 13 library
 #   bash tools/wheel.sh OUTDIR --cpu-only    # the CPU library only (a few minutes)

@@ -1,13 +1,13 @@
 """The multi-tensor ops as plain functions: validate, make native kernels available,
-dispatch. See Note [Multi-tensor conventions] in ``core_ops/_library.py``."""
+dispatch. See Note [Multi-tensor conventions] in ``core_ops/_schemas.py``."""
 
 import math
 
 import torch
 
-from .. import _build, _validate
+from .. import _validate, native
 from .._boundary import check_call, check_no_grad_writes
-from .._library import op
+from .._schemas import op
 from .._sharded import is_sharded, locals_of, whole_norms
 
 # The public ops (core_ops exports them at its top level too).
@@ -24,7 +24,7 @@ def _prepare(*named_lists, writes=(), op_name=""):
     for (name, _), ts in zip(named_lists[1:], lists[1:]):
         _validate.same_length(ref, ref_name, ts, name)
     device = ref[0].device if ref else torch.device("cpu")
-    _build.ensure_for(device)
+    native.ensure_for(device)
     return lists, device
 
 
@@ -156,7 +156,7 @@ def update_scale(scale, growth_tracker, found_inf, *, growth_factor=2.0, backoff
             raise ValueError("hysteresis > 1 needs a hysteresis_tracker tensor that "
                              "persists across steps")
         hysteresis_tracker = torch.ones(1, dtype=torch.int32, device=device)
-    _build.ensure_for(device)
+    native.ensure_for(device)
     op("update_scale_")(scale, growth_tracker, hysteresis_tracker, found_inf, float(growth_factor),
                         float(backoff_factor), int(growth_interval), int(hysteresis),
                         float(min_scale), float(max_scale))

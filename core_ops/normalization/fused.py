@@ -1,4 +1,4 @@
-"""core_ops' own layer norm and RMS norm (Note [Norm ops] in _library.py), with their
+"""core_ops' own layer norm and RMS norm (Note [Norm ops] in _schemas.py), with their
 autograd registered on the ops (Note [Norm autograd]), so they work in eager mode and
 under torch.compile:
 
@@ -17,8 +17,8 @@ import math
 
 import torch
 
-from .. import _build
-from .._library import op
+from .. import native
+from .._schemas import op
 from .._validate import check_norm_args, check_residual
 from ..torch_patches import inductor_norms
 
@@ -42,7 +42,7 @@ def _hidden(input, normalized_shape):
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, memory_efficient=False, out_dtype=None):
     hidden = _hidden(input, normalized_shape)
     check_norm_args(input, hidden, (("weight", weight), ("bias", bias)), out_dtype)
-    _build.ensure_for(input.device)
+    native.ensure_for(input.device)
     return op("layer_norm_fwd")(input, weight, bias, hidden, float(eps), out_dtype, bool(memory_efficient))[0]
 
 
@@ -56,7 +56,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=1e-5, memory_efficient=Fa
     eps = _rms_eps(input, eps)
     hidden = _hidden(input, normalized_shape)
     check_norm_args(input, hidden, (("weight", weight),), out_dtype)
-    _build.ensure_for(input.device)
+    native.ensure_for(input.device)
     return op("rms_norm_fwd")(input, weight, hidden, float(eps), out_dtype, bool(memory_efficient))[0]
 
 
@@ -70,6 +70,6 @@ def fused_add_rms_norm(input, residual, weight, eps=1e-5, memory_efficient=False
     hidden = _hidden(input, shape)
     check_norm_args(input, hidden, (("weight", weight),))
     check_residual(input, residual)
-    _build.ensure_for(input.device)
+    native.ensure_for(input.device)
     y, h, _ = op("fused_add_rms_norm_fwd")(input, residual, weight, hidden, float(eps), bool(memory_efficient))
     return y, h

@@ -11,7 +11,7 @@ from collections import OrderedDict, defaultdict
 import torch
 from torch.optim import Optimizer
 
-from .. import _build, _validate, settings
+from .. import _validate, native, settings
 from ..multi_tensor_apply.ops import global_l2norm, multi_tensor_check_finite
 from ._checks import (check_dense, check_given, check_group_keys, check_hyperparameters,
                       check_scale_args)
@@ -169,7 +169,7 @@ class FusedOptimizer(Optimizer):
             # step, and is_contiguous() costs ~0.25 us a param, _dense ~6 us.
             if not all(p.is_contiguous() for p in ps):
                 check_dense(ps, f"{type(self).__name__}.step(): ")
-            _build.ensure_for(device)
+            native.ensure_for(device)
         return buckets
 
     def _work(self):

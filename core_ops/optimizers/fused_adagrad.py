@@ -1,7 +1,7 @@
 """FusedAdagrad: Apex's constructor, torch.optim.Adagrad numerics, one fused kernel
 call per (device, dtype) group."""
 
-from .._library import op
+from .._schemas import op
 from ._base import FusedOptimizer
 from .._sharded import elementwise
 

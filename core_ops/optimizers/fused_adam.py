@@ -5,7 +5,7 @@ import warnings
 
 import torch
 
-from .._library import op
+from .._schemas import op
 from ._base import FusedOptimizer, _write_marks_of
 from .._sharded import elementwise, local
 from . import compact_state

@@ -3,7 +3,7 @@
 
 import torch
 
-from .._library import op
+from .._schemas import op
 from ..multi_tensor_apply import multi_tensor_l2norm
 from ._base import HALF, FusedOptimizer
 from .._sharded import elementwise, is_sharded, locals_of, whole_norms

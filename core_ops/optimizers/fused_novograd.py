@@ -5,7 +5,7 @@ group."""
 import torch
 
 from .. import _validate
-from .._library import op
+from .._schemas import op
 from ..multi_tensor_apply.ops import per_tensor_norms
 from ._base import FusedOptimizer
 from .._sharded import elementwise, locals_of, whole_norms

@@ -3,7 +3,7 @@
 
 from torch.optim.optimizer import required
 
-from .._library import op
+from .._schemas import op
 from ._base import FusedOptimizer
 from .._sharded import elementwise
 

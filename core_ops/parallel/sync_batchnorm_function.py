@@ -1,5 +1,5 @@
 """The autograd Function of SyncBatchNorm: per-rank statistics by the core_ops ops
-(Note [Sync batch norm ops] in _library.py), merged across the process group.
+(Note [Sync batch norm ops] in _schemas.py), merged across the process group.
 
 Forward: one all-gather of (mean, biased var, count) per rank and an exact
 count-weighted merge, so ranks with unequal (even empty) batches normalise with the
@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .. import _build
-from .._library import op
+from .. import native
+from .._schemas import op
 from ._groups import all_gather_flat, world_size
 
 
@@ -38,7 +38,7 @@ def local_and_global_stats(input, group):
     """(mean, biased var, global count) of the batch over every rank of ``group``. The
     count is a Python int when the group is this process alone (known on the host:
     each op on it would be a kernel launch on a GPU), else a 0-d tensor."""
-    _build.ensure_for(input.device)
+    native.ensure_for(input.device)
     mean, var = op("sync_batch_norm_stats")(input)
     count = input.numel() // input.shape[1] if input.shape[1] else 0
     if group is LOCAL or world_size(group) == 1:

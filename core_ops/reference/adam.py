@@ -1,4 +1,4 @@
-"""Reference kernel of fused_adam_ (Note [Fused optimizer ops] in _library.py).
+"""Reference kernel of fused_adam_ (Note [Fused optimizer ops] in _schemas.py).
 
 torch.optim.Adam's single-tensor formula (Note [Adam as torch.optim computes it] in
 csrc/include/core_ops/adam_math.h), per tensor, in the state dtype. It reads

@@ -5,7 +5,7 @@ Written for clarity, not speed: they loop over tensors and never sync the host.
 
 import torch
 
-from .._library import norm_dtype
+from .._schemas import norm_dtype
 from .._validate import check_arg_to_check, check_lists
 
 

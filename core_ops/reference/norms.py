@@ -83,7 +83,7 @@ def rms_norm_backward(dy, rstd, x_or_y, weight, memory_efficient=False):
     return dx, (None if weight is None else (dyf * xhat).sum(0))
 
 
-# ---- the ops (Note [Norm ops] in _library.py) ------------------------------------------
+# ---- the ops (Note [Norm ops] in _schemas.py) ------------------------------------------
 
 def _flat(p):
     return None if p is None else p.reshape(-1)

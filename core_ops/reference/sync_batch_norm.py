@@ -1,5 +1,5 @@
 """Reference kernels of the sync batch-norm ops (Note [Sync batch norm ops] in
-_library.py): the per-rank statistics and the elementwise pieces, in the accumulation
+_schemas.py): the per-rank statistics and the elementwise pieces, in the accumulation
 dtype (float32, float64 for float64 input), written with plain torch ops."""
 
 import torch

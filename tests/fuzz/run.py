@@ -58,7 +58,7 @@ class Spec:
         return self.reference is None
 
     def routes(self):
-        from core_ops._library import op
+        from core_ops._schemas import op
         return {"raw": op(self.name), **self.extra} if self.native else dict(self.extra)
 
     def want(self):
@@ -178,8 +178,8 @@ def child(only_routes):
     import torch  # noqa: F401
 
     import core_ops  # noqa: F401
-    from core_ops import _build
-    backend = _build.ensure("cpu")
+    from core_ops import native
+    backend = native.ensure("cpu")
     print(json.dumps({"ready": backend.native, "reason": backend.reason}), flush=True)
     for line in sys.stdin:
         op_name, seed, index = line.rstrip("\n").split("\t")
@@ -307,8 +307,8 @@ def repro(op_name, seed, index, only_routes):
 
     import core_ops  # noqa: F401
     import outcome
-    from core_ops import _build
-    print("native:", _build.ensure("cpu").reason)
+    from core_ops import native
+    print("native:", native.ensure("cpu").reason)
     args, what, d = build_case(op_name, int(seed), int(index))
     print(f"{op_name} seed {seed} case {index}: {what}")
     for k, a in enumerate(args):

@@ -1,4 +1,4 @@
-"""Legal calls of the fused optimizer ops (Note [Fused optimizer ops] in _library.py):
+"""Legal calls of the fused optimizer ops (Note [Fused optimizer ops] in _schemas.py):
 dense params of any dtype and layout, grads in any layout (the kernels copy those laid
 out otherwise), state laid out as its param, float32 masters for half params, step
 counts, and the optional lr tensor, grad scale and found-inf flag, with non-finite

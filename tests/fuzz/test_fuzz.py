@@ -30,7 +30,7 @@ def test_the_fuzz_slice_finds_nothing_on_any_route(fuzz):
 
 
 def test_every_native_op_is_fuzzed_on_every_route_to_it(fuzz):
-    from core_ops._library import OP_NAMES
+    from core_ops._schemas import OP_NAMES
     specs = fuzz.specs()
     assert {name for name, spec in specs.items() if spec.native} == set(OP_NAMES)
     routes = {name: set(fuzz.routes_of(name)) for name in specs}
@@ -53,7 +53,7 @@ def test_every_native_op_is_fuzzed_on_every_route_to_it(fuzz):
 
 def test_a_finding_is_reported_with_its_reproducer(fuzz, monkeypatch):
     # A route that adds 1 to what the op wrote: the harness must say so, per case.
-    from core_ops._library import op
+    from core_ops._schemas import op
 
     def off_by_one(src, dst, scale, found_inf):
         op("multi_tensor_scale_")(src, dst, scale, found_inf)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import core_ops
-from core_ops._library import op
+from core_ops._schemas import op
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("both_native")]
 

@@ -6,7 +6,7 @@ import torch
 import core_ops
 from core_ops.multi_tensor_apply import ops
 from core_ops.reference import KERNELS as REF
-from core_ops._library import op
+from core_ops._schemas import op
 
 
 @pytest.fixture(params=["native", "reference"])
@@ -84,8 +84,8 @@ def test_rejected_call_writes_nothing(backend):
 
 def test_native_op_called_directly_guards_memory():
     # Bypassing the Python checks must still not read or write out of bounds.
-    from core_ops import _build
-    assert _build.ensure("cpu").native
+    from core_ops import native
+    assert native.ensure("cpu").native
     with pytest.raises(ValueError, match="shape"):
         op("multi_tensor_scale_")([f32(8)], [f32(4)], torch.ones(1), torch.zeros(1))
     with pytest.raises(ValueError, match="tensors"):

@@ -12,7 +12,7 @@ from cases import EDGE_SIZES, make_list, noncontiguous, poison
 from conftest import ELEMENTWISE_TOL, FLOATS, NORM_TOL, assert_axpby_close, dtype_id
 
 import core_ops
-from core_ops import _build
+from core_ops import native
 from core_ops.reference import KERNELS as REF
 
 
@@ -22,14 +22,14 @@ def native(name):
 
 @pytest.fixture(autouse=True)
 def _native_loaded(device):
-    backend = _build.ensure(device)
+    backend = native.ensure(device)
     if not backend.native:
         pytest.fail(f"native {device} kernels did not load: {backend.reason}")
 
 
 def test_native_kernels_are_registered(device):
     from core_ops._info import op_backend
-    from core_ops._library import OP_NAMES
+    from core_ops._schemas import OP_NAMES
     assert {op_backend(n, device) for n in OP_NAMES} == {"native"}
 
 

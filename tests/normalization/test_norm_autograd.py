@@ -1,4 +1,4 @@
-"""The norm ops' one autograd (Note [Norm autograd] in _library.py), in Python over
+"""The norm ops' one autograd (Note [Norm autograd] in _schemas.py), in Python over
 whichever kernel a device has, native or reference: torch's grads, the forward's input
 or output kept for backward as memory_efficient says, no grad for the statistics nor
 from an output left unused."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core_ops import _build
-from core_ops._library import op
+from core_ops import native
+from core_ops._schemas import op
 from core_ops.normalization.fused import fused_add_rms_norm, layer_norm, rms_norm
 
 GENERATED = "GeneratedBackwardFor_core_ops_{}_fwd_defaultBackward"
@@ -41,13 +41,13 @@ for ours, torchs, ts in cases:
     _, want = grads(torchs, *ts)
     assert all(torch.allclose(g, t, rtol=1e-10, atol=1e-12) for g, t in zip(got, want)), name
     print("GRAD_FN", name)
-from core_ops import _build
-print("NATIVE", _build.ensure("cpu").native)
+from core_ops import native
+print("NATIVE", native.ensure("cpu").native)
 """
 
 
 def test_native_norms_use_the_python_autograd(device):
-    if not _build.ensure(device).native:
+    if not native.ensure(device).native:
         pytest.fail(f"native {device} kernels did not load")
     x = torch.randn(3, 16, device=device, requires_grad=True)
     w = torch.rand(16, device=device, requires_grad=True)

@@ -1,4 +1,4 @@
-"""The layer-norm and RMS-norm ops (Note [Norm ops] in _library.py): native kernels
+"""The layer-norm and RMS-norm ops (Note [Norm ops] in _schemas.py): native kernels
 against the reference (which test_norm_reference.py checks against torch in fp64), for
 every dtype, row lengths around the vector width, empty batches and large rows; the
 public functions under torch.compile, the mixed output dtype, the fused residual form
@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from conftest import dtype_id
 
-from core_ops import _build
-from core_ops._library import op
+from core_ops import native
+from core_ops._schemas import op
 from core_ops.normalization.fused import fused_add_rms_norm, layer_norm, rms_norm
 from core_ops.reference import KERNELS as REF
 
@@ -36,7 +36,7 @@ TOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 1e-3, torch.bfl
 
 @pytest.fixture(autouse=True)
 def _native_loaded(device):
-    backend = _build.ensure(device)
+    backend = native.ensure(device)
     if not backend.native:
         pytest.fail(f"native {device} kernels did not load: {backend.reason}")
 
@@ -268,7 +268,7 @@ def test_large_outputs_in_reused_memory_streamed(device, dtype):
     # touched and freed first, so the outputs land in memory in use: streaming stores.
     env = dict(os.environ, MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(1 << 40),
                PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    code = ("import torch, test_norm_ops as t; assert t._build.ensure('cpu').native; "
+    code = ("import torch, test_norm_ops as t; assert t.native.ensure('cpu').native; "
             "pool = torch.ones(1 << 30, dtype=torch.uint8); del pool; "
             f"t.check_large_outputs('cpu', torch.{dtype}); print('OK')")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)

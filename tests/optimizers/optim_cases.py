@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 
-from core_ops import _build
+from core_ops import native
 from core_ops.reference import KERNELS as REF
 
 STEPS = 20
@@ -27,7 +27,7 @@ def assert_native(device):
     """The native kernels of ``device`` are loaded, and on a GPU the CPU's too (the CUDA
     kernels are compared with them)."""
     for kind in dict.fromkeys(("cpu", device)):
-        backend = _build.ensure(kind)
+        backend = native.ensure(kind)
         assert backend.native, backend.reason
 
 

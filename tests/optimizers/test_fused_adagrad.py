@@ -19,7 +19,7 @@ from optim_cases import native_kernels  # noqa: F401  (autouse)
 from optimizer_registry import OPTIMIZERS
 
 import core_ops.optimizers.fused_adagrad
-from core_ops._library import op
+from core_ops._schemas import op
 from core_ops.optimizers import FusedAdagrad
 
 CPU_CASES = [dict(lr=0.05), dict(lr=0.05, weight_decay=0.01),

@@ -42,7 +42,7 @@ from optim_cases import (DEVICE_SIZES, DEVICES, STEPS, clone_params, flat, make_
 from optim_cases import native_kernels  # noqa: F401  (autouse)
 
 import core_ops  # noqa: F401
-from core_ops._library import op
+from core_ops._schemas import op
 from core_ops.optimizers import FusedAdam
 from core_ops.reference import KERNELS as REF
 
@@ -440,9 +440,9 @@ def test_amsgrad_keeps_a_nan_in_its_running_max_as_torch(device):
     # torch.optim takes the max with torch.maximum, which keeps a NaN. The native
     # kernels' vector lanes did too, their scalar tail and CUDA (fmax) dropped it, so a
     # NaN grad's max_exp_avg_sq depended on where in the tensor it sat (the fuzz harness).
-    from core_ops import _build
-    from core_ops._library import op
-    assert _build.ensure(device).native
+    from core_ops import native
+    from core_ops._schemas import op
+    assert native.ensure(device).native
     n = 17  # one element past two AVX2 vectors: index 16 is the scalar tail
     for at in (0, n - 1):
         p, g = torch.zeros(n, device=device), torch.ones(n, device=device)

@@ -21,7 +21,7 @@ from optim_cases import DEVICES, make_params
 from optim_cases import native_kernels  # noqa: F401  (autouse)
 
 import core_ops  # noqa: F401
-from core_ops._library import op
+from core_ops._schemas import op
 from core_ops.optimizers import FusedAdam
 from core_ops.optimizers.compact_state import full_precision_state_dict
 from core_ops.reference import KERNELS as REF

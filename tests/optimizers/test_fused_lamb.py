@@ -25,7 +25,7 @@ from optim_cases import (DEVICE_SIZES, DEVICES, STEPS, assert_like_the_kernels_b
 from optim_cases import native_kernels  # noqa: F401  (autouse)
 
 import core_ops.optimizers.fused_lamb
-from core_ops._library import op
+from core_ops._schemas import op
 from core_ops.multi_tensor_apply import ops
 from core_ops.optimizers import FusedLAMB, FusedMixedPrecisionLamb
 

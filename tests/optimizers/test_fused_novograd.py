@@ -43,7 +43,7 @@ from optim_cases import native_kernels  # noqa: F401  (autouse)
 
 import core_ops
 import core_ops.optimizers.fused_novograd
-from core_ops._library import op
+from core_ops._schemas import op
 from core_ops.multi_tensor_apply import ops
 from core_ops.optimizers import FusedAdam, FusedNovoGrad
 from core_ops.reference import KERNELS as REF

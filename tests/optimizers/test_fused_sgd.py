@@ -18,7 +18,7 @@ from optim_cases import native_kernels  # noqa: F401  (autouse)
 from optimizer_registry import OPTIMIZERS
 
 import core_ops.optimizers.fused_sgd
-from core_ops._library import op
+from core_ops._schemas import op
 from core_ops.optimizers import FusedSGD
 
 SGD_CASES = [dict(), dict(momentum=0.9), dict(momentum=0.9, dampening=0.3, weight_decay=0.01),

@@ -18,7 +18,7 @@ per-optimizer files keep their own numerics against torch):
   ``against_reference``).
 
 Note [CUDA against CPU kernels]: both libraries run the same math header with every
-* and + rounded once (-ffp-contract=off on the CPU, -fmad=false for nvcc: _build.py),
+* and + rounded once (-ffp-contract=off on the CPU, -fmad=false for nvcc: native/build.py),
 IEEE division and sqrt, and coefficients computed in double and rounded once. Adam,
 SGD and Adagrad are then equal bit for bit on the two devices. LAMB and NovoGrad read
 per-tensor norms, which the GPU sums in another order (its blocks, not the CPU's

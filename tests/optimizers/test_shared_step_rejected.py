@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import core_ops  # noqa: F401
-from core_ops import _build
+from core_ops import native
 from core_ops.reference import KERNELS as REF
-from core_ops._library import op
+from core_ops._schemas import op
 
 
 def adam_call(kernel, step_a, step_b):
@@ -24,7 +24,7 @@ def adam_call(kernel, step_a, step_b):
 def test_one_step_tensor_for_two_params_is_rejected(kind):
     kernel = op("fused_adam_") if kind == "native" else REF["fused_adam_"]
     if kind == "native":
-        assert _build.ensure("cpu").native
+        assert native.ensure("cpu").native
     shared = torch.zeros(())
     with pytest.raises(ValueError, match=r"steps\[0\] and steps\[1\] share memory, and the op writes both"):
         adam_call(kernel, shared, shared)

@@ -1,4 +1,4 @@
-"""The sync batch-norm ops (Note [Sync batch norm ops] in core_ops/_library.py): schema
+"""The sync batch-norm ops (Note [Sync batch norm ops] in core_ops/_schemas.py): schema
 and fake kernels pass opcheck, the reference is checked against torch in float64, and
 the native kernels against the reference in every layout and dtype."""
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import DEVICES, dtype_id
-from core_ops import _build
-from core_ops._library import op
+from core_ops import native
+from core_ops._schemas import op
 from core_ops.reference import sync_batch_norm as ref
 
 
@@ -60,7 +60,7 @@ def _samples(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
-    _build.ensure(device)
+    native.ensure(device)
     for name, args in _samples(device):
         torch.library.opcheck(getattr(torch.ops.core_ops, name).default, args)
 
@@ -99,7 +99,7 @@ NATIVE_TOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 2e-3, to
                          ids=dtype_id)
 @pytest.mark.parametrize("shape", [(7, 3), (2, 9, 37), (3, 4, 5, 6), (2, 17, 3, 2, 5), (0, 3, 4)])
 def test_native_matches_reference(device, dtype, shape):
-    _build.ensure(device)
+    native.ensure(device)
     tol = NATIVE_TOL[dtype]
     for layout, x in _layouts(shape, dtype, device).items():
         a = _args(x)

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from _launch import free_port
-from core_ops import _build
+from core_ops import native
 from core_ops.parallel import SyncBatchNorm
 
 pytestmark = pytest.mark.gpu
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_matches_torch_sync_batchnorm_world_size_1(dtype, fmt):
-    assert _build.ensure("cuda").native
+    assert native.ensure("cuda").native
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=60))
     try:

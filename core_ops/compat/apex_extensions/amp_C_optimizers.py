@@ -11,7 +11,7 @@ Apex's capturable Adam did (Note [Grads written back unscaled]).
 
 import torch
 
-from ..._library import op
+from ..._schemas import op
 from ..._validate import dense, lr_arg, same_layout, state_dtype
 from ...multi_tensor_apply import ops
 from ._args import tensor_lists_of

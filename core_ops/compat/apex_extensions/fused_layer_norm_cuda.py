@@ -1,19 +1,19 @@
 """Apex's ``fused_layer_norm_cuda``: layer norm and RMS norm entry points returning
 their per-row statistics, and backward from them (Megatron-LM and NeMo call these
-directly), on core_ops' norm ops (Note [Norm ops] in _library.py): float32 math for
+directly), on core_ops' norm ops (Note [Norm ops] in _schemas.py): float32 math for
 half inputs, the statistics flat (one per row) in float32 (float64 for float64 input),
 as Apex's. ``memory_efficient`` backward takes the forward's output instead of its
 input."""
 
 from __future__ import annotations
 
-from ... import _build
-from ..._library import op
+from ... import native
+from ..._schemas import op
 from ._args import rows
 
 
 def _run(name, input, *args):
-    _build.ensure_for(input.device)
+    native.ensure_for(input.device)
     return op(name)(input, *args)
 
 

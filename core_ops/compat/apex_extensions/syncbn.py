@@ -2,7 +2,7 @@
 distributed tests and some training code call directly): Welford statistics, their
 merge across ranks, the normalization and its backward, channels-first and
 channels-last (``*_c_last``: input (N, ..., C)). On core_ops' sync batch norm ops
-(Note [Sync batch norm ops] in _library.py); statistics in float32 (float64 for
+(Note [Sync batch norm ops] in _schemas.py); statistics in float32 (float64 for
 float64 input)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ... import _build
-from ..._library import op
+from ... import native
+from ..._schemas import op
 from ...parallel.sync_batchnorm_function import merge_stats
 
 
@@ -22,7 +22,7 @@ def _channels_first(input):
 
 
 def _ops(input):
-    _build.ensure_for(input.device)
+    native.ensure_for(input.device)
     return op
 
 

@@ -1,4 +1,4 @@
-// CPU kernels of the layer-norm and RMS-norm ops (Note [Norm ops] in _library.py): the
+// CPU kernels of the layer-norm and RMS-norm ops (Note [Norm ops] in _schemas.py): the
 // math is core_ops/norm_math.h; this file moves memory. Rows run in parallel; within a
 // row every pass is vectorized (vec.h, float32 lanes for float / half / bfloat16
 // input, double scalars for double) over values that stay in cache between passes:

@@ -1,4 +1,4 @@
-// CPU kernels of the sync batch-norm ops (Note [Sync batch norm ops] in _library.py):
+// CPU kernels of the sync batch-norm ops (Note [Sync batch norm ops] in _schemas.py):
 // the math is core_ops/welford_math.h; this file moves memory.
 //
 // Note [Sync batch norm layouts]: input (N, C, *) is read in place in one of two

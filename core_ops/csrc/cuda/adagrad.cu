@@ -1,6 +1,6 @@
 // CUDA kernel of fused_adagrad_: the checks of core_ops/optimizer_ops.h, the math of
 // core_ops/adagrad_math.h, and found_inf, lr, grad_scale and the step counts kept on
-// the device so the host never waits (Note [Fused optimizer ops] in _library.py).
+// the device so the host never waits (Note [Fused optimizer ops] in _schemas.py).
 //
 // The pattern of adam.cu: one multi_tensor_apply pass, the step counts riding along
 // as per-tensor scalars of the launch descriptor; each block derives its tensor's

@@ -1,6 +1,6 @@
 // CUDA kernel of fused_adam_: the checks of core_ops/optimizer_ops.h, the math of
 // core_ops/adam_math.h, and found_inf, lr, grad_scale and the step counts kept on the
-// device so the host never waits (Note [Fused optimizer ops] in _library.py).
+// device so the host never waits (Note [Fused optimizer ops] in _schemas.py).
 //
 // One multi_tensor_apply pass updates every tensor; the step counts ride along as
 // per-tensor scalars of the launch descriptor (TensorListMeta's addresses[kDepth]):

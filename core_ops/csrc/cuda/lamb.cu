@@ -1,7 +1,7 @@
 // CUDA kernels of fused_lamb_stage1_ and fused_lamb_stage2_: the checks of
 // core_ops/optimizer_ops.h, the math of core_ops/lamb_math.h, and found_inf, lr,
 // grad_scale, the step counts and the per-tensor norms kept on the device so the host
-// never waits (Note [Fused optimizer ops] in _library.py). The per-tensor norms between the stages
+// never waits (Note [Fused optimizer ops] in _schemas.py). The per-tensor norms between the stages
 // come from multi_tensor_l2norm (called by core_ops/optimizers/fused_lamb.py).
 //
 // The pattern of adam.cu. Stage 1: one multi_tensor_apply pass, the step counts

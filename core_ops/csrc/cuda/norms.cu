@@ -1,4 +1,4 @@
-// CUDA kernels of the layer-norm and RMS-norm ops (Note [Norm ops] in _library.py): the
+// CUDA kernels of the layer-norm and RMS-norm ops (Note [Norm ops] in _schemas.py): the
 // checks of core_ops/norm_args.h, the math of core_ops/norm_math.h.
 //
 // Note [CUDA norm kernels]: the ops are bound by memory (a row is read once and

@@ -1,7 +1,7 @@
 // CUDA kernel of fused_novograd_: the checks of core_ops/optimizer_ops.h, the math of
 // core_ops/novograd_math.h, and found_inf, lr, grad_scale, the grad norms, the
 // per-tensor second moments and the step counts kept on the device so the host never
-// waits (Note [Fused optimizer ops] in _library.py). The per-tensor grad norms come in
+// waits (Note [Fused optimizer ops] in _schemas.py). The per-tensor grad norms come in
 // (L2 or max|g| as norm_type says, taken by core_ops/optimizers/fused_novograd.py).
 //
 // The pattern of adam.cu, with the per-tensor part of csrc/cpu/novograd.cpp done on

@@ -1,6 +1,6 @@
 // CUDA kernel of fused_sgd_: the checks of core_ops/optimizer_ops.h, the math of
 // core_ops/sgd_math.h, and found_inf, lr and grad_scale read on the device so the
-// host never waits (Note [Fused optimizer ops] in _library.py). The pattern of
+// host never waits (Note [Fused optimizer ops] in _schemas.py). The pattern of
 // adam.cu: one multi_tensor_apply pass; SGD keeps no step count, so there is no
 // per-tensor scalar and no step-advance kernel. first_step and wd_after_momentum are
 // runtime flags of SgdCoeffs, as on the CPU.

@@ -3,7 +3,7 @@
 // Every function is a template over the value type so that one definition serves
 // three callers: the CUDA functors (T = float or double), the CPU tail loops (same),
 // and the CPU vector loops (T = vec::Vectorized<float>), whose operators * and +
-// broadcast like scalars. See Note [Multi-tensor conventions] in core_ops/_library.py.
+// broadcast like scalars. See Note [Multi-tensor conventions] in core_ops/_schemas.py.
 #pragma once
 
 #include <core_ops/macros.h>

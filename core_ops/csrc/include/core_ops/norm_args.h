@@ -1,5 +1,5 @@
 // Host-side pieces of the norm ops shared by csrc/cpu/norms.cpp and csrc/cuda/norms.cu
-// (Note [Norm ops] in _library.py): the argument checks, worded as
+// (Note [Norm ops] in _schemas.py): the argument checks, worded as
 // _validate.check_norm_args; the params in the accumulation dtype; and the four ops'
 // entry points over a device's two launchers, norm_fwd and norm_bwd, and their
 // registration.

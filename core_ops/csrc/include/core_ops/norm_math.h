@@ -1,5 +1,5 @@
 // The per-element math of the layer-norm and RMS-norm ops (Note [Norm ops] in
-// _library.py), shared by the CPU kernels (on vec::Vectorized vectors and scalars) and the
+// _schemas.py), shared by the CPU kernels (on vec::Vectorized vectors and scalars) and the
 // CUDA kernels (on floats). A row of `hidden` values has statistics mean and
 // rstd = 1 / sqrt(var + eps) (RMS: 1 / sqrt(mean(x^2) + eps)); xhat is the normalized
 // value before weight and bias; g = dy * weight is the grad reaching xhat.

@@ -1,5 +1,5 @@
 // Each fused optimizer op's C++ entry point, written once for its CPU and CUDA kernels:
-// the schema's signature (core_ops/_library.py), every argument check, and the
+// the schema's signature (core_ops/_schemas.py), every argument check, and the
 // arguments bundled into one struct for the device's step function. A kernel file
 // writes only that step and registers `&fused_adam_<adam_step>`; so the two devices
 // accept and refuse exactly the same calls, with the same words.

@@ -12,7 +12,7 @@
 // load, convert and store: they never restate an update. So:
 //   - a change to an op's math is one edit, and CPU and CUDA cannot drift apart;
 //   - every value type sees the same operations in the same order and, built with
-//     -ffp-contract=off (CPU) / -fmad=false (CUDA, _build.py), each + and * rounds
+//     -ffp-contract=off (CPU) / -fmad=false (CUDA, native/build.py), each + and * rounds
 //     once: the vector loop, the tail loop and the GPU round alike;
 //   - what T lacks beyond + - * / comes from this file (vsqrt, vmax, ...), overloaded
 //     per T and called unqualified; a new primitive is added here for the scalars and

@@ -1,7 +1,7 @@
 // The one place the kernels meet torch: its stable ABI (torch/csrc/stable) and
 // header-only parts (torch/headeronly), nothing else of ATen or c10.
 //
-// Note [Stable ABI]: built with TORCH_TARGET_VERSION = 2.10 (set by core_ops/_build.py
+// Note [Stable ABI]: built with TORCH_TARGET_VERSION = 2.10 (set by core_ops/native/toolchain.py
 // and tools/wheel.sh), a library calls torch only through versioned C shims, so one
 // binary loads on torch 2.10 and every newer release: the wheel's prebuilt libraries
 // and the JIT cache are built from these same sources. Everything a kernel needs from
@@ -112,7 +112,7 @@ std::string words(const Args&... args) {
 // value, TypeError for a wrong dtype or kind. Which C++ exception torch turns into which
 // Python class changes between releases (a std::invalid_argument is a ValueError up to
 // 2.14, a RuntimeError on 2.15; nothing becomes a TypeError), so the class travels in
-// the message, as a "[ValueError] " / "[TypeError] " prefix that core_ops/_library.py's
+// the message, as a "[ValueError] " / "[TypeError] " prefix that core_ops/_schemas.py's
 // op() turns back into the class and removes. An op called as torch.ops.core_ops.*
 // raises RuntimeError with the prefix.
 [[noreturn]] inline void raise_value_error(const std::string& message) {

@@ -1,5 +1,5 @@
 // Per-element math of the sync batch-norm ops (Note [Sync batch norm ops] in
-// core_ops/_library.py), written once for the CPU loops (scalars and vec::Vectorized vectors)
+// core_ops/_schemas.py), written once for the CPU loops (scalars and vec::Vectorized vectors)
 // and the CUDA kernels. T is the accumulation type: float (float32, float16 and
 // bfloat16 inputs) or double, or a vec::Vectorized of one.
 #pragma once

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..... import _build
-from ....._library import op
+from ..... import native
+from ....._schemas import op
 from ..._autocast_utils import _cast_if_autocast_enabled
 
 
@@ -22,7 +22,7 @@ class FastLayerNormFN(torch.autograd.Function):
         if x.shape[-1] != hidden or beta.numel() != hidden:
             raise ValueError(f"FastLayerNorm: the input's last dim ({x.shape[-1]}), gamma ({hidden}) and beta "
                              f"({beta.numel()}) must agree")
-        _build.ensure_for(x.device)
+        native.ensure_for(x.device)
         y, mean, rstd = op("layer_norm_fwd")(x, gamma, beta, hidden, epsilon, None, memory_efficient)
         ctx.memory_efficient, ctx.dx_dtype = memory_efficient, x.dtype
         ctx.save_for_backward(y if memory_efficient else x, gamma, beta, mean, rstd)

@@ -192,7 +192,7 @@ for _schema in SCHEMAS.values():
 OP_NAMES = tuple(SCHEMAS)
 
 # Not an op of the package: what a loaded CPU library says of itself, the x86-64 level
-# it registered and why (Note [CPU levels] in csrc/cpu/level.h); _build.cpu_level()
+# it registered and why (Note [CPU levels] in csrc/cpu/level.h); native.cpu_level()
 # calls it. The tensor only routes the call to the CPU library.
 _lib.define("native_cpu_level(Tensor probe) -> str")
 

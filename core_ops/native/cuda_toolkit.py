@@ -1,4 +1,4 @@
-"""Finding the CUDA compiler the CUDA kernels build with (Note [Native build] in _build.py).
+"""Finding the CUDA compiler the CUDA kernels build with (Note [Native build] in cache.py).
 
 Note [CUDA toolkit from pip]: torch's pip wheels carry the CUDA runtime but no
 compiler, so most GPU machines have no toolkit. NVIDIA ships the compiler as pip

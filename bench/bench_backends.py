@@ -1,10 +1,10 @@
-"""FusedAdam where no native kernel can be built (Note [Backend tiers] in
-core_ops/torch_fused.py): on torch's fused kernel (tier 2) and on the reference (tier
-3, before the tier existed) against torch.optim.AdamW(fused=True), in the same run.
+"""FusedAdam where no native kernel can be built (Note [Backends] in
+core_ops/native/__init__.py): on torch's fused kernel (backend 3) and on the reference
+(backend 4) against torch.optim.AdamW(fused=True), in the same run.
 
-    CXX=/bin/false CORE_OPS_CACHE_DIR=$(mktemp -d) python bench/bench_tiers.py [--device cpu|cuda]
+    CXX=/bin/false CORE_OPS_CACHE_DIR=$(mktemp -d) python bench/bench_backends.py [--device cpu|cuda]
 
-Target (issue 25): tier 2 <= 1.1 x torch's fused AdamW, 20M fp32 params in 200 tensors,
+Target (issue 25): backend 3 <= 1.1 x torch's fused AdamW, 20M fp32 params in 200 tensors,
 results equal within rtol 1e-5. The script refuses to run where a native kernel is
 loaded for the device: it would time that instead.
 """
@@ -16,7 +16,7 @@ from torch.testing import assert_close
 
 import harness
 from bench_adam import HYPER, make, with_grads
-from core_ops import _build
+from core_ops import native
 from core_ops._info import op_backend
 from core_ops.optimizers import FusedAdam
 
@@ -24,10 +24,10 @@ from core_ops.optimizers import FusedAdam
 def main():
     args = harness.parser(__doc__.splitlines()[0], repeats=20).parse_args()
     harness.setup(args)
-    _build.ensure(args.device, warn=False)
+    native.ensure(args.device, warn=False)
     if op_backend("fused_adam_", args.device) == "native":
         raise SystemExit("a native fused_adam_ is loaded: run with CXX=/bin/false and a fresh "
-                         "CORE_OPS_CACHE_DIR (and no nvcc for cuda) to time the other tiers")
+                         "CORE_OPS_CACHE_DIR (and no nvcc for cuda) to time backends 3 and 4")
     print(f"{args.numel:,} fp32 params in {args.tensors} tensors on {args.device}, {torch.get_num_threads()} "
           f"threads; fused_adam_ on {args.device}: {op_backend('fused_adam_', args.device)}")
     ours = with_grads(make(args.numel, args.tensors, torch.float32, args.device))
@@ -40,10 +40,10 @@ def main():
                  rtol=1e-5, atol=1e-7)
     rows = []
     bt, ct = harness.time_ab(base.step, opt.step, args.device, args.repeats, args.warmup)
-    rows.append(harness.row("FusedAdam, torch tier", "AdamW(fused=True)", bt, ct, 1.1))
-    os.environ["CORE_OPS_BACKEND"] = "reference"  # the tier steps aside: the reference, as before it
+    rows.append(harness.row("FusedAdam, 3 torch", "AdamW(fused=True)", bt, ct, 1.1))
+    os.environ["CORE_OPS_BACKEND"] = "reference"  # backend 3 passed over: backend 4
     bt, ct = harness.time_ab(base.step, opt.step, args.device, max(args.repeats // 4, 3), 1)
-    rows.append(harness.row("FusedAdam, reference tier", "AdamW(fused=True)", bt, ct, None))
+    rows.append(harness.row("FusedAdam, 4 reference", "AdamW(fused=True)", bt, ct, None))
     harness.compare(rows)
 
 

@@ -1,10 +1,10 @@
-"""Note [Backend tiers] (core_ops/torch_fused.py): where no native kernel is loaded, an op
+"""Note [Torch's fused kernels] (core_ops/torch_fused.py): where no native kernel is loaded, an op
 whose math torch has as a fused kernel runs on torch's, when the call fits it, and on
 the reference otherwise. Its kernels are called here directly against the reference
 (the specification), in the tolerances the optimizer tests state (Note [Optimizer
 tolerances]: 8 ulps of the largest |param| after 20 steps; torch's fused Adam forms
 its moments with fused multiply-adds and float32 betas, a few ulps); then a process
-that cannot compile (CXX=/bin/false, a fresh cache) reports and uses the tiers."""
+that cannot compile (CXX=/bin/false, a fresh cache) reports and uses backends 3 and 4."""
 
 import copy
 import os
@@ -17,14 +17,14 @@ import torch
 from core_ops import torch_fused
 from core_ops.reference import KERNELS as REF
 
-TIER = torch_fused.KERNELS
+TORCH = torch_fused.KERNELS
 SIZES = (1, 16, 17, 16385, 40000)
 STEPS = 20
 
 
 @pytest.fixture
 def torch_calls(monkeypatch):
-    """Counts the calls of torch's fused kernels, so a tier that fell back to the
+    """Counts the calls of torch's fused kernels, so a call that fell back to the
     reference by mistake fails."""
     calls = {}
     for name in ("_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_",
@@ -73,7 +73,7 @@ def test_adam_on_torch_follows_the_reference(adam_w_mode, amsgrad, maximize, tor
     kw = dict(adam_w_mode=adam_w_mode, amsgrad=amsgrad, maximize=maximize, scale=4.0,
               grad_scale=torch.tensor([4.0]), found_inf=torch.zeros(1), lr_tensor=torch.tensor([1e-2]))
     for seed in range(STEPS):
-        g_ours = adam_step(TIER["fused_adam_"], ours, seed, **kw)
+        g_ours = adam_step(TORCH["fused_adam_"], ours, seed, **kw)
         g_ref = adam_step(REF["fused_adam_"], ref, seed, **kw)
         assert all(torch.equal(a, b) for a, b in zip(g_ours, g_ref))  # written back unscaled (exact: 4)
     assert torch_calls == {"_fused_adamw_" if adam_w_mode else "_fused_adam_": STEPS}
@@ -87,9 +87,9 @@ def test_adam_on_torch_follows_the_reference(adam_w_mode, amsgrad, maximize, tor
                          ids=["float", "int32", "two"])
 def test_a_skipped_adam_step_changes_nothing(flag):
     lists = adam_lists()
-    adam_step(TIER["fused_adam_"], lists, 0)
+    adam_step(TORCH["fused_adam_"], lists, 0)
     before = copy.deepcopy(lists)
-    grads = adam_step(TIER["fused_adam_"], lists, 1, grad_scale=torch.tensor([8.0]), found_inf=flag, scale=8.0)
+    grads = adam_step(TORCH["fused_adam_"], lists, 1, grad_scale=torch.tensor([8.0]), found_inf=flag, scale=8.0)
     for key, ts in lists.items():
         assert all(torch.equal(a, b) for a, b in zip(ts, before[key])), key  # steps included
     g = torch.Generator().manual_seed(1)
@@ -103,7 +103,7 @@ def test_calls_torch_cannot_take_run_on_the_reference_exactly(case, torch_calls)
     ours, ref = adam_lists(dtype, masters=case == "masters"), adam_lists(dtype, masters=case == "masters")
     kw = dict(bias_correction=case != "no_bias_correction")
     for seed in range(3):
-        adam_step(TIER["fused_adam_"], ours, seed, **kw)
+        adam_step(TORCH["fused_adam_"], ours, seed, **kw)
         adam_step(REF["fused_adam_"], ref, seed, **kw)
     for key in ("params", "exp_avgs", "exp_avg_sqs", "masters"):
         assert all(torch.equal(a, b) for a, b in zip(ours[key], ref[key])), key
@@ -147,7 +147,7 @@ def test_compact_adam_on_torch_follows_the_reference(moments, weights, torch_cal
     (ours, maps), (ref, _) = compact_lists(moments, weights), compact_lists(moments, weights)
     kw = dict(grad_scale=torch.tensor([4.0]), found_inf=torch.zeros(1))
     for seed in range(STEPS):
-        compact_step(TIER["fused_adam_compact_"], ours, maps, seed, **kw)
+        compact_step(TORCH["fused_adam_compact_"], ours, maps, seed, **kw)
         compact_step(REF["fused_adam_compact_"], ref, maps, seed, **kw)
     assert torch_calls == {"_fused_adamw_": STEPS}
     for i in range(3):
@@ -174,9 +174,9 @@ def test_compact_adam_on_torch_follows_the_reference(moments, weights, torch_cal
 
 def test_a_skipped_compact_step_changes_nothing():
     lists, maps = compact_lists("int8", "remainder")
-    compact_step(TIER["fused_adam_compact_"], lists, maps, 0)
+    compact_step(TORCH["fused_adam_compact_"], lists, maps, 0)
     before = copy.deepcopy(lists)
-    compact_step(TIER["fused_adam_compact_"], lists, maps, 1, grad_scale=torch.tensor([8.0]), found_inf=torch.ones(1))
+    compact_step(TORCH["fused_adam_compact_"], lists, maps, 1, grad_scale=torch.tensor([8.0]), found_inf=torch.ones(1))
     for key in (0, 2, 3, 4, 5, 6, 7):
         assert all(torch.equal(a, b) for a, b in zip(lists[key], before[key])), key
     g = torch.Generator().manual_seed(1)
@@ -187,7 +187,7 @@ def test_bad_input_gets_the_reference_s_errors():
     lists = adam_lists()
     bad = [torch.zeros(3)] + [torch.zeros(n) for n in SIZES[1:]]
     with pytest.raises(ValueError, match=r"grads\[0\] has shape \[3\]"):
-        TIER["fused_adam_"](lists["params"], bad, lists["exp_avgs"], lists["exp_avg_sqs"], [], [], lists["steps"],
+        TORCH["fused_adam_"](lists["params"], bad, lists["exp_avgs"], lists["exp_avg_sqs"], [], [], lists["steps"],
                             1e-2, 0.9, 0.999, 1e-8, 0.0, True, True, False, False, None, None, None)
     assert [s.item() for s in lists["steps"]] == [0.0] * len(SIZES)  # nothing changed
 
@@ -201,7 +201,7 @@ def test_sgd_on_torch_follows_the_reference(kw, maximize, torch_calls):
     g = torch.Generator().manual_seed(0)
     start = [torch.randn(n, generator=g) for n in SIZES]
     runs = []
-    for kernel in (TIER["fused_sgd_"], REF["fused_sgd_"]):
+    for kernel in (TORCH["fused_sgd_"], REF["fused_sgd_"]):
         params, bufs = [p.clone() for p in start], [torch.zeros(n) for n in SIZES]
         gen = torch.Generator().manual_seed(1)
         for step in range(STEPS):
@@ -222,7 +222,7 @@ def test_adagrad_on_torch_follows_the_reference(kw, torch_calls):
     g = torch.Generator().manual_seed(0)
     start = [torch.randn(n, generator=g) for n in SIZES]
     runs = []
-    for kernel in (TIER["fused_adagrad_"], REF["fused_adagrad_"]):
+    for kernel in (TORCH["fused_adagrad_"], REF["fused_adagrad_"]):
         params, sums, steps = [p.clone() for p in start], [torch.zeros(n) for n in SIZES], [torch.zeros(())
                                                                                              for _ in SIZES]
         gen = torch.Generator().manual_seed(1)
@@ -245,12 +245,12 @@ def test_in_place_unscale_on_torch_equals_the_reference(dtype, torch_calls):
     ours, ref = [t.clone() for t in ts], [t.clone() for t in ts]
     flag_ours, flag_ref = torch.zeros(1), torch.zeros(1)
     scale = torch.tensor([1 / 3.0])
-    TIER["multi_tensor_scale_"](ours, ours, scale, flag_ours)
+    TORCH["multi_tensor_scale_"](ours, ours, scale, flag_ours)
     REF["multi_tensor_scale_"](ref, ref, scale, flag_ref)
     assert all(torch.equal(a, b) for a, b in zip(ours, ref)) and flag_ours.item() == flag_ref.item() == 0
     assert torch_calls == {"_amp_foreach_non_finite_check_and_unscale_": 1}
     ours[2][5] = float("nan")
-    TIER["multi_tensor_scale_"](ours, ours, scale, flag_ours)
+    TORCH["multi_tensor_scale_"](ours, ours, scale, flag_ours)
     assert flag_ours.item() == 1
 
 
@@ -261,21 +261,21 @@ def test_l2norm_on_torch_follows_the_reference(dtype, torch_calls):
     (Note [Test tolerances]: 1e-5 relative in float32, 1e-12 in float64)."""
     g = torch.Generator().manual_seed(0)
     ts = [torch.randn(n, generator=g).to(dtype) for n in SIZES]
-    total, per = TIER["multi_tensor_l2norm"](ts, True)
+    total, per = TORCH["multi_tensor_l2norm"](ts, True)
     ref_total, ref_per = REF["multi_tensor_l2norm"](ts, True)
     assert total.dtype == ref_total.dtype and per.shape == ref_per.shape
     tol = dict(rtol=1e-12, atol=0) if dtype == torch.float64 else dict(rtol=1e-5, atol=0)
     torch.testing.assert_close(total, ref_total, **tol)
     torch.testing.assert_close(per, ref_per, **tol)
     assert torch_calls == {"_foreach_norm": 1}
-    assert TIER["multi_tensor_l2norm"](ts, False)[1].numel() == 0
+    assert TORCH["multi_tensor_l2norm"](ts, False)[1].numel() == 0
 
 
-TIERS_WITHOUT_A_COMPILER = """
+BACKENDS_WITHOUT_A_COMPILER = """
 import torch, core_ops
-from core_ops import _build
+from core_ops import native
 from core_ops.optimizers import FusedAdam
-assert not _build.ensure("cpu").native
+assert not native.ensure("cpu").native
 print(core_ops._info.format_report(core_ops.backend_report()))
 torch.manual_seed(0)
 ours = [torch.randn(n, requires_grad=True) for n in (17, 40000)]
@@ -291,16 +291,18 @@ print("MAXDIFF", max(float((p - q).abs().max()) for p, q in zip(ours, theirs)))
 """
 
 
-def test_a_process_that_cannot_compile_uses_and_reports_the_tiers(tmp_path):
+def test_a_process_that_cannot_compile_uses_and_reports_backends_3_and_4(tmp_path):
     # The JIT route (a wheel install's own library would serve first), with no compiler.
     env = dict(os.environ, CXX="/bin/false", CORE_OPS_CACHE_DIR=str(tmp_path), CORE_OPS_BACKEND="jit")
-    proc = subprocess.run([sys.executable, "-c", "import core_ops._info\n" + TIERS_WITHOUT_A_COMPILER],
+    proc = subprocess.run([sys.executable, "-c", "import core_ops._info\n" + BACKENDS_WITHOUT_A_COMPILER],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     cpu = proc.stdout.split("[cpu]")[1].split("[cuda]")[0]
     lines = {line.split()[0]: line for line in cpu.splitlines()[1:] if line.strip()}
-    assert "torch (torch._fused_adam_ / _fused_adamw_) where the call fits" in lines["fused_adam_"]
-    assert "torch (torch._fused_sgd_)" in lines["fused_sgd_"]
-    assert lines["fused_lamb_stage1_"].split()[-1] == "reference"
+    assert "3 torch (torch._fused_adam_ / _fused_adamw_) where the call fits, else 4 reference" in lines["fused_adam_"]
+    assert "3 torch (torch._fused_sgd_)" in lines["fused_sgd_"]
+    assert lines["fused_lamb_stage1_"].split()[-2:] == ["4", "reference"]
+    passed = [line.strip().split(": ")[1] for line in cpu.splitlines() if line.strip().startswith("passed over")]
+    assert passed == ["1 wheel", "2 jit"]  # each native backend, and why (no compiler for the second)
     # The same kernel as torch's own fused AdamW: equal but for the scalars' rounding.
     assert float(proc.stdout.split("MAXDIFF")[1]) <= 8 * torch.finfo(torch.float32).eps * 5
