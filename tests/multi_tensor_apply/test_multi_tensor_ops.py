@@ -12,7 +12,7 @@ from cases import EDGE_SIZES, make_list, noncontiguous, poison
 from conftest import ELEMENTWISE_TOL, FLOATS, NORM_TOL, assert_axpby_close, dtype_id
 
 import core_ops
-from core_ops import native
+from core_ops import native as backends
 from core_ops.reference import KERNELS as REF
 
 
@@ -22,7 +22,7 @@ def native(name):
 
 @pytest.fixture(autouse=True)
 def _native_loaded(device):
-    backend = native.ensure(device)
+    backend = backends.ensure(device)
     if not backend.native:
         pytest.fail(f"native {device} kernels did not load: {backend.reason}")
 
