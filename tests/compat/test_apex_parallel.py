@@ -22,7 +22,7 @@ def test_apex_positional_order(world1):
                                   None, False, 2.0, None, True)
     assert isinstance(ddp, core_ops.parallel.DistributedDataParallel)
     assert ddp.message_size == 1000 and not ddp.delay_allreduce
-    assert ddp._trigger_ids == {id(model[0].weight)}
+    assert ddp._grads.trigger_ids == {id(model[0].weight)}
     assert ddp.retain_allreduce_buffers and ddp.allreduce_always_fp32
     assert ddp.num_allreduce_streams == 2 and not ddp.gradient_average
     assert ddp.gradient_predivide_factor == 2.0 and ddp.prof

@@ -132,7 +132,7 @@ def checkpointed_head(rank, world):
                 ref(x).pow(2).mean().backward()
                 diffs.append(max_diff(grads(model), hand_reduced(ref, average)))
             out[(average, message_size)] = dict(diffs=diffs, allreduces=counts,
-                                                buckets=len(model._buckets))
+                                                buckets=len(model._grads.buckets))
     return out
 
 

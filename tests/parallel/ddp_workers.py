@@ -84,7 +84,7 @@ def _fp32(rank, world, delay):
     in_buffers = all(any(b.data_ptr() <= p.grad.data_ptr() < b.data_ptr() + b.numel() * b.element_size()
                          for b in buffers.values()) for p in ours.parameters())
     return dict(after_broadcast=after_broadcast, vs_full=vs_full, vs_torch=vs_torch,
-                buckets=len(ours._buckets), grads_in_buffers=in_buffers,
+                buckets=len(ours._grads.buckets), grads_in_buffers=in_buffers,
                 params=[p.detach().clone() for p in ours.parameters()])
 
 
@@ -105,7 +105,7 @@ def _half(rank, world, dtype, always_fp32):
         errs_torch.append(max_diff(grads(theirs), grads(exact)))
     return dict(err_ours=max(errs_ours), err_torch=max(errs_torch),
                 grad_dtypes=sorted({str(p.grad.dtype) for p in ours.parameters()}),
-                buffer_dtypes=sorted({str(b.dtype) for b in ours._buckets}))
+                buffer_dtypes=sorted({str(b.dtype) for b in ours._grads.buckets}))
 
 
 def _compressed(rank, world, dtype, model_dtype=torch.float32):
@@ -132,8 +132,8 @@ def _compressed(rank, world, dtype, model_dtype=torch.float32):
         buffers.append([b.data_ptr() for b in ours.allreduce_buffers])
     return dict(diffs=diffs, grad_dtypes=sorted({str(p.grad.dtype).removeprefix("torch.")
                                                  for p in ours.parameters()}),
-                buffer_dtypes=sorted({str(b.dtype) for b in ours._buckets}),
-                same_buffers=len(buffers[0]) == len(ours._buckets) and buffers[0] == buffers[1])
+                buffer_dtypes=sorted({str(b.dtype) for b in ours._grads.buckets}),
+                same_buffers=len(buffers[0]) == len(ours._grads.buckets) and buffers[0] == buffers[1])
 
 
 class MixedDtypes(nn.Module):
@@ -199,7 +199,7 @@ def _failed_finish_then_step(rank, world):
     full = mlp(100)
     x, y = data(0)
     loss_fn(ours(local(x, rank, world)), local(y, rank, world)).backward()  # fixes the layout
-    bucket = ours._buckets[-1]
+    bucket = ours._grads.buckets[-1]
     real = bucket.write_back
 
     def fail_once(used):
@@ -328,7 +328,7 @@ def _overlap(rank, world):
     finally:
         dist.all_reduce = real
     kinds = [e[0] for e in events]
-    return dict(kinds=kinds, buckets=len(ours._buckets),
+    return dict(kinds=kinds, buckets=len(ours._grads.buckets),
                 first_launch=kinds.index("launch"),
                 last_grad=len(kinds) - 1 - kinds[::-1].index("grad"))
 
@@ -352,7 +352,7 @@ def _scaling(rank, world):
     for _ in range(2):
         zero(trigger, True)
         loss_fn(trigger(local(x, rank, world)), local(y, rank, world)).backward()
-    out["trigger_buckets"] = len(trigger._buckets)
+    out["trigger_buckets"] = len(trigger._grads.buckets)
     out["trigger"] = max_diff(grads(trigger), grads(ref))
     return out
 
@@ -462,7 +462,7 @@ def _gan_discriminator(rank, world):
         for model in (disc.module, ref):
             model.requires_grad_(True)
         diffs.append(_full_batch_step(disc, ref, step, rank, world)[0])
-        plans.append(id(disc._buckets))
+        plans.append(id(disc._grads.buckets))
     return dict(diffs=diffs, replans=len(set(plans)) - 1)
 
 
@@ -553,12 +553,12 @@ def _kept_grads(rank, world):
     intact = all(torch.equal(k, v) for k, v in zip(kept, values))
     changed = not all(torch.equal(p.grad, v) for p, v in zip(model.parameters(), values))
     del kept, values
-    buffers = [b.buffer.data_ptr() for b in model._buckets]
+    buffers = [b.buffer.data_ptr() for b in model._grads.buckets]
     for step in (2, 3):
         model.zero_grad(set_to_none=False)
         x, y = data(step)
         loss_fn(model(local(x, rank, world)), local(y, rank, world)).backward()
-    reused = buffers == [b.buffer.data_ptr() for b in model._buckets]
+    reused = buffers == [b.buffer.data_ptr() for b in model._grads.buckets]
     return dict(intact=intact, changed=changed, reused=reused)
 
 
