@@ -27,6 +27,7 @@ import math
 
 import torch
 
+from . import _op_checks
 from ._aliasing import check_operands
 from ._validate import check_flag
 
@@ -140,10 +141,16 @@ def check_grad_scale(grad_scale, found_inf):
 
 
 def checked(name, fn):
-    """``fn`` (a reference or fake kernel of op ``name``) behind the boundary's checks."""
+    """``fn`` (a reference or fake kernel of op ``name``) behind the boundary's checks,
+    then the op's declared ones (Note [Declared checks] in _op_checks.py)."""
     @functools.wraps(fn)
     def kernel(*args, **kwargs):
         check_call(name, args, kwargs)
+        declared = _op_checks.CHECKS.get(name)
+        if declared:
+            values = dict(zip((a.name for a in declared[0]), args))
+            values.update(kwargs)
+            _op_checks.run(name, values)
         return fn(*args, **kwargs)
     return kernel
 

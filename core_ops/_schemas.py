@@ -21,9 +21,10 @@ import re
 import torch
 
 from ._boundary import checked, has_boundary
-from ._validate import (batch_norm_acc_dtype, check_arg_to_check, check_update_scale_tensors, loss_scale_args, check_batch_norm_args, check_compact_adam_lists, check_lists, check_norm_args,
-                        check_norm_bwd_args, check_residual,
-                        check_lamb_norms, check_optimizer_lists, check_per_tensor_state)
+from ._op_checks import Call, OneOf, OptimizerLists, Requires, declare
+from ._validate import (batch_norm_acc_dtype, check_arg_to_check, check_batch_norm_args, check_lists,
+                        check_norm_args, check_norm_bwd_args, check_residual, check_update_scale_tensors,
+                        loss_scale_args)
 
 LIB_NAME = "core_ops"
 _lib = torch.library.Library(LIB_NAME, "DEF")
@@ -64,12 +65,13 @@ SCHEMAS = {
     # replaces lr (capturable / tensor lr, read on the device); master_params, when
     # not empty, are float32 copies the math updates, the params receiving their
     # rounding. State is float32 (float64 for float64 params).
-    "fused_adam_": (
+    "fused_adam_": declare(
         "fused_adam_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] exp_avgs, "
         "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] master_params, "
         "Tensor(f!)[] steps, float lr, float beta1, float beta2, float eps, float weight_decay, "
         "bool adam_w_mode, bool bias_correction, bool amsgrad, bool maximize, "
-        "Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()"
+        "Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()",
+        OptimizerLists(when=(("max_exp_avg_sqs", "amsgrad"),)),
     ),
     # Note [Compact Adam state]: fused_adam_ (no amsgrad) over params whose state is
     # kept small (core_ops/reference/compact_state.py). exp_avgs / exp_avg_sqs are all
@@ -78,53 +80,66 @@ SCHEMAS = {
     # memory order; empty lists otherwise) and the 256-value maps they index;
     # master_params is empty, float32 masters (half params), or int16 remainders
     # (bfloat16 params: master = param joined with remainder, Note [Master remainders]).
-    "fused_adam_compact_": (
+    "fused_adam_compact_": declare(
         "fused_adam_compact_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] exp_avgs, "
         "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] exp_avg_absmaxes, Tensor(e!)[] exp_avg_sq_absmaxes, "
         "Tensor(f!)[] master_params, Tensor(h!)[] steps, Tensor? exp_avg_map, Tensor? exp_avg_sq_map, "
         "float lr, float beta1, float beta2, float eps, float weight_decay, bool adam_w_mode, "
         "bool bias_correction, bool maximize, Tensor? lr_tensor, Tensor? grad_scale, "
-        "Tensor? found_inf) -> ()"
+        "Tensor? found_inf) -> ()",
+        Call("check_compact_adam", ("params", "grads", "exp_avgs", "exp_avg_sqs", "exp_avg_absmaxes",
+                                    "exp_avg_sq_absmaxes", "master_params", "steps", "exp_avg_map",
+                                    "exp_avg_sq_map", "lr_tensor", "grad_scale", "found_inf"),
+             into=("CompactLayout", "layout")),
     ),
-    "fused_sgd_": (
+    "fused_sgd_": declare(
         "fused_sgd_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] momentum_buffers, "
         "Tensor(c!)[] master_params, float lr, float momentum, float dampening, "
         "float weight_decay, bool nesterov, bool wd_after_momentum, bool first_step, "
-        "bool maximize, Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()"
+        "bool maximize, Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()",
+        OptimizerLists(when=(("momentum_buffers", "momentum"),)),
+        Requires("nesterov", "momentum", "nesterov needs momentum > 0"),
     ),
-    "fused_adagrad_": (
+    "fused_adagrad_": declare(
         "fused_adagrad_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] state_sums, "
         "Tensor(c!)[] master_params, Tensor(d!)[] steps, float lr, float lr_decay, float eps, "
         "float weight_decay, bool adagrad_w_mode, bool maximize, Tensor? lr_tensor, "
-        "Tensor? grad_scale, Tensor? found_inf) -> ()"
+        "Tensor? grad_scale, Tensor? found_inf) -> ()",
+        OptimizerLists(),
     ),
     # LAMB runs in two stages around the per-tensor norms (csrc/include/core_ops/lamb_math.h):
     # stage 1 writes the moments and the raw update, stage 2 applies it with the trust
     # ratio from param_norms / update_norms (one norm per tensor).
-    "fused_lamb_stage1_": (
+    "fused_lamb_stage1_": declare(
         "fused_lamb_stage1_(Tensor[] params, Tensor(g!)[] grads, Tensor(a!)[] exp_avgs, "
         "Tensor(b!)[] exp_avg_sqs, Tensor[] master_params, Tensor(c!)[] steps, "
         "Tensor(d!)[] updates, float beta1, float beta2, float eps, float weight_decay, "
         "bool adam_w_mode, bool bias_correction, bool grad_averaging, bool maximize, "
-        "Tensor? grad_scale, Tensor? found_inf) -> ()"
+        "Tensor? grad_scale, Tensor? found_inf) -> ()",
+        OptimizerLists(),
     ),
-    "fused_lamb_stage2_": (
+    "fused_lamb_stage2_": declare(
         "fused_lamb_stage2_(Tensor(a!)[] params, Tensor(b!)[] master_params, Tensor[] updates, "
         "Tensor param_norms, Tensor update_norms, float lr, float weight_decay, bool use_nvlamb, "
-        "Tensor? lr_tensor, Tensor? found_inf) -> ()"
+        "Tensor? lr_tensor, Tensor? found_inf) -> ()",
+        OptimizerLists(),
+        Call("check_lamb_norms", ("params", "param_norms", "update_norms")),
     ),
     # NovoGrad's second moment is one scalar per tensor: exp_avg_sqs holds one-element
     # tensors and grad_norms the per-tensor norms of the grads as given (still scaled:
     # the op divides them by grad_scale), L2 (norm_type 2: v averages their squares) or
     # max|g| (norm_type 0: v averages the norms themselves), as in Apex
     # (csrc/include/core_ops/novograd_math.h).
-    "fused_novograd_": (
+    "fused_novograd_": declare(
         "fused_novograd_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] exp_avgs, "
         "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] master_params, Tensor(e!)[] steps, "
         "Tensor grad_norms, int norm_type, float lr, float beta1, float beta2, float eps, "
         "float weight_decay, bool bias_correction, bool reg_inside_moment, bool grad_averaging, "
         "bool init_zero, bool maximize, Tensor? lr_tensor, Tensor? grad_scale, "
-        "Tensor? found_inf) -> ()"
+        "Tensor? found_inf) -> ()",
+        OneOf("norm_type", (2, 0), "norm_type must be 2 (L2) or 0 (infinity norm), got {norm_type}"),
+        OptimizerLists(apart=("exp_avg_sqs",)),
+        Call("check_per_tensor_state", ("params", "exp_avg_sqs", "grad_norms")),
     ),
     # Note [Sync batch norm ops]: the per-rank pieces of a batch norm whose statistics
     # are merged across ranks (core_ops/parallel/sync_batchnorm_function.py does the
@@ -256,59 +271,11 @@ def _(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor, backo
     loss_scale_args(growth_factor, backoff_factor, growth_interval, hysteresis, min_scale, max_scale)
 
 
-@_fake("fused_adam_")
-def _(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps, lr, beta1,
-      beta2, eps, weight_decay, adam_w_mode, bias_correction, amsgrad, maximize, lr_tensor,
-      grad_scale, found_inf):
-    check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
-                          max_exp_avg_sqs=max_exp_avg_sqs if amsgrad else None,
-                          master_params=master_params or None)
-
-
-@_fake("fused_adam_compact_")
-def _(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes, master_params, steps,
-      exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adam_w_mode, bias_correction,
-      maximize, lr_tensor, grad_scale, found_inf):
-    check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
-                             exp_avg_sq_absmaxes, master_params, exp_avg_map, exp_avg_sq_map)
-
-
-@_fake("fused_sgd_")
-def _(params, grads, momentum_buffers, master_params, lr, momentum, dampening, weight_decay,
-      nesterov, wd_after_momentum, first_step, maximize, lr_tensor, grad_scale, found_inf):
-    check_optimizer_lists(params, grads, None, momentum_buffers=momentum_buffers if momentum else None,
-                          master_params=master_params or None)
-
-
-@_fake("fused_adagrad_")
-def _(params, grads, state_sums, master_params, steps, lr, lr_decay, eps, weight_decay,
-      adagrad_w_mode, maximize, lr_tensor, grad_scale, found_inf):
-    check_optimizer_lists(params, grads, steps, state_sums=state_sums,
-                          master_params=master_params or None)
-
-
-@_fake("fused_lamb_stage1_")
-def _(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates, beta1, beta2, eps,
-      weight_decay, adam_w_mode, bias_correction, grad_averaging, maximize, grad_scale, found_inf):
-    check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
-                          updates=updates, master_params=master_params or None)
-
-
-@_fake("fused_lamb_stage2_")
-def _(params, master_params, updates, param_norms, update_norms, lr, weight_decay, use_nvlamb,
-      lr_tensor, found_inf):
-    check_optimizer_lists(params, params, None, updates=updates, master_params=master_params or None)
-    check_lamb_norms(params, param_norms, update_norms)
-
-
-@_fake("fused_novograd_")
-def _(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type, lr,
-      beta1, beta2, eps, weight_decay, bias_correction, reg_inside_moment, grad_averaging,
-      init_zero, maximize, lr_tensor, grad_scale, found_inf):
-    check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, master_params=master_params or None)
-    check_per_tensor_state(params, exp_avg_sqs=exp_avg_sqs, grad_norms=grad_norms)
-    if norm_type not in (0, 2):
-        raise ValueError(f"norm_type must be 2 (L2) or 0 (infinity norm), got {norm_type}")
+# The optimizer ops return nothing: their fake kernels are their declared checks alone
+# (Note [Declared checks], run by ``checked``).
+for _name in ("fused_adam_", "fused_adam_compact_", "fused_sgd_", "fused_adagrad_", "fused_lamb_stage1_",
+              "fused_lamb_stage2_", "fused_novograd_"):
+    _fake(_name)(lambda *args, **kwargs: None)
 
 
 def _per_channel(input):

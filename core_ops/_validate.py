@@ -385,11 +385,12 @@ def _check_map_values(qmap, name):
             raise ValueError(f"{name} must hold finite values in ascending order; value {j} is {v:g}{after}")
 
 
-def check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
-                             exp_avg_sq_absmaxes, master_params, exp_avg_map, exp_avg_sq_map):
+def check_compact_adam(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes,
+                       master_params, steps, exp_avg_map, exp_avg_sq_map, lr_tensor=None, grad_scale=None,
+                       found_inf=None):
     """The checks of fused_adam_compact_ (Note [Compact Adam state] in _schemas.py), for
     the reference and fake kernels; csrc/include/core_ops/compact_state_args.h words
-    them for the C++ kernels."""
+    them for the C++ kernels. The lone tensors are the boundary's (_boundary.py) here."""
     from .reference.compact_state import blocks_of
     check_optimizer_lists(params, grads, steps)
     if not params:

@@ -109,15 +109,12 @@ def fused_adam_compact_(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, 
     skipped step (found_inf, read on the device) the old state is kept element by
     element, without a host sync."""
     from .reference.adam_compact import load_moment, load_weights, store_moment, store_weights
-    from ._validate import check_compact_adam_lists
     args = (params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes, master_params, steps,
             exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps, weight_decay, adam_w_mode, bias_correction,
             maximize, lr_tensor, grad_scale, found_inf)
     if (native.forced_reference() or not params or not bias_correction
             or not all(map(torch.Tensor.is_contiguous, [*params, *grads]))):
         return REFERENCE["fused_adam_compact_"](*args)
-    check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes,
-                             master_params, exp_avg_map, exp_avg_sq_map)
     quantized = exp_avgs[0].dtype == torch.uint8
     masters = master_params or [None] * len(params)
     m_max = exp_avg_absmaxes if quantized else [None] * len(params)

@@ -348,3 +348,27 @@ def test_raw_ops_on_python_kernels_refuse_a_written_tensor_that_requires_grad(ro
         adam(route, [p], fresh(route, 1, 8), fresh(route, 1, 8), fresh(route, 1, 8), steps_of(route, 1))
     with torch.no_grad():
         adam(route, [p], fresh(route, 1, 8), fresh(route, 1, 8), fresh(route, 1, 8), steps_of(route, 1))
+
+
+# Note [Declared checks]: a check declared once beside the schema refuses on every route
+# with one message (these two were once in the C++ kernels alone, or in their entry
+# points and the reference kernels with the fake kernels checking after the lists).
+def test_declared_scalar_checks_refuse_on_every_route(route):
+    ps, gs, bufs = fresh(route, 2), fresh(route, 2), fresh(route, 2)
+    with pytest.raises(ValueError, match=r"^nesterov needs momentum > 0$"):
+        call(route, "fused_sgd_", ps, gs, bufs, [], 0.1, 0.0, 0.0, 0.0, True, False, False, False, None, None, None)
+    norms = torch.ones(2, device=device_of(route))
+    with pytest.raises(ValueError, match=r"^norm_type must be 2 \(L2\) or 0 \(infinity norm\), got 1$"):
+        call(route, "fused_novograd_", [], [], [], [], [], [], norms, 1, 0.1, 0.9, 0.99, 1e-8, 0.0, True, False,
+             True, False, False, None, None, None)
+    # an optional list given without its flag is checked all the same
+    with pytest.raises(ValueError, match=r"^max_exp_avg_sqs has 1 tensors but params has 2$"):
+        call(route, "fused_adam_", ps, gs, fresh(route, 2), fresh(route, 2), fresh(route, 1), [], steps_of(route, 2),
+             1e-3, 0.9, 0.999, 1e-8, 0.0, True, True, False, False, None, None, None)
+
+
+def test_the_generated_entry_points_are_current():
+    """csrc/include/core_ops/optimizer_ops.h is what native/entries.py writes from the
+    declarations (run `python -m core_ops.native.entries` after changing one)."""
+    from core_ops.native import entries
+    assert entries.HEADER.read_text() == entries.render()

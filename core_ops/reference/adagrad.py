@@ -1,13 +1,11 @@
 """Reference kernel of fused_adagrad_: torch.optim.Adagrad's single-tensor formula (see
 csrc/include/core_ops/adagrad_math.h) plus Apex's decoupled adagrad_w_mode."""
 
-from .._validate import check_optimizer_lists
 from .adam import scaled_grad, step_lr, weights_in_state_dtype, write_back
 
 
 def fused_adagrad_(params, grads, state_sums, master_params, steps, lr, lr_decay, eps,
                    weight_decay, adagrad_w_mode, maximize, lr_tensor, grad_scale, found_inf):
-    check_optimizer_lists(params, grads, steps, state_sums=state_sums, master_params=master_params or None)
     lr = step_lr(lr, lr_tensor, found_inf, params)
     if lr is None:
         return

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .._validate import check_optimizer_lists, state_dtype
+from .._validate import state_dtype
 
 
 def weights_in_state_dtype(param, master_params, i):
@@ -78,9 +78,6 @@ def write_back(param, weights, x):
 def fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps,
                 lr, beta1, beta2, eps, weight_decay, adam_w_mode, bias_correction, amsgrad,
                 maximize, lr_tensor, grad_scale, found_inf):
-    check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
-                          max_exp_avg_sqs=max_exp_avg_sqs if amsgrad else None,
-                          master_params=master_params or None)
     lr = step_lr(lr, lr_tensor, found_inf, params)
     if lr is None:
         return

@@ -7,7 +7,6 @@ moments likewise, 8-bit moments quantized with their blocks' new maxima.
 
 import torch
 
-from .._validate import check_compact_adam_lists
 from .adam import adam_update_, scaled_grad
 from .compact_state import dequantize, flat, join_master, quantize, split_master
 
@@ -56,8 +55,6 @@ def fused_adam_compact_(params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, 
                         master_params, steps, exp_avg_map, exp_avg_sq_map, lr, beta1, beta2, eps,
                         weight_decay, adam_w_mode, bias_correction, maximize, lr_tensor, grad_scale,
                         found_inf):
-    check_compact_adam_lists(params, grads, steps, exp_avgs, exp_avg_sqs, exp_avg_absmaxes,
-                             exp_avg_sq_absmaxes, master_params, exp_avg_map, exp_avg_sq_map)
     if not params or (found_inf is not None and found_inf.item() > 0):
         return
     if lr_tensor is not None:

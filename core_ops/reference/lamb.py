@@ -1,15 +1,12 @@
 """Reference kernels of fused_lamb_stage1_ / fused_lamb_stage2_ (the formulas of
 csrc/include/core_ops/lamb_math.h, per tensor, in the state dtype)."""
 
-from .._validate import check_lamb_norms, check_optimizer_lists
 from .adam import power, scaled_grad, step_lr, weights_in_state_dtype, write_back
 
 
 def fused_lamb_stage1_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates, beta1,
                        beta2, eps, weight_decay, adam_w_mode, bias_correction, grad_averaging,
                        maximize, grad_scale, found_inf):
-    check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, exp_avg_sqs=exp_avg_sqs,
-                          updates=updates, master_params=master_params or None)
     if not params or (found_inf is not None and found_inf.item() > 0):  # an empty call reads nothing
         return
     beta3 = 1 - beta1 if grad_averaging else 1.0
@@ -33,8 +30,6 @@ def fused_lamb_stage1_(params, grads, exp_avgs, exp_avg_sqs, master_params, step
 
 def fused_lamb_stage2_(params, master_params, updates, param_norms, update_norms, lr, weight_decay,
                        use_nvlamb, lr_tensor, found_inf):
-    check_optimizer_lists(params, params, None, updates=updates, master_params=master_params or None)
-    check_lamb_norms(params, param_norms, update_norms)
     lr = step_lr(lr, lr_tensor, found_inf, params)
     if lr is None:
         return

@@ -7,17 +7,12 @@ import math
 
 import torch
 
-from .._validate import check_optimizer_lists, check_per_tensor_state
 from .adam import _sqrt, divide, power, scaled_grad, step_lr, weights_in_state_dtype, write_back
 
 
 def fused_novograd_(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, grad_norms, norm_type,
                     lr, beta1, beta2, eps, weight_decay, bias_correction, reg_inside_moment,
                     grad_averaging, init_zero, maximize, lr_tensor, grad_scale, found_inf):
-    check_optimizer_lists(params, grads, steps, exp_avgs=exp_avgs, master_params=master_params or None)
-    check_per_tensor_state(params, exp_avg_sqs=exp_avg_sqs, grad_norms=grad_norms)
-    if norm_type not in (0, 2):
-        raise ValueError(f"norm_type must be 2 (L2) or 0 (infinity norm), got {norm_type}")
     lr = step_lr(lr, lr_tensor, found_inf, params)
     if lr is None:
         return

@@ -3,15 +3,12 @@ csrc/include/core_ops/sgd_math.h) plus Apex's wd_after_momentum, per tensor."""
 
 import torch
 
-from .._validate import check_optimizer_lists
 from .adam import scaled_grad, step_lr, weights_in_state_dtype, write_back
 
 
 def fused_sgd_(params, grads, momentum_buffers, master_params, lr, momentum, dampening,
                weight_decay, nesterov, wd_after_momentum, first_step, maximize, lr_tensor,
                grad_scale, found_inf):
-    check_optimizer_lists(params, grads, None, momentum_buffers=momentum_buffers if momentum else None,
-                          master_params=master_params or None)
     lr = step_lr(lr, lr_tensor, found_inf, params)
     if lr is None:
         return

@@ -14,7 +14,7 @@ namespace {
 template <typename acc_t>
 double element_at(const Tensor& t, size_t i) { return data<acc_t>(t)[i]; }
 
-void novograd_step(const NovoGradArgs& a) {
+void novograd_step(const NovogradArgs& a) {
   if (flag_is_set(a.found_inf)) return;
   const CpuStep st(a.params, a.grads, a.steps, a.lr, a.lr_tensor, a.grad_scale, a.maximize);
   const bool is_double = dtype_of(a.params[0]) == ScalarType::Double;

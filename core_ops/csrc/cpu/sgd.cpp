@@ -19,7 +19,7 @@ void sgd_step(const SgdArgs& a) {
     return sgd_coeffs<decltype(acc)>(st.lr, a.momentum, a.dampening, a.weight_decay, a.first_step,
                                      a.wd_after_momentum);
   });
-  const bool has_momentum = a.has_momentum();
+  const bool has_momentum = a.momentum != 0.0;
   bool_switch(has_momentum, [&](auto mom) {
     bool_switch(a.nesterov && has_momentum, [&](auto nest) {
       step_params<mom ? 1 : 0>(

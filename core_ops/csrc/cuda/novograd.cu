@@ -77,7 +77,7 @@ struct NovoGradPolicy {
   }
 };
 
-void novograd_step(const NovoGradArgs& a) {
+void novograd_step(const NovogradArgs& a) {
   OptimizerLaunch launch(a.params, a.grads, a.lr_tensor, a.grad_scale, a.found_inf, a.maximize);
   const NovoGradScalars s{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, launch.step(), a.norm_type,
                           a.bias_correction, a.grad_averaging, a.init_zero};

@@ -50,7 +50,7 @@ void sgd_step(const SgdArgs& a) {
   OptimizerLaunch launch(a.params, a.grads, a.lr_tensor, a.grad_scale, a.found_inf, a.maximize);
   const SgdScalars s{a.lr, a.momentum, a.dampening, a.weight_decay, launch.step(), a.first_step,
                      a.wd_after_momentum};
-  const bool has_momentum = a.has_momentum();
+  const bool has_momentum = a.momentum != 0.0;
   bool_switch(has_momentum, [&](auto mom) {
     bool_switch(a.nesterov && has_momentum, [&](auto nest) {
       constexpr bool kMom = decltype(mom)::value;

@@ -1,5 +1,5 @@
 // Argument checks of fused_adam_compact_, shared by its CPU and CUDA kernels; worded
-// as core_ops/_validate.py's check_compact_adam_lists (reference and fake kernels).
+// as core_ops/_validate.py's check_compact_adam (reference and fake kernels).
 #pragma once
 
 #include <optional>

@@ -130,4 +130,38 @@ inline bool check_optimizer_group(TensorList params, TensorList grads,
   return true;
 }
 
+// NovoGrad's per-tensor state: exp_avgs_sqs one one-element state-dtype tensor per
+// param, grad_norms one norm per param (_validate.check_per_tensor_state's words).
+inline void check_per_tensor_state(TensorList params, TensorList exp_avg_sqs, const Tensor& grad_norms) {
+  check_same_length(params, "params", exp_avg_sqs, "exp_avg_sqs");
+  check_devices(exp_avg_sqs, "exp_avg_sqs", params[0].device());
+  for (size_t i = 0; i < exp_avg_sqs.size(); ++i) {
+    const char* layout = non_strided_layout(exp_avg_sqs[i]);
+    CORE_OPS_CHECK_TYPE(layout == nullptr, "exp_avg_sqs[", i, "] is a ", layout,
+                        " tensor; only dense tensors are supported");
+  }
+  const auto device = params[0].device();
+  const auto want = state_dtype(dtype_of(params[0]));
+  for (size_t i = 0; i < exp_avg_sqs.size(); ++i) {
+    CORE_OPS_CHECK_VALUE(exp_avg_sqs[i].numel() == 1 && exp_avg_sqs[i].device() == device &&
+                             dtype_of(exp_avg_sqs[i]) == want,
+                         "exp_avg_sqs[", i, "] must be a one-element ", dtype_name(want), " tensor on ", device);
+  }
+  CORE_OPS_CHECK_VALUE(grad_norms.numel() == static_cast<int64_t>(params.size()) &&
+                           grad_norms.device() == device && dtype_of(grad_norms) == want,
+                       "grad_norms must hold one ", dtype_name(want), " norm per param on ", device);
+}
+
+// LAMB stage 2's per-tensor norms (_validate.check_lamb_norms's words).
+inline void check_lamb_norms(TensorList params, const Tensor& param_norms, const Tensor& update_norms) {
+  const auto device = params[0].device();
+  const auto want = state_dtype(dtype_of(params[0]));
+  for (const auto* norms : {&param_norms, &update_norms}) {
+    CORE_OPS_CHECK_VALUE(norms->numel() == static_cast<int64_t>(params.size()) && norms->device() == device &&
+                             dtype_of(*norms) == want,
+                         "param_norms and update_norms must hold one ", dtype_name(want), " norm per param on ",
+                         device);
+  }
+}
+
 }  // namespace core_ops
