@@ -94,7 +94,8 @@ class OptimizerLists:
         states = {}
         for name in self.states(arguments):
             given = values[name]
-            states[name] = given if given or (name in flags and values[flags[name]]) else None
+            optional = name in flags and not values[flags[name]]
+            states[name] = None if optional and not given else given
         states["master_params"] = values["master_params"] or None
         params = values["params"]
         _validate.check_optimizer_lists(params, values.get("grads", params), values.get("steps"), **states)

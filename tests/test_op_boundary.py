@@ -372,3 +372,9 @@ def test_the_generated_entry_points_are_current():
     declarations (run `python -m core_ops.native.entries` after changing one)."""
     from core_ops.native import entries
     assert entries.HEADER.read_text() == entries.render()
+
+
+def test_a_required_state_list_left_empty_is_refused_on_every_route(route):
+    with pytest.raises(ValueError, match=r"^state_sums has 0 tensors but params has 2$"):
+        call(route, "fused_adagrad_", fresh(route, 2), fresh(route, 2), [], [], steps_of(route, 2), 0.01, 0.0,
+             1e-10, 0.0, False, False, None, None, None)
