@@ -453,3 +453,14 @@ def test_amsgrad_keeps_a_nan_in_its_running_max_as_torch(device):
         want = torch.maximum(torch.full((n,), 5.0), torch.full((n,), 0.001).index_fill(0, torch.tensor([at]),
                                                                                        float("nan")))
         torch.testing.assert_close(vmax.cpu(), want, equal_nan=True, rtol=0, atol=0)
+
+
+def test_opcheck(device):
+    """fused_adam_'s schema, fake kernel and dispatch (torch.library.opcheck)."""
+    ts = [torch.randn(n, device=device) for n in (3, 17, 16385)]
+    flag, one = torch.zeros(1, device=device), torch.ones(1, device=device)
+    torch.library.opcheck(torch.ops.core_ops.fused_adam_.default,
+        ([t.clone() for t in ts], [torch.randn_like(t) for t in ts],
+         [torch.zeros_like(t) for t in ts], [torch.zeros_like(t) for t in ts], [], [],
+         [torch.zeros((), device=device) for _ in ts], 1e-3, 0.9, 0.999, 1e-8, 0.01,
+         True, True, False, False, None, one * 8.0, flag.clone()))

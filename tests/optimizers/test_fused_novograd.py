@@ -398,3 +398,15 @@ def test_many_tensors_channels_last_lr_tensor_match_cpu(norm_type):
 @pytest.mark.gpu
 def test_no_host_sync():
     assert_no_host_sync(op_lists("cuda"), call_op)
+
+
+def test_opcheck(device):
+    """fused_novograd_'s schema, fake kernel and dispatch (torch.library.opcheck)."""
+    ts = [torch.randn(n, device=device) for n in (3, 17, 16385)]
+    flag, one = torch.zeros(1, device=device), torch.ones(1, device=device)
+    torch.library.opcheck(torch.ops.core_ops.fused_novograd_.default,
+        ([t.clone() for t in ts], [torch.randn_like(t) for t in ts],
+         [torch.zeros_like(t) for t in ts], [torch.zeros((), device=device) for _ in ts], [],
+         [torch.zeros((), device=device) for _ in ts], torch.rand(len(ts), device=device) + 1,
+         2, 1e-2, 0.95, 0.98, 1e-8, 0.01, True, False, True, False, False, None, one * 8.0,
+         flag.clone()))

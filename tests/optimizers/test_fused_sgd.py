@@ -174,3 +174,13 @@ def test_many_tensors_channels_last_lr_tensor_match_cpu():
 @pytest.mark.gpu
 def test_no_host_sync():
     assert_no_host_sync(op_lists("cuda"), call_op)
+
+
+def test_opcheck(device):
+    """fused_sgd_'s schema, fake kernel and dispatch (torch.library.opcheck)."""
+    ts = [torch.randn(n, device=device) for n in (3, 17, 16385)]
+    flag = torch.zeros(1, device=device)
+    torch.library.opcheck(torch.ops.core_ops.fused_sgd_.default,
+        ([t.clone() for t in ts], [torch.randn_like(t) for t in ts],
+         [torch.zeros_like(t) for t in ts], [], 1e-2, 0.9, 0.0, 0.01, True, False, False,
+         False, None, None, flag.clone()))
