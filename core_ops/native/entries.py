@@ -40,10 +40,28 @@ def _wrapped(head, pieces, tail, sep="", width=110):
     return "\n  ".join(lines + [line + tail])
 
 
+def _runs(arguments):
+    """(C++ type, names) of each run of consecutive arguments of one type."""
+    runs = []
+    for a in arguments:
+        if runs and runs[-1][0] == _CPP[a.kind]:
+            runs[-1][1].append(a.name)
+        else:
+            runs.append((_CPP[a.kind], [a.name]))
+    return runs
+
+
+def _declaration(kind, names):
+    """One member line: ``TensorList params, grads;``, ``const Tensor &a, &b;``."""
+    if kind.endswith("&"):
+        return _wrapped(f"  {kind[:-1]} ", [f"&{n}" for n in names], ";", sep=", ")
+    return _wrapped(f"  {kind} ", names, ";", sep=", ")
+
+
 def _entry(op, arguments, checks):
     name = struct_name(op)
     into = [c.into for c in checks if getattr(c, "into", ())]
-    fields = "\n".join(f"  {_CPP[a.kind]} {a.name};" for a in arguments)
+    fields = "\n".join(_declaration(kind, names) for kind, names in _runs(arguments))
     fields += "".join(f"\n  {kind} {field};  // what its checks found" for kind, field in into)
     params = [f"{_CPP[a.kind]} {a.name}," for a in arguments]
     tensors = [a for a in arguments if a.kind.startswith("Tensor")]

@@ -18,25 +18,10 @@ namespace core_ops {
 // ---- fused_adam_ ------------------------------------------------------------
 
 struct AdamArgs {
-  TensorList params;
-  TensorList grads;
-  TensorList exp_avgs;
-  TensorList exp_avg_sqs;
-  TensorList max_exp_avg_sqs;
-  TensorList master_params;
-  TensorList steps;
-  double lr;
-  double beta1;
-  double beta2;
-  double eps;
-  double weight_decay;
-  bool adam_w_mode;
-  bool bias_correction;
-  bool amsgrad;
-  bool maximize;
-  const OptionalTensor& lr_tensor;
-  const OptionalTensor& grad_scale;
-  const OptionalTensor& found_inf;
+  TensorList params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_params, steps;
+  double lr, beta1, beta2, eps, weight_decay;
+  bool adam_w_mode, bias_correction, amsgrad, maximize;
+  const OptionalTensor &lr_tensor, &grad_scale, &found_inf;
 };
 
 template <void (*kStep)(const AdamArgs&)>
@@ -66,27 +51,11 @@ void fused_adam_(TensorList params, TensorList grads, TensorList exp_avgs, Tenso
 // ---- fused_adam_compact_ ----------------------------------------------------
 
 struct AdamCompactArgs {
-  TensorList params;
-  TensorList grads;
-  TensorList exp_avgs;
-  TensorList exp_avg_sqs;
-  TensorList exp_avg_absmaxes;
-  TensorList exp_avg_sq_absmaxes;
-  TensorList master_params;
-  TensorList steps;
-  const OptionalTensor& exp_avg_map;
-  const OptionalTensor& exp_avg_sq_map;
-  double lr;
-  double beta1;
-  double beta2;
-  double eps;
-  double weight_decay;
-  bool adam_w_mode;
-  bool bias_correction;
-  bool maximize;
-  const OptionalTensor& lr_tensor;
-  const OptionalTensor& grad_scale;
-  const OptionalTensor& found_inf;
+  TensorList params, grads, exp_avgs, exp_avg_sqs, exp_avg_absmaxes, exp_avg_sq_absmaxes, master_params, steps;
+  const OptionalTensor &exp_avg_map, &exp_avg_sq_map;
+  double lr, beta1, beta2, eps, weight_decay;
+  bool adam_w_mode, bias_correction, maximize;
+  const OptionalTensor &lr_tensor, &grad_scale, &found_inf;
   CompactLayout layout;  // what its checks found
 };
 
@@ -116,21 +85,10 @@ void fused_adam_compact_(TensorList params, TensorList grads, TensorList exp_avg
 // ---- fused_sgd_ -------------------------------------------------------------
 
 struct SgdArgs {
-  TensorList params;
-  TensorList grads;
-  TensorList momentum_buffers;
-  TensorList master_params;
-  double lr;
-  double momentum;
-  double dampening;
-  double weight_decay;
-  bool nesterov;
-  bool wd_after_momentum;
-  bool first_step;
-  bool maximize;
-  const OptionalTensor& lr_tensor;
-  const OptionalTensor& grad_scale;
-  const OptionalTensor& found_inf;
+  TensorList params, grads, momentum_buffers, master_params;
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov, wd_after_momentum, first_step, maximize;
+  const OptionalTensor &lr_tensor, &grad_scale, &found_inf;
 };
 
 template <void (*kStep)(const SgdArgs&)>
@@ -156,20 +114,10 @@ void fused_sgd_(TensorList params, TensorList grads, TensorList momentum_buffers
 // ---- fused_adagrad_ ---------------------------------------------------------
 
 struct AdagradArgs {
-  TensorList params;
-  TensorList grads;
-  TensorList state_sums;
-  TensorList master_params;
-  TensorList steps;
-  double lr;
-  double lr_decay;
-  double eps;
-  double weight_decay;
-  bool adagrad_w_mode;
-  bool maximize;
-  const OptionalTensor& lr_tensor;
-  const OptionalTensor& grad_scale;
-  const OptionalTensor& found_inf;
+  TensorList params, grads, state_sums, master_params, steps;
+  double lr, lr_decay, eps, weight_decay;
+  bool adagrad_w_mode, maximize;
+  const OptionalTensor &lr_tensor, &grad_scale, &found_inf;
 };
 
 template <void (*kStep)(const AdagradArgs&)>
@@ -194,23 +142,10 @@ void fused_adagrad_(TensorList params, TensorList grads, TensorList state_sums, 
 // ---- fused_lamb_stage1_ -----------------------------------------------------
 
 struct LambStage1Args {
-  TensorList params;
-  TensorList grads;
-  TensorList exp_avgs;
-  TensorList exp_avg_sqs;
-  TensorList master_params;
-  TensorList steps;
-  TensorList updates;
-  double beta1;
-  double beta2;
-  double eps;
-  double weight_decay;
-  bool adam_w_mode;
-  bool bias_correction;
-  bool grad_averaging;
-  bool maximize;
-  const OptionalTensor& grad_scale;
-  const OptionalTensor& found_inf;
+  TensorList params, grads, exp_avgs, exp_avg_sqs, master_params, steps, updates;
+  double beta1, beta2, eps, weight_decay;
+  bool adam_w_mode, bias_correction, grad_averaging, maximize;
+  const OptionalTensor &grad_scale, &found_inf;
 };
 
 template <void (*kStep)(const LambStage1Args&)>
@@ -237,16 +172,11 @@ void fused_lamb_stage1_(TensorList params, TensorList grads, TensorList exp_avgs
 // ---- fused_lamb_stage2_ -----------------------------------------------------
 
 struct LambStage2Args {
-  TensorList params;
-  TensorList master_params;
-  TensorList updates;
-  const Tensor& param_norms;
-  const Tensor& update_norms;
-  double lr;
-  double weight_decay;
+  TensorList params, master_params, updates;
+  const Tensor &param_norms, &update_norms;
+  double lr, weight_decay;
   bool use_nvlamb;
-  const OptionalTensor& lr_tensor;
-  const OptionalTensor& found_inf;
+  const OptionalTensor &lr_tensor, &found_inf;
 };
 
 template <void (*kStep)(const LambStage2Args&)>
@@ -271,27 +201,12 @@ void fused_lamb_stage2_(TensorList params, TensorList master_params, TensorList 
 // ---- fused_novograd_ --------------------------------------------------------
 
 struct NovogradArgs {
-  TensorList params;
-  TensorList grads;
-  TensorList exp_avgs;
-  TensorList exp_avg_sqs;
-  TensorList master_params;
-  TensorList steps;
-  const Tensor& grad_norms;
+  TensorList params, grads, exp_avgs, exp_avg_sqs, master_params, steps;
+  const Tensor &grad_norms;
   int64_t norm_type;
-  double lr;
-  double beta1;
-  double beta2;
-  double eps;
-  double weight_decay;
-  bool bias_correction;
-  bool reg_inside_moment;
-  bool grad_averaging;
-  bool init_zero;
-  bool maximize;
-  const OptionalTensor& lr_tensor;
-  const OptionalTensor& grad_scale;
-  const OptionalTensor& found_inf;
+  double lr, beta1, beta2, eps, weight_decay;
+  bool bias_correction, reg_inside_moment, grad_averaging, init_zero, maximize;
+  const OptionalTensor &lr_tensor, &grad_scale, &found_inf;
 };
 
 template <void (*kStep)(const NovogradArgs&)>
