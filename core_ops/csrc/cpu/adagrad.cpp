@@ -26,7 +26,4 @@ void adagrad_step(const AdagradArgs& a) {
 }  // namespace
 CORE_OPS_CPU_END
 
-CORE_OPS_CPU_KERNELS(m) {
-  using namespace core_ops::cpu;
-  m.impl("fused_adagrad_", TORCH_BOX(&core_ops::fused_adagrad_<adagrad_step>));
-}
+CORE_OPS_CPU_OPTIMIZER(fused_adagrad_, adagrad_step)

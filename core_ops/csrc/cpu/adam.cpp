@@ -41,7 +41,4 @@ void adam_step(const AdamArgs& a) {
 }  // namespace
 CORE_OPS_CPU_END
 
-CORE_OPS_CPU_KERNELS(m) {
-  using namespace core_ops::cpu;
-  m.impl("fused_adam_", TORCH_BOX(&core_ops::fused_adam_<adam_step>));
-}
+CORE_OPS_CPU_OPTIMIZER(fused_adam_, adam_step)

@@ -419,7 +419,4 @@ void adam_compact_step(const AdamCompactArgs& a) {
 }  // namespace
 CORE_OPS_CPU_END
 
-CORE_OPS_CPU_KERNELS(m) {
-  using namespace core_ops::cpu;
-  m.impl("fused_adam_compact_", TORCH_BOX(&core_ops::fused_adam_compact_<adam_compact_step>));
-}
+CORE_OPS_CPU_OPTIMIZER(fused_adam_compact_, adam_compact_step)

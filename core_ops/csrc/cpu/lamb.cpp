@@ -110,8 +110,5 @@ void lamb_stage2_step(const LambStage2Args& a) {
 }  // namespace
 CORE_OPS_CPU_END
 
-CORE_OPS_CPU_KERNELS(m) {
-  using namespace core_ops::cpu;
-  m.impl("fused_lamb_stage1_", TORCH_BOX(&core_ops::fused_lamb_stage1_<lamb_stage1_step>));
-  m.impl("fused_lamb_stage2_", TORCH_BOX(&core_ops::fused_lamb_stage2_<lamb_stage2_step>));
-}
+CORE_OPS_CPU_OPTIMIZER(fused_lamb_stage1_, lamb_stage1_step)
+CORE_OPS_CPU_OPTIMIZER(fused_lamb_stage2_, lamb_stage2_step)

@@ -45,14 +45,21 @@ struct Registrar {
 #define CORE_OPS_CPU_CONCAT_(a, b) a##b
 #define CORE_OPS_CPU_CONCAT(a, b) CORE_OPS_CPU_CONCAT_(a, b)
 
-// A kernel file's registrations, in place of STABLE_TORCH_LIBRARY_IMPL(core_ops, CPU, m):
-//   CORE_OPS_CPU_KERNELS(m) { m.impl("fused_adam_", TORCH_BOX(&fused_adam_<adam_step>)); }
+// A kernel file's registrations, in place of STABLE_TORCH_LIBRARY_IMPL(core_ops, CPU, m),
+// at the end of the file, the names of core_ops::cpu in scope:
+//   CORE_OPS_CPU_KERNELS(m) { m.impl("multi_tensor_scale_", TORCH_BOX(&multi_tensor_scale_)); }
 // The registrar runs before cpu/register.cpp's STABLE_TORCH_LIBRARY_IMPL (a lower
 // init_priority), which then registers the functions of the level it chose.
 #define CORE_OPS_CPU_KERNELS(m) CORE_OPS_CPU_KERNELS_(m, __COUNTER__)
 #define CORE_OPS_CPU_KERNELS_(m, id)                                                        \
+  using namespace ::core_ops::cpu;                                                          \
   static void CORE_OPS_CPU_CONCAT(core_ops_cpu_register_, id)(torch::stable::detail::StableLibrary&); \
   __attribute__((init_priority(200))) static const ::core_ops::cpu_levels::Registrar         \
       CORE_OPS_CPU_CONCAT(core_ops_cpu_registrar_, id)(CORE_OPS_CPU_LEVEL_ID,                \
                                                        &CORE_OPS_CPU_CONCAT(core_ops_cpu_register_, id)); \
   static void CORE_OPS_CPU_CONCAT(core_ops_cpu_register_, id)(torch::stable::detail::StableLibrary & m)
+
+// A fused optimizer op's CPU kernel: its entry point (core_ops/optimizer_ops.h, generated
+// from its declaration) running this level's step function.
+#define CORE_OPS_CPU_OPTIMIZER(op, step) \
+  CORE_OPS_CPU_KERNELS(m) { m.impl(#op, TORCH_BOX(&::core_ops::op<step>)); }

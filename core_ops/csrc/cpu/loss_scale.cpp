@@ -28,6 +28,5 @@ void update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tens
 CORE_OPS_CPU_END
 
 CORE_OPS_CPU_KERNELS(m) {
-  using namespace core_ops::cpu;
   m.impl("update_scale_", TORCH_BOX(&update_scale_));
 }

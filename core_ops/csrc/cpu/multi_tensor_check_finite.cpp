@@ -40,6 +40,5 @@ void multi_tensor_check_finite_(TensorList tensors, const Tensor& found_inf) {
 CORE_OPS_CPU_END
 
 CORE_OPS_CPU_KERNELS(m) {
-  using namespace core_ops::cpu;
   m.impl("multi_tensor_check_finite_", TORCH_BOX(&multi_tensor_check_finite_));
 }

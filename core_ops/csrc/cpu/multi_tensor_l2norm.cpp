@@ -101,7 +101,6 @@ std::tuple<Tensor, Tensor> multi_tensor_unscale_l2norm_(
 CORE_OPS_CPU_END
 
 CORE_OPS_CPU_KERNELS(m) {
-  using namespace core_ops::cpu;
   m.impl("multi_tensor_l2norm", TORCH_BOX(&multi_tensor_l2norm));
   m.impl("multi_tensor_unscale_l2norm_", TORCH_BOX(&multi_tensor_unscale_l2norm_));
 }

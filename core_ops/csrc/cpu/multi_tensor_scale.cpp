@@ -80,7 +80,6 @@ void multi_tensor_axpby_(TensorList x, TensorList y, TensorList out_list,
 CORE_OPS_CPU_END
 
 CORE_OPS_CPU_KERNELS(m) {
-  using namespace core_ops::cpu;
   m.impl("multi_tensor_scale_", TORCH_BOX(&multi_tensor_scale_));
   m.impl("multi_tensor_axpby_", TORCH_BOX(&multi_tensor_axpby_));
 }

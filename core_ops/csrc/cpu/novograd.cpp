@@ -46,7 +46,4 @@ void novograd_step(const NovogradArgs& a) {
 }  // namespace
 CORE_OPS_CPU_END
 
-CORE_OPS_CPU_KERNELS(m) {
-  using namespace core_ops::cpu;
-  m.impl("fused_novograd_", TORCH_BOX(&core_ops::fused_novograd_<novograd_step>));
-}
+CORE_OPS_CPU_OPTIMIZER(fused_novograd_, novograd_step)

@@ -44,7 +44,4 @@ void sgd_step(const SgdArgs& a) {
 }  // namespace
 CORE_OPS_CPU_END
 
-CORE_OPS_CPU_KERNELS(m) {
-  using namespace core_ops::cpu;
-  m.impl("fused_sgd_", TORCH_BOX(&core_ops::fused_sgd_<sgd_step>));
-}
+CORE_OPS_CPU_OPTIMIZER(fused_sgd_, sgd_step)

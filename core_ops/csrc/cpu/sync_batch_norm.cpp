@@ -434,7 +434,6 @@ Tensor sync_batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& inpu
 CORE_OPS_CPU_END
 
 CORE_OPS_CPU_KERNELS(m) {
-  using namespace core_ops::cpu;
   m.impl("sync_batch_norm_stats", TORCH_BOX(&sync_batch_norm_stats));
   m.impl("sync_batch_norm_elemt", TORCH_BOX(&sync_batch_norm_elemt));
   m.impl("sync_batch_norm_backward_reduce", TORCH_BOX(&sync_batch_norm_backward_reduce));
