@@ -144,6 +144,8 @@ def lr_arg(lr, device):
     one-element tensor on ``device`` (float64 stays float64: rounding it to float32
     would move float64 params off torch.optim's results)."""
     if isinstance(lr, torch.Tensor):
+        if not (lr.is_floating_point() or lr.dtype in (torch.int32, torch.int64)):  # the ops' words
+            raise TypeError(f"lr must be a floating or integer tensor, got {lr.dtype}")
         dtype = torch.float64 if lr.dtype == torch.float64 else torch.float32
         return 0.0, lr.detach().to(device=device, dtype=dtype, non_blocking=True).reshape(1)
     return float(lr), None

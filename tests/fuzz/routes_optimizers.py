@@ -94,6 +94,9 @@ def amp_c_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_par
     _same_lengths(params, grads, exp_avgs, exp_avg_sqs, master_params, may_be_empty=(3,))
     step = _common_step(steps, params, lr_tensor, grad_scale, found_inf, params, grads, exp_avgs, exp_avg_sqs,
                         master_params) + 1
+    need(grad_scale is None or _storage(grad_scale) not in {_storage(t) for ts in (grads, exp_avgs, exp_avg_sqs,
+                                                                              master_params) for t in ts},
+         "a grad scale that is a list's tensor (amp_C is given its inverse, a tensor of its own)")
     amp_c = _amp_c()
     lr_ = lr if lr_tensor is None else lr_tensor
     if not master_params and found_inf is None:
@@ -187,7 +190,9 @@ def amp_c_novograd(params, grads, exp_avgs, exp_avg_sqs, master_params, steps, g
     need(grad_scale is None and found_inf is None, "a scale or a flag")
     _same_lengths(params, grads, exp_avgs, exp_avg_sqs)
     step = _common_step(steps, params, params, grads, exp_avgs, exp_avg_sqs, grad_norms) + 1
-    need(norm_type in (0, 2) and all(_plain(v) for v in exp_avg_sqs), "one kept norm per tensor")
+    state = torch.float64 if params[0].dtype == torch.float64 else torch.float32
+    need(norm_type in (0, 2) and all(_plain(v) and v.dtype == state for v in exp_avg_sqs),
+         "one kept norm per tensor, in the state dtype (amp_C takes them as one tensor of its own)")
     need(all(_plain(g, g.numel()) for g in grads), "host grads")
     # Apex's kernel computes this step's norms itself: the raw call's must be them.
     need(_plain(grad_norms, len(params)) and torch.equal(

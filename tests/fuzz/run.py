@@ -70,8 +70,9 @@ def specs():
     """{name: Spec}: every native op, then the public autograd routes of the norms."""
     from specs_multi_tensor import SPECS as multi_tensor
     from specs_norms import FLOORS, SPECS as norms
-    from specs_optimizers import SPECS as optimizers
-    return {name: Spec(name, *value, floors=FLOORS.get(name))
+    from specs_optimizers import FLOORS as OPTIMIZER_FLOORS, SPECS as optimizers
+    floors = {**FLOORS, **OPTIMIZER_FLOORS}
+    return {name: Spec(name, *value, floors=floors.get(name))
             for name, value in {**multi_tensor, **optimizers, **norms}.items()}
 
 

@@ -12,7 +12,7 @@ Apex's capturable Adam did (Note [Grads written back unscaled]).
 import torch
 
 from ..._schemas import op
-from ..._validate import dense, lr_arg, same_layout, state_dtype
+from ..._validate import dense, lr_arg, same_layout, same_length, state_dtype
 from ...multi_tensor_apply import ops
 from ._args import tensor_lists_of
 
@@ -294,6 +294,7 @@ def multi_tensor_lamb_stage2_cuda(chunk_size, noop_flag, tensor_lists, per_tenso
     p, u = tensor_lists_of(tensor_lists, (2,), "multi_tensor_lamb_stage2_cuda")
     if not p:
         return
+    same_length(p, "params", u, "updates")  # before pairing them
     updates = u if _one_dtype(u) is None else [
         x if _in_place(x, q) else torch.empty_like(q, dtype=state_dtype(q.dtype)).copy_(x) for x, q in zip(u, p)]
     _lamb_stage2(p, [], updates, lr, weight_decay, bool(use_nvlamb_python), None,
