@@ -378,3 +378,23 @@ def test_a_required_state_list_left_empty_is_refused_on_every_route(route):
     with pytest.raises(ValueError, match=r"^state_sums has 0 tensors but params has 2$"):
         call(route, "fused_adagrad_", fresh(route, 2), fresh(route, 2), [], [], steps_of(route, 2), 0.01, 0.0,
              1e-10, 0.0, False, False, None, None, None)
+
+
+def test_a_float64_list_beside_an_integer_one_names_the_integer_dtype(route):
+    src = [vec(route).double()]
+    dst = [torch.zeros(1000, dtype=torch.uint8, device=device_of(route))]
+    with pytest.raises(TypeError, match=r"^dst: expected float32, float16, bfloat16 or float64 tensors, got "
+                                        r"torch.uint8$"):
+        call(route, "multi_tensor_scale_", src, dst, one(route), flag(route))
+
+
+@pytest.mark.parametrize("name", ["layer_norm_bwd", "rms_norm_bwd"])
+def test_a_norm_backward_over_no_rows_makes_nothing_of_hidden_values(route, name):
+    """No rows: any hidden fits, and nothing of `hidden` values is made (2**40 float64
+    values were once asked of the CPU allocator)."""
+    d, hidden = device_of(route), 2**40
+    empty = torch.empty(0, 16, dtype=torch.float64, device=d)
+    stats = [torch.empty(0, dtype=torch.float64, device=d)] * (2 if name == "layer_norm_bwd" else 1)
+    params = [None, None] if name == "layer_norm_bwd" else [None]
+    dx, *grads = call(route, name, empty, empty.clone(), *stats, *params, hidden, False, torch.float64)
+    assert dx.shape == (0, 16) and all(g.shape == (0,) for g in grads)

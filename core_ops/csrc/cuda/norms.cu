@@ -457,6 +457,7 @@ Tensor3 norm_bwd(const Tensor& grad_out, const Tensor& saved, const Tensor& mean
   const int64_t rows = s.numel() / hidden;
   const ScalarType acc = dx_dtype == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   const Tensor dx = empty_shaped(saved, dx_dtype);
+  if (rows == 0) return no_rows_backward(dx, weight, bias, s);
   const Tensor w = acc_param(weight, hidden, acc, 1, s), b = acc_param(bias, hidden, acc, 0, s);
   // From the output, xhat undoes the affine map: a bias alone shifts it too.
   const bool affine = weight.has_value() || (!rms && bias.has_value());

@@ -89,6 +89,21 @@ inline Tensor acc_param(const OptionalTensor& p, int64_t n, ScalarType acc, doub
 }
 
 using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
+
+// A norm backward over no rows: dx (already made, empty) and zero grads for the params
+// given, (0,) tensors for those not. Taken before anything of `hidden` values is made:
+// with no rows, hidden may be any size (the reference returns at once; a (0, 2**40)
+// input once made the CPU kernel ask for 8 TB).
+inline Tensor3 no_rows_backward(const Tensor& dx, const OptionalTensor& weight, const OptionalTensor& bias,
+                                const Tensor& saved) {
+  const auto zero = [&](const OptionalTensor& p) {
+    if (!p.has_value()) return core_ops::empty({0}, dtype_of(saved), saved.device());
+    Tensor t = core_ops::empty(p->sizes(), dtype_of(*p), saved.device());
+    torch::stable::fill_(t, 0.0);
+    return t;
+  };
+  return {dx, zero(weight), zero(bias)};
+}
 using OptTensor = OptionalTensor;
 
 // fused_add_rms_norm_fwd's checked, contiguous inputs, its outputs (y, h, rstd) and the

@@ -153,6 +153,16 @@ inline bool all_or_no_double(std::initializer_list<TensorList> lists, const char
   return doubles > 0;
 }
 
+// A list the kernels read as float32 / float16 / bfloat16 / float64 (the dispatch's
+// words), checked with the lists, before their float64 mix, as check_lists checks it.
+inline void check_floating_list(TensorList ts, const char* name) {
+  if (ts.empty()) return;
+  const auto dt = dtype_of(ts[0]);
+  CORE_OPS_CHECK_TYPE(dt == ScalarType::Float || dt == ScalarType::Half || dt == ScalarType::BFloat16 ||
+                          dt == ScalarType::Double,
+                      name, ": expected float32, float16, bfloat16 or float64 tensors, got ", dtype_name(dt));
+}
+
 // A scalar the kernels read as a number (scale, inv_scale, lr, grad_scale): floating or
 // int32 / int64.
 inline void check_number(const Tensor& t, const char* name) {
@@ -174,6 +184,8 @@ inline bool check_scale_args(TensorList src, TensorList dst, const Tensor& scale
   Operands(src.size() + dst.size() + 2)
       .reads(src, "src", "dst").reads(scale, "scale").writes(dst, "dst").writes(found_inf, "found_inf").check();
   if (!check_matching_lists(src, "src", dst, "dst")) return false;
+  check_floating_list(src, "src");
+  check_floating_list(dst, "dst");
   check_flag(found_inf);
   check_factor(scale, "scale");
   return true;
@@ -184,6 +196,7 @@ inline bool check_check_finite_args(TensorList tensors, const Tensor& found_inf)
   Operands(tensors.size() + 1).reads(tensors, "tensors").writes(found_inf, "found_inf").check();
   if (tensors.empty()) return false;
   check_list(tensors, "tensors", tensors[0].device());
+  check_floating_list(tensors, "tensors");
   check_flag(found_inf);
   return true;
 }
@@ -204,6 +217,9 @@ inline bool check_axpby_args(TensorList x, TensorList y, TensorList out,
   check_list(out, "out", device);
   check_same_numel(x, "x", y, "y");
   check_same_numel(x, "x", out, "out");
+  check_floating_list(x, "x");
+  check_floating_list(y, "y");
+  check_floating_list(out, "out");
   check_flag(found_inf);
   return true;
 }
@@ -215,6 +231,7 @@ inline bool check_unscale_args(TensorList tensors, const Tensor& inv_scale, cons
       .writes(tensors, "tensors").reads(inv_scale, "inv_scale").writes(found_inf, "found_inf").check();
   if (tensors.empty()) return false;
   check_list(tensors, "tensors", tensors[0].device());
+  check_floating_list(tensors, "tensors");
   check_flag(found_inf);
   check_factor(inv_scale, "inv_scale");
   return true;
