@@ -94,8 +94,9 @@ def amp_c_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, master_par
     _same_lengths(params, grads, exp_avgs, exp_avg_sqs, master_params, may_be_empty=(3,))
     step = _common_step(steps, params, lr_tensor, grad_scale, found_inf, params, grads, exp_avgs, exp_avg_sqs,
                         master_params) + 1
-    need(grad_scale is None or _storage(grad_scale) not in {_storage(t) for ts in (grads, exp_avgs, exp_avg_sqs,
-                                                                              master_params) for t in ts},
+    need(grad_scale is None or grad_scale.layout != torch.strided or _storage(grad_scale) not in {_storage(t) for ts in (grads, exp_avgs, exp_avg_sqs,
+                                                                              master_params) for t in ts
+                                                              if t.layout == torch.strided},
          "a grad scale that is a list's tensor (amp_C is given its inverse, a tensor of its own)")
     amp_c = _amp_c()
     lr_ = lr if lr_tensor is None else lr_tensor
