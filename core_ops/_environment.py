@@ -5,42 +5,11 @@ the plugins' autoload when the host framework is imported). The values of the
 variables core_ops itself reads are checked here too; the others where their route
 reads them (``settings.resolve``)."""
 
-import difflib
-import os
-
 from . import settings
 
 KNOWN = frozenset(settings.BY_ENV)
-
-
 BadEnvironment = settings.BadEnvironment  # (declared with the settings)
-
-
-def check(environ=None):
-    """Raises BadEnvironment naming each unknown ``CORE_OPS_*`` variable, the closest
-    valid name and the whole list, or a bad value of a variable core_ops reads itself."""
-    environ = os.environ if environ is None else environ
-    for setting in settings.SETTINGS:
-        if settings.CORE in setting.readers and setting.env in environ and environ[setting.env].strip():
-            try:
-                setting.parse(environ[setting.env], setting.env)
-            except ValueError as e:
-                raise BadEnvironment(f"{e} ({setting.doc})") from None
-    unknown = sorted(k for k in environ if k.startswith("CORE_OPS_") and k not in KNOWN)
-    if not unknown:
-        return
-    hints = []
-    for name in unknown:
-        # Compared without the shared prefix, which would make every name look close.
-        close = difflib.get_close_matches(name[len("CORE_OPS_"):], [k[len("CORE_OPS_"):] for k in KNOWN], n=1,
-                                          cutoff=0.7)
-        hints.append(f"{name}" + (f" (did you mean CORE_OPS_{close[0]}?)" if close else ""))
-    by_reader = {}
-    for setting in settings.SETTINGS:
-        by_reader.setdefault(setting.readers[0], []).append(setting.env)
-    readers = "; ".join(f"{who}: {', '.join(sorted(envs))}" for who, envs in by_reader.items())
-    raise BadEnvironment(f"unknown environment variable{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
-                         f"core-ops reads ({readers}; docs/settings.md)")
+check = settings.check_environment  # (the settings read their variables; this names the entry)
 
 
 def plugins_without_autoload(modules=None, find_spec=None, environ=None):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import functools
 import math
 import os
@@ -536,3 +537,30 @@ def report(environ=None):
     """[(variable, value or 'unset', where it is read)] for ``python -m core_ops info``."""
     environ = os.environ if environ is None else environ
     return [(s.env, environ.get(s.env, "unset"), ", ".join(READERS[r] for r in s.readers)) for s in SETTINGS]
+
+
+def check_environment(environ=None):
+    """Raises BadEnvironment naming each unknown ``CORE_OPS_*`` variable, the closest
+    valid name and the whole list, or a bad value of a variable core_ops reads itself."""
+    environ = os.environ if environ is None else environ
+    for setting in SETTINGS:
+        if CORE in setting.readers and setting.env in environ and environ[setting.env].strip():
+            try:
+                setting.parse(environ[setting.env], setting.env)
+            except ValueError as e:
+                raise BadEnvironment(f"{e} ({setting.doc})") from None
+    unknown = sorted(k for k in environ if k.startswith("CORE_OPS_") and k not in BY_ENV)
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        # Compared without the shared prefix, which would make every name look close.
+        close = difflib.get_close_matches(name[len("CORE_OPS_"):], [k[len("CORE_OPS_"):] for k in BY_ENV], n=1,
+                                          cutoff=0.7)
+        hints.append(f"{name}" + (f" (did you mean CORE_OPS_{close[0]}?)" if close else ""))
+    by_reader = {}
+    for setting in SETTINGS:
+        by_reader.setdefault(setting.readers[0], []).append(setting.env)
+    readers = "; ".join(f"{who}: {', '.join(sorted(envs))}" for who, envs in by_reader.items())
+    raise BadEnvironment(f"unknown environment variable{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+                         f"core-ops reads ({readers}; docs/settings.md)")
