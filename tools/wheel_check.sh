@@ -27,6 +27,11 @@ fail() { echo "wheel_check: FAILED: $*" >&2; exit 1; }
 if [ "$build" = 1 ]; then
   bash "$repo/tools/wheel.sh" "$DIR/dist" --cpu-only || fail "tools/wheel.sh --cpu-only"
   wheel=$(ls "$DIR"/dist/core_ops-*.whl)
+  # Note [glibc 2.28] (csrc/include/core_ops/glibc_floor.h): the CPU library installs
+  # wherever torch's own wheels do; a newer import raises auditwheel's policy.
+  glibc=$(basename "$wheel" | grep -o -m1 'manylinux_2_[0-9]*' | cut -d_ -f3)
+  [ -n "$glibc" ] && [ "$glibc" -le 28 ] \
+    || fail "$(basename "$wheel"): the CPU library needs a newer glibc or libstdc++ than manylinux_2_28"
 fi
 [ -f "$wheel" ] || fail "no wheel given (see --help)"
 "$PYTHON" -m venv "$DIR/venv" || fail "venv"

@@ -75,7 +75,9 @@ def common_flags() -> list[str]:
     # CUDA libraries never bind to each other's copies of an inline function.
     return ["-std=c++17", "-O3", "-fPIC", "-ffp-contract=off", "-fvisibility=hidden",
             "-fvisibility-inlines-hidden", TARGET_FLAG,
-            f"-I{Path(torch.__file__).parent / 'include'}", f"-I{CSRC / 'include'}", *sanitizer_flags()]
+            f"-I{Path(torch.__file__).parent / 'include'}", f"-I{CSRC / 'include'}",
+            "-include", str(CSRC / "include" / "core_ops" / "glibc_floor.h"),  # Note [glibc 2.28]
+            *sanitizer_flags()]
 
 
 def sanitizer_flags() -> list[str]:
