@@ -58,7 +58,6 @@ def run(name, values):
 
 # ---- the vocabulary ----------------------------------------------------------------
 
-_LONE = ("lr_tensor", "grad_scale", "found_inf")
 _SHARED = ("params", "grads", "steps", "master_params")
 
 
