@@ -228,8 +228,9 @@ SETTINGS = (
     Setting("backend", "CORE_OPS_BACKEND", _choice("auto", "jit", "reference"), "auto", (CORE,),
             "auto: the first backend that serves each op (wheel, jit, torch, reference); jit: as auto, but native kernels are built here even where "
             "the wheel has them; reference: the pure-PyTorch kernels everywhere"),
-    Setting("cpu_level", "CORE_OPS_CPU_LEVEL", _choice("baseline", "avx2", "avx512"), None, (CORE,),
-            "the highest x86-64 level the CPU kernels may use (default: the highest this CPU runs)"),
+    Setting("cpu_level", "CORE_OPS_CPU_LEVEL", _choice("baseline", "avx2", "avx512", "neon"), None, (CORE,),
+            "the highest level the CPU kernels may use: baseline, avx2 or avx512 on x86-64, neon "
+            "(the only one) on aarch64 (default: the highest this CPU runs)"),
     Setting("cache_dir", "CORE_OPS_CACHE_DIR", lambda v, w: str(v), None, (CORE,),
             "where native kernels are built and cached (default: $XDG_CACHE_HOME/core_ops or ~/.cache/core_ops)"),
     Setting("shared_cache", "CORE_OPS_SHARED_CACHE", _choice("0", "1"), "0", (CORE,),

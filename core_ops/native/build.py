@@ -7,6 +7,8 @@ one when it loads. The wheel (tools/wheel.sh) compiles every level, a JIT build 
 the highest this machine runs (or CORE_OPS_CPU_LEVEL, if lower), so building at first
 use costs no more than one level. Both compile the same sources with the same flags
 against torch's stable ABI (Note [Stable ABI] in csrc/include/core_ops/tensor.h).
+The wheel's aarch64 library is built on x86-64 with a cross compiler, against an
+aarch64 torch's headers and libtorch_cpu (a ``Cross``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import platform
 import re
 import shlex
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,13 +30,42 @@ from .toolchain import TARGET_FLAG
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 
-# name -> (CORE_OPS_CPU_LEVEL_ID, flags), lowest first (the link order, level.h's rule).
-LEVELS = {
-    "baseline": (0, []),
-    "avx2": (1, ["-mavx2", "-mfma", "-mf16c"]),
-    "avx512": (2, ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]),
+# Each machine's levels, name -> (CORE_OPS_CPU_LEVEL_ID, flags), lowest first (the link
+# order, level.h's rule). aarch64 has one: Advanced SIMD (NEON), with its FMA and its
+# half <-> float conversions, is part of ARMv8-A itself (Note [Vector levels]); a
+# machine named in neither builds the portable code as "baseline".
+MACHINE_LEVELS = {
+    "x86_64": {
+        "baseline": (0, []),
+        "avx2": (1, ["-mavx2", "-mfma", "-mf16c"]),
+        "avx512": (2, ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]),
+    },
+    "aarch64": {"neon": (0, [])},
 }
 _TORCH_CAPABILITY = {"AVX512": "avx512", "AVX2": "avx2"}
+
+
+def machine() -> str:
+    """This machine's name as the wheels' platform tags spell it (x86_64, aarch64, ...)."""
+    name = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(name, name)
+
+
+def levels_of(name: str | None = None) -> dict[str, tuple[int, list[str]]]:
+    """The levels of machine ``name`` (default: this one)."""
+    return MACHINE_LEVELS.get(name or machine(), {"baseline": (0, [])})
+
+
+LEVELS = levels_of()
+
+
+@dataclass(frozen=True)
+class Cross:
+    """A CPU library for another machine: its compiler and the torch (a package folder,
+    unpacked from that machine's wheel) whose headers and libtorch_cpu it builds against."""
+    machine: str
+    cxx: str
+    torch_dir: Path
 
 
 def sources(kind: str) -> list[Path]:
@@ -58,7 +90,7 @@ def host_level() -> str:
     """The level a JIT build compiles: the highest this CPU runs (as torch detected
     it), lowered to CORE_OPS_CPU_LEVEL when that is lower."""
     if not is_x86():
-        return "baseline"
+        return next(iter(LEVELS))
     level = _TORCH_CAPABILITY.get(torch.backends.cpu.get_cpu_capability(), "baseline")
     wanted = requested_level()
     if wanted in LEVELS and LEVELS[wanted][0] < LEVELS[level][0]:
@@ -66,7 +98,11 @@ def host_level() -> str:
     return level
 
 
-def common_flags() -> list[str]:
+def _torch_dir(cross: Cross | None) -> Path:
+    return cross.torch_dir if cross else Path(torch.__file__).parent
+
+
+def common_flags(cross: Cross | None = None) -> list[str]:
     # -ffp-contract=off: each + and * rounds once, as in torch.optim's formulas and the
     # reference kernels; letting the compiler fuse them into FMAs moved results by an
     # ulp per step (Note [Adam as torch.optim computes it]). The kernels are bound by
@@ -75,9 +111,14 @@ def common_flags() -> list[str]:
     # CUDA libraries never bind to each other's copies of an inline function.
     return ["-std=c++17", "-O3", "-fPIC", "-ffp-contract=off", "-fvisibility=hidden",
             "-fvisibility-inlines-hidden", TARGET_FLAG,
-            f"-I{Path(torch.__file__).parent / 'include'}", f"-I{CSRC / 'include'}",
-            "-include", str(CSRC / "include" / "core_ops" / "glibc_floor.h"),  # Note [glibc 2.28]
-            *sanitizer_flags()]
+            f"-I{_torch_dir(cross) / 'include'}", f"-I{CSRC / 'include'}",
+            *glibc_floor_flags(), *sanitizer_flags()]
+
+
+def glibc_floor_flags() -> list[str]:
+    """Note [glibc 2.28] (csrc/include/core_ops/glibc_floor.h): every source of both
+    libraries reads it first (gcc's and nvcc's -include are the same option)."""
+    return ["-include", str(CSRC / "include" / "core_ops" / "glibc_floor.h")]
 
 
 def sanitizer_flags() -> list[str]:
@@ -89,15 +130,15 @@ def sanitizer_flags() -> list[str]:
     return ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g"]
 
 
-def level_flags(level: str) -> list[str]:
-    level_id, flags = LEVELS[level]
+def level_flags(level: str, cross: Cross | None = None) -> list[str]:
+    level_id, flags = levels_of(cross and cross.machine)[level]
     return [*flags, f"-DCORE_OPS_CPU_LEVEL={level}", f"-DCORE_OPS_CPU_LEVEL_ID={level_id}"]
 
 
-def link_flags() -> list[str]:
+def link_flags(cross: Cross | None = None) -> list[str]:
     # torch's stable C shims live in libtorch_cpu: the library names it (no rpath: the
     # copy torch already loaded is the one found).
-    return ["-shared", f"-L{Path(torch.__file__).parent / 'lib'}", "-ltorch_cpu",
+    return ["-shared", f"-L{_torch_dir(cross) / 'lib'}", "-ltorch_cpu",
             *[f for f in sanitizer_flags() if f.startswith("-fsanitize=")]]
 
 
@@ -113,45 +154,48 @@ def hashed_parts(levels: list[str]) -> list[str]:
     return [f.replace(str(CSRC), "<csrc>") for f in flags]
 
 
-def _ninja_file(cxx: str, levels: list[str], output: str) -> str:
+def _ninja_file(cxx: str, levels: list[str], output: str, cross: Cross | None) -> str:
     q = shlex.quote
+    known = levels_of(cross and cross.machine)
+    lowest = next(iter(known))
     lines = [
         "ninja_required_version = 1.3",
         f"cxx = {q(cxx)}",
-        f"cflags = {' '.join(q(f) for f in common_flags())}",
+        f"cflags = {' '.join(q(f) for f in common_flags(cross))}",
         "rule cc",
         "  command = $cxx -MMD -MF $out.d $cflags $lflags -c $in -o $out",
         "  depfile = $out.d",
         "  deps = gcc",
         "  description = compile $out",
         "rule link",
-        f"  command = $cxx $in -o $out {' '.join(q(f) for f in link_flags())}",
+        f"  command = $cxx $in -o $out {' '.join(q(f) for f in link_flags(cross))}",
         "  description = link $out",
     ]
     objects = ["register.o"]
     lines += [f"build register.o: cc {q(str(CSRC / 'cpu' / 'register.cpp'))}",
-              f"  lflags = {' '.join(level_flags('baseline')[-2:])}"]
-    for level in sorted(levels, key=lambda name: LEVELS[name][0]):  # baseline first
+              f"  lflags = {' '.join(level_flags(lowest, cross)[-2:])}"]
+    for level in sorted(levels, key=lambda name: known[name][0]):  # the lowest first
         for source in kernel_sources():
             obj = f"{level}/{source.stem}.o"
             objects.append(obj)
             lines += [f"build {obj}: cc {q(str(source))}",
-                      f"  lflags = {' '.join(q(f) for f in level_flags(level))}"]
+                      f"  lflags = {' '.join(q(f) for f in level_flags(level, cross))}"]
     lines += [f"build {output}: link {' '.join(objects)}", f"default {output}"]
     return "\n".join(lines) + "\n"
 
 
 def cpu_library(library: Path, build_dir: Path, levels: list[str], cxx: str, ninja: str,
-                jobs: int | None = None, verbose: bool = False) -> None:
+                jobs: int | None = None, verbose: bool = False, cross: Cross | None = None) -> None:
     """Compile and link the CPU library holding ``levels`` into ``library``
-    (``build_dir`` keeps the objects, so a second build recompiles only what changed)."""
-    unknown = [level for level in levels if level not in LEVELS]
+    (``build_dir`` keeps the objects, so a second build recompiles only what changed),
+    for this machine or ``cross``'s."""
+    known = levels_of(cross and cross.machine)
+    unknown = [level for level in levels if level not in known]
     if unknown or not levels:
-        raise ValueError(f"levels must be some of {', '.join(LEVELS)}, got {levels!r}")
-    if not is_x86() and levels != ["baseline"]:
-        raise ValueError(f"{platform.machine()} has only the baseline level, got {levels!r}")
+        raise ValueError(f"levels must be some of {', '.join(known)} on {(cross and cross.machine) or machine()}, "
+                         f"got {levels!r}")
     build_dir.mkdir(parents=True, exist_ok=True)
-    (build_dir / "build.ninja").write_text(_ninja_file(cxx, levels, library.name))
+    (build_dir / "build.ninja").write_text(_ninja_file(cxx, levels, library.name, cross))
     cmd = [ninja, "-C", str(build_dir)]
     if jobs:
         cmd += ["-j", str(jobs)]
@@ -174,7 +218,7 @@ def cuda_flags() -> list[str]:
     # (-prec-div / -prec-sqrt default to true). The kernels are bound by memory.
     # Hidden visibility: as the CPU library's (common_flags), nothing exported.
     return ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "-fmad=false", "-Xcompiler=-fvisibility=hidden",
-            TARGET_FLAG]
+            TARGET_FLAG, *glibc_floor_flags()]
 
 
 def cuda_library(name: str, build_dir: Path, arch: str | None) -> None:
@@ -212,10 +256,68 @@ def cuda_library(name: str, build_dir: Path, arch: str | None) -> None:
             is_python_module=False,
             with_cuda=True,
             verbose=settings.core("verbose_build") == "1",
-            extra_cflags=["-O3", "-fvisibility=hidden", TARGET_FLAG],
+            extra_cflags=["-O3", "-fvisibility=hidden", TARGET_FLAG, *glibc_floor_flags()],
             extra_cuda_cflags=cuda_flags(),
             extra_ldflags=link_flags,
         )
+
+
+def gencode_flags(archs: str) -> list[str]:
+    """nvcc's -gencode for "8.0;9.0;12.0+PTX": SASS for each, PTX for those marked."""
+    flags = []
+    for arch in archs.replace(",", ";").split(";"):
+        number = arch.replace("+PTX", "").replace(".", "").strip()
+        flags.append(f"-gencode=arch=compute_{number},code=sm_{number}")
+        if arch.endswith("+PTX"):
+            flags.append(f"-gencode=arch=compute_{number},code=compute_{number}")
+    return flags
+
+
+def cuda_library_cross(library: Path, build_dir: Path, archs: str, cross: Cross, cudart: Path,
+                       ninja: str, jobs: int | None = None) -> None:
+    """The CUDA library for ``cross``'s machine, built here: this machine's nvcc compiles
+    the device code (the same SASS whatever the host) and hands the host code to
+    ``cross.cxx``; the CUDA headers are this toolkit's (one release's headers are the
+    same on every host); it links against ``cross.torch_dir``'s libraries and the
+    ``cudart`` file of that machine's CUDA runtime. The flags are those of
+    ``cuda_library`` (cpp_extension's defines for halves included)."""
+    from torch.utils import cpp_extension
+
+    home = Path(toolchain.cuda_home() or "")
+    if not (home / "bin" / "nvcc").is_file():
+        raise RuntimeError("the cross build needs a CUDA toolkit here (CUDA_HOME)")
+    headers = next((d for d in [home / "include", *sorted((home / "targets").glob("*/include"))]
+                    if (d / "cuda_runtime.h").is_file()), None)
+    if headers is None:
+        raise RuntimeError(f"no cuda_runtime.h under {home}")
+    q = shlex.quote
+    torch_include = cross.torch_dir / "include"
+    includes = [f"-I{CSRC / 'include'}", "-isystem", str(torch_include), "-isystem", str(headers),
+                "-isystem", str(headers / "cccl")]
+    nvcc = [str(home / "bin" / "nvcc"), "-ccbin", cross.cxx, *includes, *cpp_extension.COMMON_NVCC_FLAGS,
+            *gencode_flags(archs), "--compiler-options=-fPIC", "-std=c++17", *cuda_flags()]
+    cxx = [cross.cxx, *includes, "-fPIC", "-std=c++17", "-O3", "-fvisibility=hidden", TARGET_FLAG,
+           *glibc_floor_flags()]
+    # --no-undefined: every symbol the library calls is in the libraries it names, as
+    # they are on the machine it is for.
+    link = ["-shared", "-Wl,--no-undefined", f"-L{cross.torch_dir / 'lib'}", "-ltorch_cpu", "-ltorch_cuda",
+            "-lc10", str(cudart)]
+    lines = ["ninja_required_version = 1.3",
+             "rule cu", f"  command = {' '.join(q(f) for f in nvcc)} -c $in -o $out",
+             "rule cc", f"  command = {' '.join(q(f) for f in cxx)} -c $in -o $out",
+             "rule link", f"  command = {q(cross.cxx)} $in -o $out {' '.join(q(f) for f in link)}"]
+    objects = []
+    for source in sources("cuda"):
+        objects.append(f"{source.name}.o")
+        lines.append(f"build {source.name}.o: {'cu' if source.suffix == '.cu' else 'cc'} {q(str(source))}")
+    lines += [f"build {library.name}: link {' '.join(objects)}", f"default {library.name}"]
+    build_dir.mkdir(parents=True, exist_ok=True)
+    (build_dir / "build.ninja").write_text("\n".join(lines) + "\n")
+    result = subprocess.run([ninja, "-C", str(build_dir), *(["-j", str(jobs)] if jobs else [])],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"CUDA cross build failed:\n{result.stdout[-6000:]}{result.stderr[-2000:]}")
+    os.replace(build_dir / library.name, library)
 
 
 def library(kind: str, name: str, build_dir: Path, arch: str | None) -> None:

@@ -165,7 +165,7 @@ def key(kind: str, arch: str | None = None, toolchain_too: bool = True) -> str:
     if kind == "cpu":
         parts += build.hashed_parts([build.host_level()])
     else:
-        parts += build.cuda_flags() + [toolchain.cuda_archs(arch)]
+        parts += [f.replace(str(build.CSRC), "<csrc>") for f in build.cuda_flags()] + [toolchain.cuda_archs(arch)]
         if toolchain_too:
             home = toolchain.cuda_home() or ""
             parts += [home, toolchain.version_line([os.path.join(home, "bin", "nvcc"), "--version"])]

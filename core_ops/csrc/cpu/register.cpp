@@ -14,8 +14,13 @@
 namespace core_ops::cpu_levels {
 namespace {
 
+// The level names of native/build.py's MACHINE_LEVELS, by CORE_OPS_CPU_LEVEL_ID.
+#if defined(__aarch64__)
+constexpr const char* kNames[] = {"neon"};
+#else
 constexpr const char* kNames[] = {"baseline", "avx2", "avx512"};
-constexpr int kLevels = 3;
+#endif
+constexpr int kLevels = sizeof(kNames) / sizeof(kNames[0]);
 
 std::vector<Registration>& registered(int level) {
   static std::vector<Registration> lists[kLevels];
@@ -96,21 +101,4 @@ STABLE_TORCH_LIBRARY_IMPL(core_ops, CPU, m) {
   for (Registration f : registered(c.level)) f(m);
 }
 
-// Note [glibc 2.28] in core_ops/glibc_floor.h: what the library defines itself in place of
-// the newer imports (hidden: nothing outside the library binds to them).
-#if defined(CORE_OPS_GLIBC_FLOOR)
-#include <new>
-#include <sstream>
-
-extern "C" __attribute__((visibility("hidden"))) char core_ops_libc_single_threaded = 0;
-
-extern "C" __attribute__((visibility("hidden"), used)) void core_ops_default_stringstream(std::stringstream* self)
-    __asm__("_ZNSt7__cxx1118basic_stringstreamIcSt11char_traitsIcESaIcEEC1Ev");
-void core_ops_default_stringstream(std::stringstream* self) {
-  new (self) std::stringstream(std::ios_base::in | std::ios_base::out);
-}
-
-extern "C" __attribute__((visibility("hidden"), used)) void core_ops_default_ostringstream(std::ostringstream* self)
-    __asm__("_ZNSt7__cxx1119basic_ostringstreamIcSt11char_traitsIcESaIcEEC1Ev");
-void core_ops_default_ostringstream(std::ostringstream* self) { new (self) std::ostringstream(std::ios_base::out); }
-#endif
+#include "core_ops/glibc_floor_definitions.h"  // Note [glibc 2.28]

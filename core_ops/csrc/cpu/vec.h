@@ -6,24 +6,29 @@
 // the compiler's macros, so each level's objects hold that level's instructions only:
 //   - AVX-512 (__AVX512F__ with BW, DQ and VL): 16 float lanes, vec_avx512.h;
 //   - AVX2 (__AVX2__ with FMA and F16C): 8 float lanes, vec_avx2.h;
-//   - anything else (x86-64 baseline SSE2, aarch64, ...): 8 float lanes as two
-//     16-byte halves in GCC vector extensions, vec_portable.h (SSE2 or NEON for the
-//     few operations the extensions lack). CORE_OPS_VEC_GENERIC forces this path
-//     with no intrinsics at all: how tests/test_cpu_vec.py runs the aarch64 code on x86.
+//   - anything else (x86-64 baseline SSE2, aarch64's neon level, ...): 8 float lanes
+//     as two 16-byte halves in GCC vector extensions, vec_portable.h (SSE2 or NEON for
+//     the few operations the extensions lack: sqrt, aarch64's fused fmadd and half
+//     conversions). CORE_OPS_VEC_GENERIC forces this path with no intrinsics at all:
+//     how tests/test_cpu_vec.py runs the aarch64 code's vector-extension part on x86.
 // Exactly one of CORE_OPS_VEC_AVX512 / CORE_OPS_VEC_AVX2 / CORE_OPS_VEC_PORTABLE is
 // defined afterwards, for kernels that use an instruction of their own (a streaming
 // store, a byte widening) on the vectors' registers.
 //
 // Note [Vector results as at::vec]: every operation gives, bit for bit, what at::vec
 // gives at the same level (at::vec's AVX512 / AVX2 / DEFAULT implementations), so
-// moving the kernels here changed no result. That includes where at::vec's levels
+// moving the kernels here changed no result. On aarch64 the neon level is the
+// DEFAULT one with three NEON instructions (above), not torch's own NEON / SVE
+// vectors: those are 4 float lanes, so a reduction there pairs other lanes. That includes where at::vec's levels
 // differ from one another:
-//   - fmadd is fused (one rounding) where the level has FMA, a * b + c (two) elsewhere;
+//   - fmadd is fused (one rounding) where the level has FMA (AVX2, AVX-512, neon),
+//     a * b + c (two) at the x86-64 baseline;
 //   - maximum / minimum return a NaN when either input is one: all ones (0xFFFFFFFF)
 //     at AVX2 / AVX-512, the NaN input itself at baseline (a's when both are);
 //   - a float NaN converted to bfloat16 is 0xFFFF at AVX2 / AVX-512 and 0x7FC0 at
 //     baseline (torch's scalar conversion); to half it is what the level's scalar
-//     conversion gives (F16C's quieted payload, or 0x7E00 with the sign at baseline);
+//     conversion gives (F16C's or aarch64's FCVT's quieted payload, or 0x7E00 with
+//     the sign at the x86-64 baseline);
 //     every other value rounds to nearest, ties to even, at every level;
 //   - vec_reduce_all<float> folds the lanes in a tree at AVX2 / AVX-512 (halves, then
 //     quarters, ...) and one lane after another from lane 0 at baseline.

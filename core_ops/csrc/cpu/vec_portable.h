@@ -267,7 +267,7 @@ inline u16x8 narrow(u32x4 a, u32x4 b) {
 }
 
 // Half bits (in 32-bit lanes) to float, exact; a signaling NaN comes back quieted,
-// as torch's scalar conversion does.
+// as torch's scalar conversion does (on x86-64; aarch64 has an instruction, below).
 inline f32x4 half_lanes_to_float(u32x4 x) {
   const u32x4 sign = (x & 0x8000u) << 16;
   const u32x4 exponent = x & 0x7C00u;
@@ -312,14 +312,28 @@ inline u32x4 float_to_bfloat16_lanes(f32x4 f) {
   return select(f != f, splat_u(0x7FC0u), rounded);
 }
 
+#if defined(CORE_OPS_VEC_NEON) && defined(__aarch64__)
+// aarch64 converts halves in one instruction per four lanes (FCVTL / FCVTN, part of
+// ARMv8-A), the one torch's scalar Half conversion compiles to there: a NaN keeps its
+// sign and top payload bits, quieted, as F16C's does.
+inline f32x4 half_low_to_float(u16x8 x) { return f32x4(vcvt_f32_f16(vget_low_f16(vreinterpretq_f16_u16(uint16x8_t(x))))); }
+inline f32x4 half_high_to_float(u16x8 x) { return f32x4(vcvt_high_f32_f16(vreinterpretq_f16_u16(uint16x8_t(x)))); }
+inline u16x8 float_to_half_pair(f32x4 a, f32x4 b) {
+  return u16x8(vreinterpretq_u16_f16(vcvt_high_f16_f32(vcvt_f16_f32(float32x4_t(a)), float32x4_t(b))));
+}
+#else
+inline f32x4 half_low_to_float(u16x8 x) { return half_lanes_to_float(widen_low(x)); }
+inline f32x4 half_high_to_float(u16x8 x) { return half_lanes_to_float(widen_high(x)); }
+inline u16x8 float_to_half_pair(f32x4 a, f32x4 b) { return narrow(float_to_half_lanes(a), float_to_half_lanes(b)); }
+#endif
+
 inline std::tuple<Vectorized<float>, Vectorized<float>> half_to_float(const Vectorized<torch::headeronly::Half>& v) {
-  return {Vectorized<float>(half_lanes_to_float(widen_low(v.h.lo)), half_lanes_to_float(widen_high(v.h.lo))),
-          Vectorized<float>(half_lanes_to_float(widen_low(v.h.hi)), half_lanes_to_float(widen_high(v.h.hi)))};
+  return {Vectorized<float>(half_low_to_float(v.h.lo), half_high_to_float(v.h.lo)),
+          Vectorized<float>(half_low_to_float(v.h.hi), half_high_to_float(v.h.hi))};
 }
 
 inline Vectorized<torch::headeronly::Half> float_to_half(const Vectorized<float>& a, const Vectorized<float>& b) {
-  return {narrow(float_to_half_lanes(a.h.lo), float_to_half_lanes(a.h.hi)),
-          narrow(float_to_half_lanes(b.h.lo), float_to_half_lanes(b.h.hi))};
+  return {float_to_half_pair(a.h.lo, a.h.hi), float_to_half_pair(b.h.lo, b.h.hi)};
 }
 
 inline std::tuple<Vectorized<float>, Vectorized<float>> bfloat16_to_float(const Vectorized<torch::headeronly::BFloat16>& v) {
