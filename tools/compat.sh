@@ -13,6 +13,7 @@
 #   bash tools/compat.sh --dir /tmp/compat 2.9
 #   bash tools/compat.sh --wheel dist/core_ops-*.whl 2.10 2.15   # one wheel (tools/wheel.sh) in each
 #   bash tools/compat.sh --paths "tests/optimizers tests/normalization" 2.15   # these tests only
+#   bash tools/compat.sh --arch aarch64 --wheel dist/core_ops-*_aarch64.whl 2.14  # under qemu
 #
 # With --wheel, each venv gets that wheel instead of the sources, nothing is built, and
 # the suite runs with every compiler hidden and an empty kernel cache (which must stay
@@ -38,7 +39,7 @@ parse_args() {
       --no-cuda) cuda=0; shift ;;
       --wheel) wheel=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); cuda=0; shift 2 ;;
       --dir) DIR=$2; shift 2 ;;
-      -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+      -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
       -*) echo "compat.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
       *) releases+=("$1"); shift ;;
     esac
@@ -162,6 +163,8 @@ one_release() {
 # Everything runs from functions, so that bash has read the whole file before the first
 # step: an edit of this script during a run (an hour) cannot change what the run does.
 main() {
+  # Another machine's wheel runs under emulation, with a script of its own.
+  [[ " $* " == *" --arch aarch64 "* ]] && exec bash "$repo/tools/compat_aarch64.sh" "$@"
   parse_args "$@"
   for release in "${releases[@]}"; do
     one_release "$release"

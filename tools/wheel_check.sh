@@ -3,7 +3,8 @@
 # hidden and an empty kernel cache, and runs the suite's CPU kernel tests on it: every
 # op must run natively from the wheel's library, and nothing may be written to the cache.
 #
-#   bash tools/wheel_check.sh --build            # tools/wheel.sh --cpu-only first (what CI runs)
+#   bash tools/wheel_check.sh --build            # tools/wheel.sh first (what CI runs): CPU + CUDA sm_90,
+#                                                # or --cpu-only where no CUDA toolkit is found
 #   bash tools/wheel_check.sh WHEEL [--torch SPEC] [-k EXPR]
 #
 # SPEC is the torch to install beside it (default torch==2.14.1); the venv and logs
@@ -25,13 +26,20 @@ while [ $# -gt 0 ]; do
 done
 fail() { echo "wheel_check: FAILED: $*" >&2; exit 1; }
 if [ "$build" = 1 ]; then
-  bash "$repo/tools/wheel.sh" "$DIR/dist" --cpu-only || fail "tools/wheel.sh --cpu-only"
+  # Both libraries where a CUDA toolkit is at hand (the CUDA one for sm_90 only: its
+  # imports are the same for every arch), else the CPU one.
+  scope=(--cpu-only)
+  PY=${PYTHON_BUILD:-$repo/.venv/bin/python}
+  "$PY" -c "import sys; from core_ops.native import toolchain; sys.exit(toolchain.missing('cuda') is not None)" \
+    2>/dev/null && scope=(--cuda-archs 9.0)
+  bash "$repo/tools/wheel.sh" "$DIR/dist" "${scope[@]}" || fail "tools/wheel.sh ${scope[*]}"
   wheel=$(ls "$DIR"/dist/core_ops-*.whl)
-  # Note [glibc 2.28] (csrc/include/core_ops/glibc_floor.h): the CPU library installs
+  # Note [glibc 2.28] (csrc/include/core_ops/glibc_floor.h): the libraries install
   # wherever torch's own wheels do; a newer import raises auditwheel's policy.
   glibc=$(basename "$wheel" | grep -o -m1 'manylinux_2_[0-9]*' | cut -d_ -f3)
   [ -n "$glibc" ] && [ "$glibc" -le 28 ] \
-    || fail "$(basename "$wheel"): the CPU library needs a newer glibc or libstdc++ than manylinux_2_28"
+    || fail "$(basename "$wheel") (${scope[*]}): a library needs a newer glibc or libstdc++ than manylinux_2_28"
+  echo "wheel_check: built with ${scope[*]}: $(basename "$wheel")"
 fi
 [ -f "$wheel" ] || fail "no wheel given (see --help)"
 "$PYTHON" -m venv "$DIR/venv" || fail "venv"

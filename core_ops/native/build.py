@@ -154,7 +154,7 @@ def hashed_parts(levels: list[str]) -> list[str]:
     return [f.replace(str(CSRC), "<csrc>") for f in flags]
 
 
-def _ninja_file(cxx: str, levels: list[str], output: str, cross: Cross | None) -> str:
+def _ninja_file(cxx: str, levels: list[str], output: str, cross: Cross | None = None) -> str:
     q = shlex.quote
     known = levels_of(cross and cross.machine)
     lowest = next(iter(known))
