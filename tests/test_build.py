@@ -413,6 +413,28 @@ def test_each_cpu_source_compiles_once_per_level_baseline_linked_first():
     assert toolchain.TARGET_FLAG == "-DTORCH_TARGET_VERSION=0x020a000000000000"
 
 
+def test_a_cross_build_compiles_the_other_machines_levels_against_its_torch(tmp_path):
+    """build.Cross: the ninja file of the aarch64 library names aarch64's one level
+    (neon), the cross compiler, and the aarch64 torch's headers and libtorch_cpu, not
+    this machine's."""
+    cross = build.Cross("aarch64", "aarch64-linux-gnu-g++", tmp_path / "torch")
+    text = build._ninja_file(cross.cxx, ["neon"], "lib.so", cross)
+    builds = [line.split()[1].rstrip(":") for line in text.splitlines() if line.startswith("build ") and ".o:" in line]
+    assert builds == ["register.o"] + [f"neon/{p.stem}.o" for p in build.kernel_sources()]
+    assert "cxx = aarch64-linux-gnu-g++" in text
+    assert "-DCORE_OPS_CPU_LEVEL=neon -DCORE_OPS_CPU_LEVEL_ID=0" in text and "-mavx" not in text
+    assert f"-I{tmp_path / 'torch' / 'include'}" in text and f"-L{tmp_path / 'torch' / 'lib'}" in text
+    assert str(Path(torch.__file__).parent) not in text
+    with pytest.raises(ValueError, match="levels must be some of neon on aarch64"):
+        build.cpu_library(tmp_path / "lib.so", tmp_path, ["avx2"], cross.cxx, "ninja", cross=cross)
+
+
+def test_gencode_flags_give_sass_for_each_arch_and_ptx_where_marked():
+    assert build.gencode_flags("8.0;11.0;12.0+PTX") == [
+        "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_110,code=sm_110",
+        "-gencode=arch=compute_120,code=sm_120", "-gencode=arch=compute_120,code=compute_120"]
+
+
 def test_kernels_include_nothing_of_torch_but_its_stable_abi():
     """Note [Stable ABI]: no ATen, c10 or torch C++ API header outside torch/csrc/stable
     and torch/headeronly, so the libraries load on every torch from the target on."""

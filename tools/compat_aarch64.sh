@@ -11,13 +11,18 @@
 #   1. `python -m core_ops info`: the CPU library is the wheel's, every CPU op native;
 #   2. the CUDA library loads and registers its ops (no GPU: its kernels do not run);
 #   3. the CPU kernel tests pass from the wheel (--paths: those instead), with every
-#      compiler hidden and the kernel cache left empty.
+#      compiler hidden and the kernel cache left empty;
+#   4. the JIT route: the sources (no core_ops/lib) build their CPU library with the
+#      tree's g++ and pass the same tests. That runs in a chroot of the tree, its aarch64
+#      programs started through binfmt_misc (qemu-user-static, registered here when it
+#      is not: needs root); where that cannot be, the row says so.
 # DIR (--dir, default ~/.cache/core-ops-compat/aarch64) keeps the logs; the tree, qemu
 # and the aarch64 packages are made once, in $CROSS_DIR (tools/cross_aarch64.sh).
 # Run time: docs/kernels.md, "The aarch64 wheel".
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 source "$repo/tools/cross_aarch64.sh"
+source "$repo/tools/without_compilers.sh"
 DIR=${XDG_CACHE_HOME:-$HOME/.cache}/core-ops-compat/aarch64
 wheel="" release="" subset=()
 # The kernel tests of tools/wheel_check.sh, SyncBatchNorm's CPU functions and amp's.
@@ -43,16 +48,22 @@ mkdir -p "$DIR/logs" && log="$DIR/logs"
 t0=$SECONDS
 cross_tree || exit 1
 # The site folder is per torch release; the core-ops wheel goes in afresh each run.
-cross_site "$CROSS_DIR/site-$release" "$spec" numpy pytest expecttest || exit 1
+# Inside the tree, where the chroot of step 4 sees it as /opt/site-<release>.
+cross_site "$CROSS_ROOT/opt/site-$release" "$spec" numpy pytest expecttest ninja || exit 1
 setup_s=$((SECONDS - t0))
 rm -rf "$DIR/core" && PYTHON=${PYTHON:-python3} _cross_pip install --no-deps --target "$DIR/core" "$wheel" \
   >"$log/install.log" 2>&1 || { echo "compat_aarch64: the wheel did not install ($log/install.log)" >&2; exit 1; }
 export PYTHONPATH="$DIR/core"
-# The tests run from a copy holding no core_ops; an empty cache, and no compiler (the
-# tree has none, and qemu runs no x86 program).
+# The tests run from a copy holding no core_ops; an empty cache, and no compiler: the
+# host's hidden from PATH (qemu's root falls back to the host's files), the tree's g++
+# out of the way (it is step 4's).
 rm -rf "$DIR/src" "$DIR/cache" && mkdir -p "$DIR/src" "$DIR/cache"
 cp -r "$repo/tests" "$repo/pyproject.toml" "$DIR/src/"
-run() { (cd "$DIR/src" && CORE_OPS_CACHE_DIR="$DIR/cache" CXX=/nonexistent/c++ cross_python "$@"); }
+nocc=$(without_compilers "$DIR/nocc")
+run() {
+  (cd "$DIR/src" && env -u CUDA_HOME PATH="$nocc" CORE_OPS_CACHE_DIR="$DIR/cache" CXX=/nonexistent/c++ \
+    cross_python "$@")
+}
 
 version=$(run -c "import torch, platform; print(torch.__version__, platform.machine())" 2>"$log/torch.log") \
   || { echo "compat_aarch64: torch does not import under qemu ($log/torch.log)" >&2; exit 1; }
@@ -79,15 +90,52 @@ EOF
 [ -n "$cuda" ] || cuda="**failed**: $(tail -n 1 "$log/cuda.log" | cut -c1-160)"
 info_s=$((SECONDS - t1))
 t2=$SECONDS
-(cd "$DIR/src" && CORE_OPS_CACHE_DIR="$DIR/cache" CXX=/nonexistent/c++ cross_python -m pytest -q -p no:cacheprovider \
-  -rfE "${subset[@]}" "${paths[@]}" >"$log/suite.log" 2>&1)
+run -m pytest -q -p no:cacheprovider -rfE "${subset[@]}" "${paths[@]}" >"$log/suite.log" 2>&1
 suite_s=$((SECONDS - t2))
 summary=$(grep -E "(passed|failed|error).* in [0-9.]+s" "$log/suite.log" | tail -n 1 | tr -d '=' | sed -E 's/^ +| +$//g')
 [ -n "$summary" ] || summary="no summary: $(tail -n 1 "$log/suite.log" | cut -c1-120)"
 failures=$(grep -E "^(FAILED|ERROR) " "$log/suite.log" | sed -E 's/^(FAILED|ERROR) //; s/ - .*//' | awk 'NR <= 20' | paste -sd ' ' -)
 [ -z "$(ls -A "$DIR/cache")" ] || failures="the cache was written: $(ls -A "$DIR/cache" | head -3 | paste -sd ' ' -) ${failures}"
+jit_row() {  # step 4
+  local t3=$SECONDS built jit_summary jit_failures opt="/opt/core-ops-jit"
+  binfmt_aarch64 || { echo "| JIT route | not run: $BINFMT_WHY | - | - | - |"; return; }
+  rm -rf "$CROSS_ROOT$opt" && mkdir -p "$CROSS_ROOT$opt/cache"
+  (cd "$repo" && git ls-files -co --exclude-standard -z -- core_ops core_ops_autoload.py tests pyproject.toml \
+    | xargs -0 cp --parents -t "$CROSS_ROOT$opt")
+  rm -rf "$CROSS_ROOT$opt/core_ops/lib"
+  in_tree() {
+    chroot "$CROSS_ROOT" /usr/bin/env -i HOME=/root PATH="/usr/bin:/bin:/opt/site-$release/bin" \
+      PYTHONPATH="$opt:/opt/site-$release" CORE_OPS_CACHE_DIR="$opt/cache" CXX=g++ \
+      /bin/sh -c "cd $opt && /usr/bin/python3.11 $*"
+  }
+  in_tree -m core_ops build >"$log/jit-build.log" 2>&1
+  built=$(grep -m1 "^cpu:" "$log/jit-build.log" | cut -c1-160)
+  in_tree -m pytest -q -p no:cacheprovider -rfE "${subset[*]}" "${paths[*]}" >"$log/jit-suite.log" 2>&1
+  jit_summary=$(grep -E "(passed|failed|error).* in [0-9.]+s" "$log/jit-suite.log" | tail -n 1 | tr -d '=' | sed -E 's/^ +| +$//g')
+  jit_failures=$(grep -E "^(FAILED|ERROR) " "$log/jit-suite.log" | sed -E 's/^(FAILED|ERROR) //; s/ - .*//' | awk 'NR <= 20' | paste -sd ' ' -)
+  echo "| JIT route (chroot, binfmt) | ${built:-no build line: $(tail -n 1 "$log/jit-build.log" | cut -c1-120)} | ${jit_summary:-no summary} | ${jit_failures:--} | $((SECONDS - t3)) s |"
+}
+
+# binfmt_misc runs the tree's aarch64 programs (python, g++, ninja) through qemu, so a
+# chroot of the tree is an aarch64 machine; qemu-user-static's entry, registered here.
+binfmt_aarch64() {
+  local misc=/proc/sys/fs/binfmt_misc
+  [ -e "$misc/qemu-aarch64" ] && return 0
+  BINFMT_WHY="no binfmt_misc entry for aarch64, and it cannot be made here (needs root)"
+  [ "$(id -u)" = 0 ] || return 1
+  [ -e "$misc/register" ] || mount -t binfmt_misc binfmt_misc "$misc" 2>/dev/null || return 1
+  [ -x /usr/bin/qemu-aarch64-static ] || _cross_apt qemu-user-static || return 1
+  cat /usr/lib/binfmt.d/qemu-aarch64.conf >"$misc/register" 2>/dev/null || true
+  [ -e "$misc/qemu-aarch64" ]
+}
+
+jit=$(jit_row)
 {
   echo "| torch (qemu-aarch64) | wheel | native CPU kernels | CUDA library (no GPU) | kernel tests | failed | time |"
   echo "|---|---|---|---|---|---|---|"
   echo "| $version | $(basename "$wheel") | $cpu | $cuda | $summary | ${failures:--} | setup ${setup_s} s, info + CUDA ${info_s} s, tests ${suite_s} s |"
+  echo
+  echo "| route | build | kernel tests | failed | time |"
+  echo "|---|---|---|---|---|"
+  echo "$jit"
 } | tee "$DIR/table.md"

@@ -108,5 +108,8 @@ cross_site() {
 }
 
 cross_python() {
-  PYTHONPATH="$CROSS_SITE${PYTHONPATH:+:$PYTHONPATH}" qemu-aarch64 -L "$CROSS_ROOT" "$CROSS_ROOT/usr/bin/python3.11" "$@"
+  # QEMU_LD_PREFIX: the same root for a python the tests start themselves, where
+  # binfmt_misc runs it through qemu.
+  PYTHONPATH="$CROSS_SITE${PYTHONPATH:+:$PYTHONPATH}" QEMU_LD_PREFIX="$CROSS_ROOT" \
+    qemu-aarch64 -L "$CROSS_ROOT" "$CROSS_ROOT/usr/bin/python3.11" "$@"
 }

@@ -29,3 +29,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     || { echo "setup failed: packages do not import" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
+# aarch64's CPU level is tested from this machine (tests/test_cpu_vec.py, neon): the
+# cross compiler and qemu-user, from Debian's archive where apt-get runs as root; the
+# tests skip, saying so, where they cannot be had.
+if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq crossbuild-essential-arm64 qemu-user; } \
+      >/dev/null 2>&1 || echo "setup: crossbuild-essential-arm64 / qemu-user did not install: the neon tests will skip" >&2
+  fi
+fi

@@ -32,6 +32,8 @@ const char* const kLevel = "avx512";
 const char* const kLevel = "avx2";
 #elif defined(CORE_OPS_VEC_GENERIC)
 const char* const kLevel = "generic";
+#elif defined(__aarch64__)
+const char* const kLevel = "neon";
 #else
 const char* const kLevel = "baseline";
 #endif
