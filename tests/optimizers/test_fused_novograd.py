@@ -195,7 +195,12 @@ def assert_match(opt, params, ref, ref_params, param_ulps, state_ulps, param_key
         ulps_close(sa[param_key] if param_key else a, sc[param_key] if param_key else c, param_ulps)
         ulps_close(sa["exp_avg"], sc["exp_avg"], state_ulps)
         assert sa["exp_avg_sq"].device == a.device and sa["exp_avg_sq"].numel() == 1
-        ulps_close(sa["exp_avg_sq"], sc["exp_avg_sq"], state_ulps)
+        # A sum of the grad's n squares, added in another order by each side (8 or 16
+        # lanes, or torch's 4 on aarch64, then a tree or a walk): each lane's partial sum
+        # of n / lanes terms carries a rounding walk of about sqrt(n / lanes) / 2 ulps;
+        # sqrt(n) / 4 bounds it for every lane count (seen: 23 ulps at n = 131077 on the
+        # x86-64 baseline and aarch64 levels, against torch's sum).
+        ulps_close(sa["exp_avg_sq"], sc["exp_avg_sq"], max(state_ulps, math.ceil(math.sqrt(a.numel()) / 4)))
         assert sa["step"].device == a.device
         assert sa["step"].item() == sc["step"].item()
 
