@@ -6,6 +6,7 @@
 #
 #   bash tools/compat.sh --arch aarch64 --wheel dist/core_ops-*_aarch64.whl 2.14
 #   bash tools/compat.sh --arch aarch64 --wheel W --paths "tests/optimizers" 2.14   # a part
+#   bash tools/compat.sh --arch aarch64 --wheel W --jit-only 2.14                   # step 4 alone
 #
 # It checks, in order, and ends with one table (also $DIR/table.md):
 #   1. `python -m core_ops info`: the CPU library is the wheel's, every CPU op native;
@@ -24,7 +25,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 source "$repo/tools/cross_aarch64.sh"
 source "$repo/tools/without_compilers.sh"
 DIR=${XDG_CACHE_HOME:-$HOME/.cache}/core-ops-compat/aarch64
-wheel="" release="" subset=()
+wheel="" release="" subset=() jit_only=0
 # The kernel tests of tools/wheel_check.sh, SyncBatchNorm's CPU functions and amp's.
 paths=(tests/multi_tensor_apply tests/optimizers tests/normalization tests/test_op_boundary.py
        tests/parallel/test_sync_batch_norm_ops.py tests/parallel/test_sync_batchnorm_local.py
@@ -35,8 +36,9 @@ while [ $# -gt 0 ]; do
     --paths) read -r -a paths <<<"$2"; shift 2 ;;
     -k) subset=(-k "$2"); shift 2 ;;
     --dir) DIR=$2; shift 2 ;;
+    --jit-only) jit_only=1; shift ;;
     --arch) shift 2 ;;  # compat.sh's, passed on
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     -*) echo "compat_aarch64.sh: unknown option $1" >&2; exit 2 ;;
     *) release=$1; shift ;;
   esac
@@ -61,12 +63,13 @@ rm -rf "$DIR/src" "$DIR/cache" && mkdir -p "$DIR/src" "$DIR/cache"
 cp -r "$repo/tests" "$repo/pyproject.toml" "$DIR/src/"
 nocc=$(without_compilers "$DIR/nocc")
 run() {
-  (cd "$DIR/src" && env -u CUDA_HOME PATH="$nocc" CORE_OPS_CACHE_DIR="$DIR/cache" CXX=/nonexistent/c++ \
-    cross_python "$@")
+  (cd "$DIR/src" && unset CUDA_HOME && export PATH="$nocc" CORE_OPS_CACHE_DIR="$DIR/cache" CXX=/nonexistent/c++ \
+    && cross_python "$@")
 }
 
 version=$(run -c "import torch, platform; print(torch.__version__, platform.machine())" 2>"$log/torch.log") \
   || { echo "compat_aarch64: torch does not import under qemu ($log/torch.log)" >&2; exit 1; }
+wheel_rows() {  # steps 1 to 3
 t1=$SECONDS
 run -m core_ops info >"$log/info.log" 2>&1
 cpu=$(grep -m1 "^\[cpu\]" "$log/info.log" | cut -c1-200)
@@ -79,6 +82,7 @@ fi
 cuda=$(run - <<'EOF' 2>"$log/cuda.log"
 import torch
 from core_ops.native import loader
+loader.ensure("cpu", warn=False)
 backend = loader.ensure("cuda", warn=False)
 names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("core_ops::")]
 on_cuda = [n for n in names if torch._C._dispatch_has_kernel_for_dispatch_key(n, "CUDA")]
@@ -96,6 +100,11 @@ summary=$(grep -E "(passed|failed|error).* in [0-9.]+s" "$log/suite.log" | tail 
 [ -n "$summary" ] || summary="no summary: $(tail -n 1 "$log/suite.log" | cut -c1-120)"
 failures=$(grep -E "^(FAILED|ERROR) " "$log/suite.log" | sed -E 's/^(FAILED|ERROR) //; s/ - .*//' | awk 'NR <= 20' | paste -sd ' ' -)
 [ -z "$(ls -A "$DIR/cache")" ] || failures="the cache was written: $(ls -A "$DIR/cache" | head -3 | paste -sd ' ' -) ${failures}"
+echo "| torch (qemu-aarch64) | wheel | native CPU kernels | CUDA library (no GPU) | kernel tests | failed | time |"
+echo "|---|---|---|---|---|---|---|"
+echo "| $version | $(basename "$wheel") | $cpu | $cuda | $summary | ${failures:--} | setup ${setup_s} s, info + CUDA ${info_s} s, tests ${suite_s} s |"
+echo
+}
 jit_row() {  # step 4
   local t3=$SECONDS built jit_summary jit_failures opt="/opt/core-ops-jit"
   binfmt_aarch64 || { echo "| JIT route | not run: $BINFMT_WHY | - | - | - |"; return; }
@@ -129,11 +138,11 @@ binfmt_aarch64() {
   [ -e "$misc/qemu-aarch64" ]
 }
 
+rows=""
+[ "$jit_only" = 1 ] || rows=$(wheel_rows)
 jit=$(jit_row)
 {
-  echo "| torch (qemu-aarch64) | wheel | native CPU kernels | CUDA library (no GPU) | kernel tests | failed | time |"
-  echo "|---|---|---|---|---|---|---|"
-  echo "| $version | $(basename "$wheel") | $cpu | $cuda | $summary | ${failures:--} | setup ${setup_s} s, info + CUDA ${info_s} s, tests ${suite_s} s |"
+  [ -z "$rows" ] || echo "$rows"
   echo
   echo "| route | build | kernel tests | failed | time |"
   echo "|---|---|---|---|---|"

@@ -71,29 +71,36 @@ cross_tree() {
   command -v mmdebstrap >/dev/null || _cross_apt mmdebstrap || return 1
   CROSS_ROOT="$CROSS_DIR/debian-arm64"
   export CROSS_ROOT
-  [ -f "$CROSS_ROOT/.made" ] && return 0
+  # python for the wheel's run; g++, dash (ninja runs each command with /bin/sh) and
+  # coreutils for the JIT route's build in a chroot of the tree.
+  local packages=python3.11,libpython3.11-stdlib,libstdc++6,libgcc-s1,zlib1g,libgomp1,g++,libc6-dev,dash,coreutils
+  [ "$(cat "$CROSS_ROOT/.made" 2>/dev/null)" = "$packages" ] && return 0
   echo "cross: making an arm64 Debian 12 tree (once, into $CROSS_ROOT)" >&2
-  rm -rf "$CROSS_ROOT" && mkdir -p "$CROSS_ROOT"
+  mkdir -p "$CROSS_ROOT"
   # extract: the packages unpacked, no maintainer script run (they would need arm64
   # binaries to run on this machine, which qemu does only when called for each one).
-  # g++ for the JIT route's build under emulation.
-  mmdebstrap --quiet --mode=unshare --architectures=arm64 --variant=extract \
-    --include=python3.11,libpython3.11-stdlib,libstdc++6,libgcc-s1,zlib1g,libgomp1,g++,libc6-dev \
+  # Unpacked over an older tree, which keeps what was installed into it (/opt).
+  mmdebstrap --quiet --mode=unshare --architectures=arm64 --variant=extract --include="$packages" \
     bookworm "$CROSS_DIR/debian-arm64.tar" http://deb.debian.org/debian >"$CROSS_DIR/mmdebstrap.log" 2>&1 \
     || { echo "cross: mmdebstrap failed ($CROSS_DIR/mmdebstrap.log)" >&2; return 1; }
   tar -xf "$CROSS_DIR/debian-arm64.tar" -C "$CROSS_ROOT" && rm -f "$CROSS_DIR/debian-arm64.tar"
+  # dash's maintainer script would make /bin/sh.
+  [ -e "$CROSS_ROOT/bin/sh" ] || ln -s dash "$CROSS_ROOT/bin/sh"
   # qemu-user reads a path first under its -L root: there the CPU described to torch's
   # cpuinfo (which parses /proc/cpuinfo and crashes on the x86 one) is an aarch64 one,
-  # a Neoverse V2 (Grace) with two cores.
+  # a Neoverse V2 (Grace) with two cores; a chroot of the tree sees these files only.
   mkdir -p "$CROSS_ROOT/proc"
   for i in 0 1; do
     printf 'processor\t: %d\nBogoMIPS\t: 2000.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 asimddp sha512 asimdfhm dit uscat ilrcpc flagm ssbs sb dcpodp flagm2 frint i8mm bf16\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0xd4f\nCPU revision\t: 0\n\n' "$i"
   done >"$CROSS_ROOT/proc/cpuinfo"
+  # In a chroot of the tree (the JIT route) nothing falls back to the host's /sys.
+  mkdir -p "$CROSS_ROOT/sys/devices/system/cpu"
+  for f in possible present online; do echo 0-1 >"$CROSS_ROOT/sys/devices/system/cpu/$f"; done
   for i in 0 1; do
     mkdir -p "$CROSS_ROOT/sys/devices/system/cpu/cpu$i/regs/identification"
     echo 0x00000000410fd4f0 >"$CROSS_ROOT/sys/devices/system/cpu/cpu$i/regs/identification/midr_el1"
   done
-  touch "$CROSS_ROOT/.made"
+  echo "$packages" >"$CROSS_ROOT/.made"
 }
 
 cross_site() {

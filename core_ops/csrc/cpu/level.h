@@ -1,9 +1,11 @@
 // Note [CPU levels]: the CPU library holds its kernels compiled for several x86-64
 // levels (baseline SSE2, AVX2 + FMA + F16C, AVX-512 F/BW/VL/DQ) and registers, when it
 // is loaded, the highest one this CPU runs (or CORE_OPS_CPU_LEVEL, if lower). The build
-// (core_ops/native/build.py) compiles every source once per level with that level's
-// flags and -DCORE_OPS_CPU_LEVEL=<name> -DCORE_OPS_CPU_LEVEL_ID=<0|1|2>; the wheel
-// holds all three, a JIT build only the level of the machine that builds it.
+// (core_ops/native/build.py, MACHINE_LEVELS) compiles every source once per level with
+// that level's flags and -DCORE_OPS_CPU_LEVEL=<name> -DCORE_OPS_CPU_LEVEL_ID=<0|1|2>;
+// the wheel holds all three, a JIT build only the level of the machine that builds it.
+// aarch64 has one level, neon (id 0): NEON is part of ARMv8-A, so every aarch64 CPU
+// runs it (Note [Vector levels] in vec.h).
 //
 // Two rules keep a level's instructions off a CPU that lacks them:
 //   - every kernel file's code sits in CORE_OPS_CPU_BEGIN / CORE_OPS_CPU_END, an
