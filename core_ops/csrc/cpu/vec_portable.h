@@ -321,11 +321,6 @@ inline f32x4 half_high_to_float(u16x8 x) { return f32x4(vcvt_high_f32_f16(vreint
 inline u16x8 float_to_half_pair(f32x4 a, f32x4 b) {
   return u16x8(vreinterpretq_u16_f16(vcvt_high_f16_f32(vcvt_f16_f32(float32x4_t(a)), float32x4_t(b))));
 }
-#else
-inline f32x4 half_low_to_float(u16x8 x) { return half_lanes_to_float(widen_low(x)); }
-inline f32x4 half_high_to_float(u16x8 x) { return half_lanes_to_float(widen_high(x)); }
-inline u16x8 float_to_half_pair(f32x4 a, f32x4 b) { return narrow(float_to_half_lanes(a), float_to_half_lanes(b)); }
-#endif
 
 inline std::tuple<Vectorized<float>, Vectorized<float>> half_to_float(const Vectorized<torch::headeronly::Half>& v) {
   return {Vectorized<float>(half_low_to_float(v.h.lo), half_high_to_float(v.h.lo)),
@@ -335,6 +330,17 @@ inline std::tuple<Vectorized<float>, Vectorized<float>> half_to_float(const Vect
 inline Vectorized<torch::headeronly::Half> float_to_half(const Vectorized<float>& a, const Vectorized<float>& b) {
   return {float_to_half_pair(a.h.lo, a.h.hi), float_to_half_pair(b.h.lo, b.h.hi)};
 }
+#else
+inline std::tuple<Vectorized<float>, Vectorized<float>> half_to_float(const Vectorized<torch::headeronly::Half>& v) {
+  return {Vectorized<float>(half_lanes_to_float(widen_low(v.h.lo)), half_lanes_to_float(widen_high(v.h.lo))),
+          Vectorized<float>(half_lanes_to_float(widen_low(v.h.hi)), half_lanes_to_float(widen_high(v.h.hi)))};
+}
+
+inline Vectorized<torch::headeronly::Half> float_to_half(const Vectorized<float>& a, const Vectorized<float>& b) {
+  return {narrow(float_to_half_lanes(a.h.lo), float_to_half_lanes(a.h.hi)),
+          narrow(float_to_half_lanes(b.h.lo), float_to_half_lanes(b.h.hi))};
+}
+#endif
 
 inline std::tuple<Vectorized<float>, Vectorized<float>> bfloat16_to_float(const Vectorized<torch::headeronly::BFloat16>& v) {
   return {Vectorized<float>(bfloat16_lanes_to_float(widen_low(v.h.lo)), bfloat16_lanes_to_float(widen_high(v.h.lo))),
