@@ -72,8 +72,9 @@ cross_tree() {
   CROSS_ROOT="$CROSS_DIR/debian-arm64"
   export CROSS_ROOT
   # python for the wheel's run; g++, dash (ninja runs each command with /bin/sh) and
-  # coreutils for the JIT route's build in a chroot of the tree.
-  local packages=python3.11,libpython3.11-stdlib,libstdc++6,libgcc-s1,zlib1g,libgomp1,g++,libc6-dev,dash,coreutils
+  # coreutils for the JIT route's build in a chroot of the tree (openssl and Python.h:
+  # inductor's C++ code, which the tests compile where a compiler is).
+  local packages=python3.11,libpython3.11-stdlib,libstdc++6,libgcc-s1,zlib1g,libgomp1,g++,libc6-dev,dash,coreutils,openssl,libpython3.11-dev
   [ "$(cat "$CROSS_ROOT/.made" 2>/dev/null)" = "$packages" ] && return 0
   echo "cross: making an arm64 Debian 12 tree (once, into $CROSS_ROOT)" >&2
   mkdir -p "$CROSS_ROOT"
