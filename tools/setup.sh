@@ -34,7 +34,9 @@ fi
 # tests skip, saying so, where they cannot be had.
 if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq crossbuild-essential-arm64 qemu-user; } \
+    # Bounded: a slow mirror costs the neon tests, never the run.
+    { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq \
+        crossbuild-essential-arm64 qemu-user; } \
       >/dev/null 2>&1 || echo "setup: crossbuild-essential-arm64 / qemu-user did not install: the neon tests will skip" >&2
   fi
 fi
