@@ -78,7 +78,7 @@ def sources(kind: str) -> list[Path]:
 
 
 def is_x86() -> bool:
-    return platform.machine().lower() in ("x86_64", "amd64")
+    return machine() == "x86_64"
 
 
 def requested_level() -> str | None:
@@ -221,6 +221,11 @@ def cuda_flags() -> list[str]:
             TARGET_FLAG, *glibc_floor_flags()]
 
 
+def cuda_host_flags() -> list[str]:
+    """The CUDA library's host-only .cpp sources: as common_flags' for the CPU library."""
+    return ["-O3", "-fvisibility=hidden", TARGET_FLAG, *glibc_floor_flags()]
+
+
 def cuda_library(name: str, build_dir: Path, arch: str | None) -> None:
     """Compile and link the CUDA library ``build_dir / f"{name}.so"``."""
     home = toolchain.cuda_home()
@@ -256,7 +261,7 @@ def cuda_library(name: str, build_dir: Path, arch: str | None) -> None:
             is_python_module=False,
             with_cuda=True,
             verbose=settings.core("verbose_build") == "1",
-            extra_cflags=["-O3", "-fvisibility=hidden", TARGET_FLAG, *glibc_floor_flags()],
+            extra_cflags=cuda_host_flags(),
             extra_cuda_cflags=cuda_flags(),
             extra_ldflags=link_flags,
         )
@@ -296,8 +301,7 @@ def cuda_library_cross(library: Path, build_dir: Path, archs: str, cross: Cross,
                 "-isystem", str(headers / "cccl")]
     nvcc = [str(home / "bin" / "nvcc"), "-ccbin", cross.cxx, *includes, *cpp_extension.COMMON_NVCC_FLAGS,
             *gencode_flags(archs), "--compiler-options=-fPIC", "-std=c++17", *cuda_flags()]
-    cxx = [cross.cxx, *includes, "-fPIC", "-std=c++17", "-O3", "-fvisibility=hidden", TARGET_FLAG,
-           *glibc_floor_flags()]
+    cxx = [cross.cxx, *includes, "-fPIC", "-std=c++17", *cuda_host_flags()]
     # --no-undefined: every symbol the library calls is in the libraries it names, as
     # they are on the machine it is for.
     link = ["-shared", "-Wl,--no-undefined", f"-L{cross.torch_dir / 'lib'}", "-ltorch_cpu", "-ltorch_cuda",
