@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core_ops import amp
+from core_ops._sharded import local
 from core_ops.optimizers import FusedAdam
 
 STEPS = 6
@@ -20,11 +21,27 @@ def model(seed=0):
     return nn.Sequential(*blocks, nn.Linear(16, 5))
 
 
-def shard(m):
+def shard(m, **options):
     from torch.distributed.fsdp import fully_shard
     for block in list(m)[:-1]:
-        fully_shard(block)
-    return fully_shard(m)
+        fully_shard(block, **options)
+    return fully_shard(m, **options)
+
+
+def offload_of(net):
+    """{(each unit's offload policy, whether FSDP2 keeps each of its params on the CPU)},
+    read from FSDP2's param groups (torch's private state: what fully_shard took)."""
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in net.modules() if hasattr(m, "_get_fsdp_state")]
+    return sorted({(type(g.offload_policy).__name__, all(fp.offload_to_cpu for fp in g.fsdp_params))
+                   for g in groups if g is not None})
+
+
+def cpu_offload():
+    """FSDP2's CPUOffloadPolicy as a CPU-only machine takes it: pinning a tensor needs a
+    CUDA driver (the default pin_memory=True raises "Found no NVIDIA driver" in
+    fully_shard), and pinned memory serves only the copies to a GPU."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    return CPUOffloadPolicy(pin_memory=False)
 
 
 def batch(step, rank, world, size=8):
@@ -57,17 +74,19 @@ def _train(net, opt, rank, world, steps, start=0):
     return torch.stack(losses)
 
 
-def _initialized(level, half, sharded, **options):
+def _initialized(level, half, sharded, offload=False, **options):
     net = model()
     if sharded:
-        net = shard(net)
+        net = shard(net, **({"offload_policy": cpu_offload()} if offload else {}))
     opt = FusedAdam(net.parameters(), lr=1e-2, weight_decay=0.01)
     net, opt = amp.initialize(net, opt, opt_level=level, half_dtype=half, verbosity=0, **options)
     return net, opt
 
 
 def levels_against_ddp(rank, world):
-    return _against_ddp(rank, world, ("O0", "O1", "O2", "O3"))
+    """Each level on FSDP2 against DDP, and on FSDP2 with CPUOffloadPolicy (the run the
+    offload is compared with is the plain FSDP2 one)."""
+    return _against_ddp(rank, world, ("O0", "O1", "O2", "O3"), offload=True)
 
 
 def o2_against_ddp(rank, world):
@@ -155,15 +174,28 @@ def edges(rank, world):
     return errors
 
 
-def _against_ddp(rank, world, levels):
+def _against_ddp(rank, world, levels, offload=False):
     """Each opt level on FSDP2 and on core_ops' DDP: losses, final params, and what
-    each rank holds of the params and optimizer state at O2."""
+    each rank holds of the params and optimizer state at O2; with ``offload``, also on
+    FSDP2 with CPUOffloadPolicy: losses, params, the units' offload policy and where
+    the params, grads and optimizer state are."""
     from core_ops.parallel import DistributedDataParallel
     out = {}
     for level in levels:
         net, opt = _initialized(level, torch.bfloat16, sharded=True)
         out[level] = {"fsdp": _train(net, opt, rank, world, STEPS),
                       "fsdp_params": [_full(p).float() for p in net.parameters()]}
+        if offload:
+            net, opt = _initialized(level, torch.bfloat16, sharded=True, offload=True)
+            out[level]["offload"] = _train(net, opt, rank, world, STEPS)
+            out[level]["offload_params"] = [_full(p).float() for p in net.parameters()]
+            out[level]["offload_policies"] = offload_of(net)
+            out[level]["offload_devices"] = sorted({str(local(t).device) for p in net.parameters()
+                                                    for t in (p, p.grad)} |
+                                                   {str(local(v).device) for s in opt.state.values()
+                                                    for v in s.values()})
+            out[level]["offload_state"] = sorted({(k, type(v).__name__) for s in opt.state.values()
+                                                  for k, v in s.items()})
         if level == "O2":
             out["o2_dtypes"] = sorted({str(p.dtype) for p in net.parameters()} |
                                       {str(p.grad.dtype) for p in net.parameters()})

@@ -1,6 +1,7 @@
 """Apex's opt levels on FSDP2 (Note [Opt levels on FSDP2] in core_ops/amp/fsdp.py)
 through amp.initialize and AmpLoop, on 2 and 4 gloo ranks, against core_ops' DDP."""
 
+import pytest
 import torch
 from _launch import run_ranks
 
@@ -9,8 +10,14 @@ def _same(a, b):
     return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-def test_opt_levels_on_fsdp2_train_as_on_ddp():
-    results = run_ranks("fsdp_amp_workers:levels_against_ddp", timeout=240)
+@pytest.fixture(scope="module")
+def levels():
+    """One launch: each level on FSDP2, on FSDP2 with CPUOffloadPolicy, and on DDP."""
+    return run_ranks("fsdp_amp_workers:levels_against_ddp", timeout=240)
+
+
+def test_opt_levels_on_fsdp2_train_as_on_ddp(levels):
+    results = levels
     for rank, r in enumerate(results):
         # O0, O1 and O3 reduce grads in the dtype DDP does: the same bits.
         for level in ("O0", "O1", "O3"):
@@ -32,6 +39,24 @@ def test_opt_levels_on_fsdp2_train_as_on_ddp():
         assert r["o2_state_local"] == 2 * r["o2_local"]
         assert r["o2_block_io"] == [("torch.bfloat16", "torch.bfloat16")] and r["o2_out"] == "torch.float32"
     assert sum(r["o2_local"] for r in results) == results[0]["whole"]
+
+
+def test_cpu_offload_policy_trains_each_level_as_without_it(levels):
+    """fully_shard(..., offload_policy=CPUOffloadPolicy()) under every opt level. On a
+    CPU-only machine the shards are on the CPU already: the policy's copies between the
+    CPU and the compute device are copies onto the same device, the collectives and
+    FusedAdam's kernel see the same values, so the run is the plain FSDP2 run bit for
+    bit. What this checks is that the policy is taken (every unit's params kept on the
+    CPU by FSDP2) beside the opt level's mixed precision and O3's cast shards, and that
+    FusedAdam steps the CPU shards with its state on the CPU, sharded as they are."""
+    for rank, r in enumerate(levels):
+        for level in ("O0", "O1", "O2", "O3"):
+            run = r[level]
+            assert run["offload_policies"] == [("CPUOffloadPolicy", True)], (rank, level)
+            assert run["offload_devices"] == ["cpu"], (rank, level)
+            assert run["offload_state"] == [("exp_avg", "DTensor"), ("exp_avg_sq", "DTensor"), ("step", "Tensor")]
+            assert torch.equal(run["offload"], run["fsdp"]), (rank, level)
+            assert _same(run["offload_params"], run["fsdp_params"]), (rank, level)
 
 
 def test_o2_on_four_ranks_trains_as_on_ddp():
