@@ -71,11 +71,14 @@ class FSDPOptions:
     """How a model is sharded by FSDP2 under an opt level: each module of a class in
     ``auto_wrap_policy`` (a set of nn.Module classes, e.g. ``{Block}``) becomes a unit,
     innermost first, then the root; ``reshard_after_forward`` as ``fully_shard``'s; grads
-    reduced in ``reduce_dtype`` (at O2: ``core_ops.amp.fsdp_policy``)."""
+    reduced in ``reduce_dtype`` (at O2: ``core_ops.amp.fsdp_policy``); ``cpu_offload``:
+    True, or an FSDP2 ``OffloadPolicy`` (``CPUOffloadPolicy(pin_memory=...)``), keeps the
+    shards of params and grads, and so the optimizer's step and state, on the CPU."""
 
     auto_wrap_policy: frozenset = frozenset()
     reshard_after_forward: bool = True
     reduce_dtype: torch.dtype = torch.float32
+    cpu_offload: object = False
 
     def __post_init__(self):
         policy = self.auto_wrap_policy
@@ -89,6 +92,7 @@ class FSDPOptions:
                            settings.flag(self.reshard_after_forward, "reshard_after_forward"))
         object.__setattr__(self, "reduce_dtype", settings.dtype_of(
             self.reduce_dtype, "reduce_dtype", (torch.float32, torch.float16, torch.bfloat16)))
+        object.__setattr__(self, "cpu_offload", _offload_policy(self.cpu_offload))
 
     def shard(self, module, mesh=None, opt_level=None, half_dtype=torch.float16, root=True):
         """``module`` sharded by FSDP2 over ``mesh`` (the default: every process), with
@@ -102,6 +106,8 @@ class FSDPOptions:
         if fsdp.units(module):
             return module
         options = dict(mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        if self.cpu_offload is not None:
+            options["offload_policy"] = self.cpu_offload
         if opt_level is not None:
             options["mp_policy"] = fsdp.fsdp_policy(opt_level, half_dtype, self.reduce_dtype)
         for sub in reversed(list(module.modules())):  # innermost first, as FSDP2 asks
@@ -113,3 +119,19 @@ class FSDPOptions:
             if not isinstance(child, fsdp.fsdp_module_type()) and any(True for _ in child.parameters()):
                 fully_shard(child, **options)
         return module
+
+
+def _offload_policy(value):
+    """FSDP2's offload policy for ``cpu_offload`` (None: fully_shard's default, none).
+    True pins the CPU shards only where CUDA is there: pinned memory serves the copies
+    to a GPU, and pinning needs a CUDA driver (torch's default CPUOffloadPolicy() fails
+    in fully_shard on a CPU-only machine, "Found no NVIDIA driver")."""
+    if value is False:  # (FSDP2 not imported: a strategy is made before torch.distributed is needed)
+        return None
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+    if isinstance(value, OffloadPolicy):
+        return value
+    if value is True:
+        return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    raise TypeError(f"cpu_offload takes True, False or an FSDP2 OffloadPolicy (e.g. "
+                    f"torch.distributed.fsdp.CPUOffloadPolicy(pin_memory=False)), got {value!r}")

@@ -214,21 +214,23 @@ class _FSDP:
     ``auto_wrap_policy`` (a set of classes, e.g. ``{Block}``) is given to ``fully_shard``,
     then the root (the Trainer: the LightningModule's children holding params, and the
     LightningModule only if it holds params itself, as Lightning's own FSDP2 recipe
-    shards ``self.model``), with ``reshard_after_forward`` and, under ``precision="apex-O2"``,
-    FSDP2's mixed precision for the opt level (``core_ops.amp.fsdp_policy``: params
-    gathered in half, grads reduced in ``reduce_dtype``). A model already sharded (by
+    shards ``self.model``), with ``reshard_after_forward``, ``cpu_offload`` (True or an FSDP2
+    ``CPUOffloadPolicy``: shards, grads and the optimizer's step on the CPU) and, under
+    ``precision="apex-O2"``, FSDP2's mixed precision for the opt level
+    (``core_ops.amp.fsdp_policy``: params gathered in half, grads reduced in
+    ``reduce_dtype``). A model already sharded (by
     ``configure_model``) is left as it is. Checkpoints are torch.distributed.checkpoint
     folders, or one full file with ``save_distributed_checkpoint=False``, as Lightning's."""
 
     strategy_name = "apex-fsdp"
 
-    def _take_options(self, auto_wrap_policy, reshard_after_forward, reduce_dtype, options):
+    def _take_options(self, auto_wrap_policy, reshard_after_forward, reduce_dtype, cpu_offload, options):
         for name in ("data_parallel_size", "tensor_parallel_size"):
             if name in options:
                 raise TypeError(f"ApexFSDPStrategy shards over all processes and takes no {name}; use "
                                 "ModelParallelStrategy with precision='apex-O2' for tensor parallelism")
         try:
-            self.apex_fsdp = FSDPOptions(auto_wrap_policy, reshard_after_forward, reduce_dtype)
+            self.apex_fsdp = FSDPOptions(auto_wrap_policy, reshard_after_forward, reduce_dtype, cpu_offload)
         except (TypeError, ValueError) as e:
             raise type(e)(f"ApexFSDPStrategy: {e}") from None
 
@@ -256,8 +258,8 @@ class _ApexFSDP(_FSDP):
     names it (Note [Naming a lost rank]), as Lightning's collectives here do."""
 
     def __init__(self, auto_wrap_policy=None, reshard_after_forward=True, reduce_dtype=torch.float32,
-                 **options):
-        self._take_options(auto_wrap_policy, reshard_after_forward, reduce_dtype, options)
+                 cpu_offload=False, **options):
+        self._take_options(auto_wrap_policy, reshard_after_forward, reduce_dtype, cpu_offload, options)
         super().__init__(**options)
 
     def setup_environment(self):
@@ -292,8 +294,8 @@ class _ApexFabricFSDP(_FabricClipping, _FSDP):
     with Lightning's ModelParallelStrategy."""
 
     def __init__(self, auto_wrap_policy=None, reshard_after_forward=True, reduce_dtype=torch.float32,
-                 **options):
-        self._take_options(auto_wrap_policy, reshard_after_forward, reduce_dtype, options)
+                 cpu_offload=False, **options):
+        self._take_options(auto_wrap_policy, reshard_after_forward, reduce_dtype, cpu_offload, options)
         super().__init__(parallelize_fn=self._parallelize, **options)
 
     @property

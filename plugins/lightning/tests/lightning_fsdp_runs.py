@@ -69,6 +69,14 @@ class Net(pl.LightningModule):
         return FusedAdam(self.parameters(), lr=1e-2)
 
 
+def offload_of(module):
+    """{(each FSDP2 unit's offload policy, whether FSDP2 keeps each of its params on the
+    CPU)}, from torch's private FSDP2 state: what fully_shard was given."""
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in module.modules() if hasattr(m, "_get_fsdp_state")]
+    return sorted({(type(g.offload_policy).__name__, all(fp.offload_to_cpu for fp in g.fsdp_params))
+                   for g in groups if g is not None})
+
+
 def _whole(p):
     return p.full_tensor().detach() if hasattr(p, "full_tensor") else p.detach().clone()
 
@@ -184,6 +192,16 @@ def main():
         gradient_clip_val=0.5)
     fit("ddp", results, model=Net(inf_at=(2, 1)), precision="apex-O2", strategy="apex-ddp", max_epochs=1,
         gradient_clip_val=0.5)
+    # FSDP2's CPU offload through the strategy's cpu_offload (True: not pinned without
+    # CUDA): the same fit as "fsdp" otherwise.
+    offloaded = Net(inf_at=(2, 1))
+    trainer = fit("fsdp_offload", results, model=offloaded, precision="apex-O2",
+                  strategy=ApexFSDPStrategy(auto_wrap_policy={Block}, cpu_offload=True), max_epochs=1,
+                  gradient_clip_val=0.5)
+    results["fsdp_offload"].update(offload=offload_of(offloaded), optimizer=type(trainer.optimizers[0]).__name__,
+                                   state_devices=sorted({str(v.to_local().device if hasattr(v, "to_local") else v.device)
+                                                         for s in trainer.optimizers[0].state.values()
+                                                         for v in s.values()}))
     # Compiled in place (nn.Module.compile): Lightning refuses a torch.compile'd module
     # (an OptimizedModule) on any strategy but its DDP and FSDP1 ones.
     compiled = Net(inf_at=(2, 1))

@@ -39,6 +39,20 @@ def test_apex_o2_on_fsdp2_holds_float32_shards_of_half_the_model(runs):
     assert runs[0]["fsdp"]["local"] + runs[1]["fsdp"]["local"] == runs[0]["fsdp"]["whole"]
 
 
+def test_apex_fsdp_cpu_offload_trains_as_without_it(runs):
+    """ApexFSDPStrategy(cpu_offload=True): every unit sharded with FSDP2's
+    CPUOffloadPolicy, FusedAdam's state on the CPU shards. On a CPU-only machine the
+    shards are on the CPU already (the policy's copies are onto the same device; the same
+    collectives and kernels on the same values), so every step's loss, scale and params
+    are those of the run without it, bit for bit."""
+    for r in runs:
+        offload = r["fsdp_offload"]
+        assert offload["offload"] == [("CPUOffloadPolicy", True)]
+        assert offload["optimizer"] == "FusedAdam" and offload["state_devices"] == ["cpu"]
+        assert offload["types"] == ["DTensor"] and offload["local"] == r["fsdp"]["local"]
+        assert_steps_equal(r["fsdp"]["history"], offload["history"], scale="scale")
+
+
 def test_a_compiled_module_trains_on_apex_fsdp_as_the_eager_one(runs):
     """module.compile() (in place, aot_eager) under apex-O2 + apex-fsdp, an inf on rank 1
     at step 2, clipped: every step's loss, scale and params as the eager run's, bit for bit."""
