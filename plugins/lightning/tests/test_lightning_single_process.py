@@ -177,6 +177,11 @@ def test_bad_input_fails_at_construction():
         core_ops_lightning.ApexFSDPStrategy(tensor_parallel_size=2)
     with pytest.raises(ValueError, match="ApexFSDPStrategy: reduce_dtype must be one of"):
         core_ops_lightning.ApexFSDPStrategy(reduce_dtype=torch.int8)
+    with pytest.raises(TypeError, match=r"ApexFSDPStrategy: cpu_offload takes True, False or an FSDP2 OffloadPolicy"):
+        core_ops_lightning.ApexFSDPStrategy(cpu_offload="cpu")
+    # True on a machine without CUDA: not pinned (pinning needs a CUDA driver).
+    policy = core_ops_lightning.ApexFSDPStrategy(cpu_offload=True).apex_fsdp.cpu_offload
+    assert type(policy).__name__ == "CPUOffloadPolicy" and policy.pin_memory == torch.cuda.is_available()
     with pytest.raises(ValueError, match="message_size=0: expected an int > 0"):
         core_ops_lightning.ApexDDPStrategy(message_size=0)
 
