@@ -38,6 +38,14 @@ def batches(rank):
     return [(torch.randn(4, 16, generator=g), torch.randn(4, 5, generator=g)) for _ in range(STEPS)]
 
 
+def offload_of(module):
+    """{(each FSDP2 unit's offload policy, whether FSDP2 keeps each of its params on the
+    CPU)}, from torch's private FSDP2 state: what fully_shard was given."""
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in module.modules() if hasattr(m, "_get_fsdp_state")]
+    return sorted({(type(g.offload_policy).__name__, all(fp.offload_to_cpu for fp in g.fsdp_params))
+                   for g in groups if g is not None})
+
+
 def _whole(p):
     return p.full_tensor().detach() if hasattr(p, "full_tensor") else p.detach().clone()
 
@@ -95,6 +103,19 @@ def main():
     if acc.num_processes != 2:  # 4 processes: the comparison alone
         torch.save(results, out / f"fsdp{acc.num_processes}-rank{rank}.pt")
         return
+    # FSDP2's CPU offload: the bf16 run above with the plugin's cpu_offload. Accelerate
+    # turns cpu_offload=True into CPUOffloadPolicy(), which pins the shards, and pinning
+    # needs a CUDA driver ("Found no NVIDIA driver" in fully_shard): here, the policy
+    # unpinned.
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    offload_plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                                    transformer_cls_names_to_wrap=["Block"],
+                                                    cpu_offload=CPUOffloadPolicy(pin_memory=False))
+    offloaded, offload_opt, results["offload"] = run(_fsdp(plugin(), offload_plugin), data)
+    results["offload_of"] = offload_of(offloaded)
+    results["offload_optimizer"] = type(offload_opt.optimizer).__name__
+    results["offload_state_devices"] = sorted({str(v.to_local().device if hasattr(v, "to_local") else v.device)
+                                               for s in offload_opt.optimizer.state.values() for v in s.values()})
     # fp16 (dynamic loss scale), rank 1's loss inf at step 2; then stopped after 3 steps,
     # save_state, a fresh model and optimizer load_state-d, 3 steps: as the straight run.
     fp16 = lambda: ApexPlugin(opt_level="O2", half_dtype="fp16")  # noqa: E731

@@ -45,6 +45,21 @@ def test_fsdp2_trains_as_data_parallel_and_clips_by_the_global_norm(runs):
     _check_against_data_parallel(runs)
 
 
+def test_fsdp2_cpu_offload_trains_as_without_it(runs):
+    """FullyShardedDataParallelPlugin(fsdp_version=2, cpu_offload=CPUOffloadPolicy(...)):
+    every unit Accelerate shards takes FSDP2's CPU offload, FusedAdam's state is on the
+    CPU shards. On a CPU-only machine the shards are on the CPU already (the policy's
+    copies are onto the same device; the same collectives and kernels on the same
+    values), so the run is the bf16 run without it, bit for bit."""
+    for r in runs:
+        assert r["offload_of"] == [("CPUOffloadPolicy", True)]
+        assert r["offload_optimizer"] == "FusedAdam" and r["offload_state_devices"] == ["cpu"]
+        assert len(r["offload"]) == len(r["fsdp"]) == 6
+        for a, b in zip(r["offload"], r["fsdp"]):
+            assert torch.equal(a["params"], b["params"]) and torch.equal(a["loss"], b["loss"])
+            assert torch.equal(a["norm"], b["norm"])
+
+
 def test_fsdp2_on_four_processes(tmp_path):
     _check_against_data_parallel(launch(["--multi_gpu", "--num_processes", "4", str(HERE / "accelerate_fsdp_runs.py"),
                                          str(tmp_path)], tmp_path, name="fsdp4", ranks=4))
