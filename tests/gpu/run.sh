@@ -11,7 +11,7 @@
 # Then bench/gpu_targets.py measures every speed target of the GPU issue and prints
 # them as a second table: target, measured value, pass/fail; bench_syncbn.py times
 # SyncBatchNorm against torch's on every GPU.
-# Budget: the step limits add up to 540 s, build included, so a slow step is cut and
+# Budget: the step limits add up to 600 s, build included, so a slow step is cut and
 # reported, never the whole run. The tests run on 8 xdist workers with a per-test
 # timeout: a test that crashes its worker is reported by name as failed and the
 # worker is replaced, so one crash hides no other result.
@@ -70,8 +70,12 @@ step info 10 $PY -m core_ops info
 # NCCL at world size 1, and the plugins' one-GPU Trainer, Fabric and Accelerate runs.
 # Not the two-arch build test: the build step above built this GPU's arch already.
 step tests 150 $PY -m pytest -q -p no:cacheprovider -n 8 --timeout 120 -rfE \
-  -k "(cuda or gpu) and not compiles_for_sm80_and_sm90" \
+  -k "(cuda or gpu) and not compiles_for_sm80_and_sm90 and not cpu_offload_fused_adam_step" \
   tests plugins/lightning/tests plugins/accelerate/tests
+# FSDP2's CPUOffloadPolicy: FusedAdam's step on the CPU shards against torch's
+# AdamW(foreach), a timing, so alone (no xdist neighbours); -s keeps its figures in the log.
+step offload 60 $PY -m pytest -q -s -p no:cacheprovider -rfE tests/parallel/test_fsdp_cuda.py \
+  -k cpu_offload_fused_adam_step
 step bench 30 $PY bench/bench_multi_tensor.py --device cuda --numel 200000000 --tensors 200 --repeats 10
 step syncbn 30 $PY bench/bench_syncbn.py --device cuda --repeats 20
 step targets 90 $PY bench/gpu_targets.py --device cuda
@@ -81,6 +85,7 @@ PYTHON=$PY step sanitizer 90 bash tools/sanitize.sh --cuda
 
 echo "---- bench_multi_tensor ----"; grep -E "^\|" "$LOG/bench.log" | tail -n 30
 echo "---- bench_syncbn ----"; grep -E "^\|" "$LOG/syncbn.log"
+echo "---- FusedAdam on FSDP2's CPU-offloaded shards ----"; grep -E "^FSDP2 CPUOffloadPolicy" "$LOG/offload.log"
 echo "---- the GPU issue's targets (bench/gpu_targets.py) ----"; grep -E "^\||^copy|^targets" "$LOG/targets.log"
 echo
 echo "core_ops GPU run: $gpu, arch $CORE_OPS_CUDA_ARCH, logs in $LOG"
