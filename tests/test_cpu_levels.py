@@ -105,6 +105,39 @@ _BATTERY = textwrap.dedent("""
                    True, True, False, False, None, None, None)
             runs.append(torch.cat([t.float() for t in params + state[0] + state[1] + masters]))
         close(f"adam {dtype}", runs[0], runs[1], 0.0)
+    # compact Adam (Note [Compact state in one pass]): every moment and weight kind on
+    # bf16 params, sizes off the vector width and the 256-element block, grads scaled
+    # and not, three steps; bit for bit against the reference kernel
+    from core_ops.reference.compact_state import dynamic_map, quantize
+    def bits(ts):
+        return torch.cat([t.reshape(-1).view(torch.uint8) for t in ts]) if ts else torch.empty(0, dtype=torch.uint8)
+    for moments, weights in (("float32", "remainder"), ("bfloat16", "remainder"), ("int8", "remainder"),
+                             ("int8", "master"), ("bfloat16", "param")):
+        sizes = (33, 5000, 16384 + 300)
+        p = [rand(n, dtype=torch.bfloat16) for n in sizes]
+        g_ = [rand(n, dtype=torch.bfloat16) for n in sizes]
+        m_, v_ = [rand(n) * 0.1 for n in sizes], [rand(n).abs() * 0.01 for n in sizes]
+        r_ = [(rand(n) * 9000).to(torch.int16) for n in sizes]
+        maps = (dynamic_map(True), dynamic_map(False)) if moments == "int8" else (None, None)
+        for scale in (None, torch.tensor([8.0])):
+            runs = []
+            for kernel in (torch.ops.core_ops.fused_adam_compact_, reference.KERNELS["fused_adam_compact_"]):
+                params, grads = [t.clone() for t in p], [t.clone() for t in g_]
+                if moments == "int8":
+                    (ms, ma), (vs, va) = [list(zip(*[quantize(x, q) for x in xs])) for xs, q in zip((m_, v_), maps)]
+                    ms, ma, vs, va = list(ms), list(ma), list(vs), list(va)
+                else:
+                    dt = torch.float32 if moments == "float32" else torch.bfloat16
+                    ms, vs, ma, va = [x.to(dt, copy=True) for x in m_], [x.to(dt, copy=True) for x in v_], [], []
+                mp = {"remainder": [t.clone() for t in r_], "master": [t.float() for t in p], "param": []}[weights]
+                steps = [torch.tensor(float(i)) for i in range(len(sizes))]
+                for _ in range(3):
+                    kernel(params, grads, ms, vs, ma, va, mp, steps, *maps, 1e-2, 0.9, 0.999, 1e-8, 0.01, True,
+                           True, False, None, scale, None)
+                runs.append([bits(ts) for ts in (params, grads, ms, vs, ma, va, mp)])
+            for name, got, want in zip(("params", "grads", "exp_avgs", "exp_avg_sqs", "exp_avg_absmaxes",
+                                        "exp_avg_sq_absmaxes", "masters"), *runs):
+                assert torch.equal(got, want), ("compact", moments, weights, scale, name)
     # layer norm forward, fp32 and bf16
     for dtype in (torch.float32, torch.bfloat16):
         x, w, b = rand(7, 300, dtype=dtype), rand(300, dtype=dtype), rand(300, dtype=dtype)

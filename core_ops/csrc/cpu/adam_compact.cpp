@@ -4,6 +4,7 @@
 // remainders computes exactly what a step on fp32 masters does.
 #include <array>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -276,16 +277,28 @@ inline fVec join_lanes(const fVec& param, const iVec& remainder) {
   return vec::cast<float>(vec::cast<int32_t>(param) + remainder);
 }
 
+// The bits store2 gives a NaN at this level (0xFFFF at AVX2 / AVX-512, 0x7FC0 at the
+// x86-64 baseline: Note [Vector results as at::vec]), sign-extended.
+inline int32_t nan_param_bits() {
+  static const int32_t bits = [] {
+    std::array<BFloat16, kWidth> out;
+    const fVec nan(std::numeric_limits<float>::quiet_NaN());
+    store2(out.data(), nan, nan);
+    return static_cast<int32_t>(static_cast<int16_t>(out[0].x));
+  }();
+  return bits;
+}
+
 // split_master in the lanes: the bits of the master's bfloat16 rounding (nearest, ties
-// to even, a NaN 0xFFFF: what store2 writes), sign-extended, and its remainder
+// to even, a NaN `nan_bits`: what store2 writes), sign-extended, and its remainder
 // clamped to +-0x7FFF (Note [Master remainders]'s tie), 0 for a NaN. Both go out
-// through store_remainders' 16-bit narrowing.
-inline void split_lanes(const fVec& master, iVec& param, iVec& remainder) {
+// through store_int16s' narrowing.
+inline void split_lanes(const fVec& master, const iVec& nan_bits, iVec& param, iVec& remainder) {
   const iVec bits = vec::cast<int32_t>(master);
   const iVec nan = vec::cast<int32_t>(master != master);
   const iVec lsb = (bits >> iVec(16)) & iVec(1);
   const iVec rounded = (bits + iVec(0x7FFF) + lsb) & iVec(static_cast<int32_t>(0xFFFF0000u));
-  param = (rounded >> iVec(16)) | nan;
+  param = iVec::blendv(rounded >> iVec(16), nan_bits, nan);
   remainder = vec::minimum(vec::maximum(bits - rounded, iVec(-0x7FFF)), iVec(0x7FFF)) & ~nan;
 }
 
@@ -315,6 +328,7 @@ void compact_range(const CompactLanes<param_t, moment_t>& t, int64_t n, const Ad
   fVec m_top(0.f), v_top(0.f);
   static_assert(kWeights != WeightKind::kRemainder || std::is_same_v<param_t, BFloat16>,
                 "remainders are kept for bfloat16 params only");
+  const iVec nan_bits(kWeights == WeightKind::kRemainder ? nan_param_bits() : 0);
   int64_t i = 0;
   for (; i + kWidth <= n; i += kWidth) {
     fVec x0, x1, g0, g1, m0, m1, v0, v1, unused;
@@ -342,8 +356,8 @@ void compact_range(const CompactLanes<param_t, moment_t>& t, int64_t n, const Ad
     }
     if constexpr (kWeights == WeightKind::kRemainder) {
       iVec p0, p1;
-      split_lanes(x0, p0, r0);
-      split_lanes(x1, p1, r1);
+      split_lanes(x0, nan_bits, p0, r0);
+      split_lanes(x1, nan_bits, p1, r1);
       store_int16s(reinterpret_cast<int16_t*>(t.param + i), p0, p1);
       store_int16s(t.remainder + i, r0, r1);
     } else {
