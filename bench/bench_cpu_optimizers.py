@@ -299,6 +299,32 @@ def table(family, rows, counts):
         print("| " + " | ".join(cells) + " |")
 
 
+def memory_table(family, rows, counts):
+    """The rows with a memory model (cpu_contestants.MOVED): bytes moved per param, and
+    each step's time against the time those bytes take at the bandwidth the core-ops
+    fp32 step reaches in the same run (its 28 bytes a param over its median): 100%
+    is a step as bound by memory as the fp32 one, less is time spent computing."""
+    ours = [r for r in rows if r["family"] == family and r["contestant"].moved and r["runs"]]
+    base = next((r for r in ours if r["baseline"]), None)
+    if base is None:
+        return
+    head = ["contestant", "moved B/param", *(f"{n} t: at fp32's GB/s ms / step ms" for n in counts)]
+    print(f"\nMemory model ({family}): bytes a step moves per param, and the time they take at the bandwidth "
+          "of core-ops fp32's step in this run, against the step's own time\n")
+    print("| " + " | ".join(head) + " |")
+    print("|---|" + "---:|" * (len(head) - 1))
+    for r in ours:
+        cells = [r["label"], f"{r['contestant'].moved:.2f}"]
+        for n in counts:
+            ms, base_ms = _median(r["runs"].get(n)), _median(base["runs"].get(n))
+            if not (ms and base_ms):
+                cells.append("-")
+                continue
+            limit = base_ms * r["contestant"].moved / base["contestant"].moved
+            cells.append(f"{limit:.1f} / {ms:.1f} = {100 * limit / ms:.0f}%")
+        print("| " + " | ".join(cells) + " |")
+
+
 def print_probe(probe):
     print("\nIPEX decay probe (3 steps, lr 1e-2, weight decay 0.1; distance of the update from torch's "
           "AdamW and from torch's Adam with L2 decay, relative):\n")
@@ -373,6 +399,7 @@ def main():
     for family in families:
         print(f"\n### {family}\n")
         table(family, list(rows.values()), args.tensors)
+        memory_table(family, list(rows.values()), args.tensors)
     if probe:
         print_probe(probe)
     print_environment(rows, venvs, args)

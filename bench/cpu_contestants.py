@@ -211,7 +211,7 @@ def bitsandbytes_adamw8bit(ps, family):
 class Contestant:
     """One row: ``venv`` names its environment (bench_cpu_optimizers.VENVS), ``package``
     the distribution whose version it reports; ``baseline``: core-ops fp32, the row
-    the ratios divide by."""
+    the ratios divide by; ``moved``: the bytes a step reads and writes per param (MOVED)."""
     label: str
     family: str
     venv: str
@@ -219,6 +219,7 @@ class Contestant:
     build: Callable = field(repr=False)
     baseline: bool = False
     note: str = ""
+    moved: float = 0.0
 
 
 BF16 = torch.bfloat16
@@ -226,32 +227,51 @@ IPEX_ADAM_NOTE = ("Adam(decoupled_weight_decay=True) asks for AdamW; the decay p
                   "says which decay IPEX's fused step applies")
 
 
+# The memory model of an Adam step: bytes read and written per param. Every state
+# tensor is read and written, the grad read; a param with a master is only written
+# (the master is read instead). fp32: param 8 + grad 4 + two moments 16 = 28;
+# bf16 + masters: param 2 + grad 2 + master 8 + moments 16 = 28; amp O2 steps the fp32
+# masters (28) and then copies them into the bf16 model (4 read + 2 written) = 34;
+# remainders: param 4 + remainder 4 + grad 2 + moments 16 = 26, with bf16 moments 18,
+# with 8-bit moments 14 (+ 2 block maxima of 4 bytes per 256 params, read and written:
+# 0.06). DeepSpeed's bf16 params without masters: 4 + 2 + 16 = 22, with bf16 moments 14.
+# A write that misses the cache also reads its line first (write-allocate); the model
+# leaves that out for every row alike.
+MOVED = {"fp32": 28.0, "masters": 28.0, "amp_o2": 34.0, "remainder": 26.0, "remainder_bf16": 18.0,
+         "remainder_8bit": 14.0 + 16 / 256, "bf16_no_masters": 22.0, "bf16_bf16_moments": 14.0}
+
+
 def contestants():
     out = [
-        Contestant("torch AdamW(fused=True) fp32", "adam", "main", "torch", torch_builtin("AdamW", "fused")),
-        Contestant("core-ops FusedAdam fp32", "adam", "main", "core-ops", core_ops(), baseline=True),
-        Contestant("DeepSpeed DeepSpeedCPUAdam fp32", "adam", "main", "deepspeed", deepspeed()),
+        Contestant("torch AdamW(fused=True) fp32", "adam", "main", "torch", torch_builtin("AdamW", "fused"),
+                   moved=MOVED["fp32"]),
+        Contestant("core-ops FusedAdam fp32", "adam", "main", "core-ops", core_ops(), baseline=True,
+                   moved=MOVED["fp32"]),
+        Contestant("DeepSpeed DeepSpeedCPUAdam fp32", "adam", "main", "deepspeed", deepspeed(), moved=MOVED["fp32"]),
         Contestant("IPEX Adam fp32 (fused)", "adam", "ipex", "intel-extension-for-pytorch", ipex(),
                    note=IPEX_ADAM_NOTE),
-        Contestant("core-ops bf16 + fp32 masters", "adam", "main", "core-ops", core_ops(BF16, master_weights=True)),
-        Contestant("core-ops amp O2 (bf16) + FusedAdam", "adam", "main", "core-ops", core_ops_amp_o2),
+        Contestant("core-ops bf16 + fp32 masters", "adam", "main", "core-ops", core_ops(BF16, master_weights=True),
+                   moved=MOVED["masters"]),
+        Contestant("core-ops amp O2 (bf16) + FusedAdam", "adam", "main", "core-ops", core_ops_amp_o2,
+                   moved=MOVED["amp_o2"]),
         Contestant("IPEX bf16 + fp32 masters", "adam", "ipex", "intel-extension-for-pytorch", ipex(BF16),
                    note=IPEX_ADAM_NOTE),
         Contestant("IPEX bf16 + fp32 masters, AdamW class (unfused)", "adam", "ipex", "intel-extension-for-pytorch",
                    ipex(BF16, cls_name="AdamW"),
                    note="IPEX's CPU fused step has no AdamW: it runs torch's AdamW on the masters"),
         Contestant("core-ops bf16 + int16 remainders", "adam", "main", "core-ops",
-                   core_ops(BF16, master_weights="remainder")),
+                   core_ops(BF16, master_weights="remainder"), moved=MOVED["remainder"]),
         Contestant("IPEX bf16 split masters", "adam", "ipex", "intel-extension-for-pytorch", ipex(BF16, split=True),
                    note=IPEX_ADAM_NOTE),
         Contestant("DeepSpeed bf16 params + fp32 moments", "adam", "main", "deepspeed", deepspeed(BF16),
-                   note="no masters: each update is rounded to bfloat16"),
+                   note="no masters: each update is rounded to bfloat16", moved=MOVED["bf16_no_masters"]),
         Contestant("core-ops remainders + bf16 moments", "adam", "main", "core-ops",
-                   core_ops(BF16, master_weights="remainder", state_dtype=BF16)),
+                   core_ops(BF16, master_weights="remainder", state_dtype=BF16), moved=MOVED["remainder_bf16"]),
         Contestant("core-ops remainders + 8-bit moments", "adam", "main", "core-ops",
-                   core_ops(BF16, master_weights="remainder", state_dtype="int8")),
+                   core_ops(BF16, master_weights="remainder", state_dtype="int8"), moved=MOVED["remainder_8bit"]),
         Contestant("DeepSpeed bf16 params + bf16 moments", "adam", "main", "deepspeed",
-                   deepspeed(BF16, fp32_optimizer_states=False), note="fp32_optimizer_states=False; no masters"),
+                   deepspeed(BF16, fp32_optimizer_states=False), note="fp32_optimizer_states=False; no masters",
+                   moved=MOVED["bf16_bf16_moments"]),
         Contestant("bitsandbytes AdamW8bit, bf16 params", "adam", "quant", "bitsandbytes", bitsandbytes_adamw8bit,
                    note="no masters"),
         Contestant("torchao AdamW8bit, bf16 params", "adam", "quant", "torchao", torchao_adamw8bit,

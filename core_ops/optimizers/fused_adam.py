@@ -131,16 +131,18 @@ class FusedAdam(FusedOptimizer):
         maps = getattr(self, "_maps", None)
         if maps is None:
             maps = self._maps = compact_state.Maps()
-        by_dtype = {}
-        for i, p in enumerate(ps):
-            by_dtype.setdefault(compact_state.moment_dtype(self.state_dtype, p, self.min_8bit_size), []).append(i)
+        # Only 8-bit moments depend on the param (small tensors keep float32): the others
+        # take one dtype for the whole list, found once (this runs every step, per param).
+        if self.state_dtype == "int8":
+            by_dtype = {}
+            for i, p in enumerate(ps):
+                by_dtype.setdefault(compact_state.moment_dtype(self.state_dtype, p, self.min_8bit_size), []).append(i)
+        else:
+            by_dtype = {compact_state.moment_dtype(self.state_dtype, ps[0]): range(len(ps))}
         beta1, beta2 = group["betas"]
         for dtype, indices in by_dtype.items():
-            sub = [ps[i] for i in indices]
-            for p in sub:
-                if "exp_avg" not in self.state[p]:  # a first step (the maxima come with the codes)
-                    self.state[p].update(compact_state.new_moments(p, dtype))
-            states, steps = self._state_lists(group, sub, exp_avg=None, exp_avg_sq=None)
+            sub = [ps[i] for i in indices] if len(indices) < len(ps) else ps
+            states, steps = self._state_lists(group, sub, exp_avg=self._fresh_moments(dtype), exp_avg_sq=None)
             quantized = dtype == torch.uint8
             absmaxes = [self._absmaxes(sub, key) if quantized else [] for key in compact_state.MOMENTS]
             qmaps = maps(device) if quantized else (None, None)
@@ -149,6 +151,16 @@ class FusedAdam(FusedOptimizer):
                 sub, [p.grad for p in sub], states[0], states[1], absmaxes[0], absmaxes[1], masters, steps,
                 qmaps[0], qmaps[1], lr, beta1, beta2, group["eps"], group["weight_decay"], group["adam_w_mode"],
                 group["bias_correction"], group["maximize"], lr_tensor, grad_scale, found_inf)
+
+    def _fresh_moments(self, dtype):
+        """_state_lists' maker of a param's moments on its first step: both, with the
+        block maxima 8-bit codes come with, put in its state at once (so exp_avg_sq is
+        never missing after it); gives exp_avg."""
+        def make(p):
+            made = compact_state.new_moments(p, dtype)
+            self.state[p].update(made)
+            return made["exp_avg"]
+        return make
 
     def _absmaxes(self, ps, key):
         """The block maxima of 8-bit ``key`` of each param in ``ps`` (made with it), this
