@@ -127,7 +127,7 @@ inline float max_abs(const fVec& top) {
 // 256 floats is four planes of 256 bytes, each looked up for 64 codes at once by two
 // two-register byte permutes and a blend on the code's top bit; unpacking the four
 // planes' bytes into floats then needs the codes in an order that the unpacks' 128-bit
-// lanes undo (kUnpackOrder). Twice the speed of 16-lane gathers on the AMD EPYC (Zen 4)
+// lanes undo (kUnpackOrder). Twice the speed of 16-lane gathers on the AMD EPYC
 // measured (0.19 against 0.38 ns a code, one core), and the same floats: each is the
 // map value's four bytes. Other AVX-512 CPUs keep the gathers.
 #if defined(CORE_OPS_VEC_AVX512) && defined(__GNUC__)
