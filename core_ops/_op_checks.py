@@ -80,9 +80,12 @@ class OptimizerLists:
     every other tensor list (``states``, in schema order, but those ``apart``) one
     state-dtype tensor per param laid out as it, master_params where given. A list in
     ``when`` may be empty unless its flag argument is set (Adam's ``max_exp_avg_sqs``
-    without ``amsgrad``), and is checked whenever given."""
+    without ``amsgrad``), and is checked whenever given. ``master_grads``: where
+    master_params are given, the grads may also be float32, the masters' own (Note
+    [Master grads] in optimizer_args.h)."""
     when: tuple = ()  # (list, flag argument) pairs
     apart: tuple = ()  # lists a Call checks instead
+    master_grads: bool = False
 
     def states(self, arguments):
         return [a.name for a in arguments
@@ -97,7 +100,8 @@ class OptimizerLists:
             states[name] = None if optional and not given else given
         states["master_params"] = values["master_params"] or None
         params = values["params"]
-        _validate.check_optimizer_lists(params, values.get("grads", params), values.get("steps"), **states)
+        _validate.check_optimizer_lists(params, values.get("grads", params), values.get("steps"),
+                                        master_grads=self.master_grads, **states)
         return bool(params)
 
     def cpp(self, arguments):
@@ -106,8 +110,9 @@ class OptimizerLists:
         grads = "grads" if "grads" in names else "params"
         steps, has_steps = ("steps", "true") if "steps" in names else ("{}", "false")
         flags = dict(self.when)
+        master_grads = "true, !master_params.empty()" if self.master_grads else "false, false"
         lines = [f"if (!check_optimizer_group(params, {grads}, {steps}, {has('lr_tensor')}, {has('grad_scale')}, "
-                 f"{has('found_inf')}, {has_steps})) return;"]
+                 f"{has('found_inf')}, {has_steps}, {master_grads})) return;"]
         states = self.states(arguments)
         for name in states:
             optional = f"!static_cast<bool>({flags[name]})" if name in flags else "false"

@@ -71,7 +71,7 @@ SCHEMAS = {
         "Tensor(f!)[] steps, float lr, float beta1, float beta2, float eps, float weight_decay, "
         "bool adam_w_mode, bool bias_correction, bool amsgrad, bool maximize, "
         "Tensor? lr_tensor, Tensor? grad_scale, Tensor? found_inf) -> ()",
-        OptimizerLists(when=(("max_exp_avg_sqs", "amsgrad"),)),
+        OptimizerLists(when=(("max_exp_avg_sqs", "amsgrad"),), master_grads=True),
     ),
     # Note [Compact Adam state]: fused_adam_ (no amsgrad) over params whose state is
     # kept small (core_ops/reference/compact_state.py). exp_avgs / exp_avg_sqs are all

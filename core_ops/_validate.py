@@ -156,7 +156,7 @@ def state_dtype(param_dtype):
     return torch.float64 if param_dtype == torch.float64 else torch.float32
 
 
-def check_optimizer_lists(params, grads, steps, **states):
+def check_optimizer_lists(params, grads, steps, master_grads=False, **states):
     """The checks of a fused optimizer op (Note [Fused optimizer ops]), for the
     reference and fake kernels; csrc/include/core_ops/optimizer_args.h words the same
     checks for the C++ kernels, in their order: the params' dtype kind last, where the
@@ -165,8 +165,10 @@ def check_optimizer_lists(params, grads, steps, **states):
     check_lists(("params", params), ("grads", grads), floating=False, doubles_apart=False)
     if not params:
         return
-    if params[0].dtype != grads[0].dtype:
-        raise TypeError(f"grads have dtype {grads[0].dtype} but params have {params[0].dtype}")
+    masters = states.get("master_params")
+    if params[0].dtype != grads[0].dtype and not (master_grads and masters and grads[0].dtype == torch.float32):
+        raise TypeError(f"grads have dtype {grads[0].dtype} but params have {params[0].dtype}"
+                        + (" (float32 grads are taken with master_params)" if master_grads else ""))
     if steps is not None:  # None: the optimizer keeps no step count (SGD); one each: _boundary.py
         same_length(params, "params", steps, "steps")
         for i, s in enumerate(steps):  # optimizer_args.h's words

@@ -35,7 +35,7 @@ import functools
 
 import torch
 
-from .._sharded import locals_of, max_over_meshes, meshes_of
+from .._sharded import is_sharded, locals_of, max_over_meshes, meshes_of
 from ..multi_tensor_apply import multi_tensor_scale
 from ..optimizers._base import FusedOptimizer, _write_marks_of, increment_version
 from ..optimizers.larc import LARC
@@ -94,6 +94,8 @@ class AmpOptimizer:
         self.masters = masters  # a MasterWeights (O2), or None: no masters
         self.state = state  # the AmpState of this optimizer's initialize (its scalers)
         self.pairs = []  # (half model param, fp32 master)
+        self._half_of = {}  # id(master) -> its half param
+        self._written = {}  # id(master) -> its version once the step wrote its half param
         self.fp32_params = []
         for group in self.inner.param_groups:
             self._adopt(group)
@@ -160,6 +162,30 @@ class AmpOptimizer:
             if p in self.inner.state:  # stepped before initialize: the state follows
                 self.inner.state[master] = self.inner.state.pop(p)
             self.pairs.append((p, master))
+            self._half_of[id(master)] = p
+
+    # Note [Half params written in the step]: core_ops' FusedAdam, stepped directly on
+    # the CPU, writes the half params from the masters inside its update (Note [Master
+    # grads] in optimizer_args.h), so the copy after the step skips them: the same
+    # bits (the masters rounded to nearest even) without a second pass over the model.
+    # It asks halves_of before its op and tells halves_written after; a master whose
+    # version moved since (another write) is copied as before.
+
+    def halves_of(self, masters):
+        """The half params of ``masters`` (one list of one device and dtype, unsharded,
+        on the CPU), or None where the copy after the step must write them."""
+        if not self._step_reads_flag or masters[0].device.type != "cpu":
+            return None
+        halves = [self._half_of.get(id(m)) for m in masters]
+        if any(h is None for h in halves) or any(map(is_sharded, masters)):
+            return None
+        dtype = halves[0].dtype
+        if any(h.dtype != dtype or h.stride() != m.stride() for h, m in zip(halves, masters)):
+            return None
+        return halves
+
+    def halves_written(self, masters):
+        self._written.update((id(m), m._version) for m in masters)
 
     def _patch_add_param_group(self):
         # Groups added after initialize (progressive unfreezing) are unscaled and, at
@@ -363,12 +389,17 @@ class AmpOptimizer:
         self.last_found_inf = self.found_inf  # what the step just taken was told (None: clear)
         self.found_inf = None
         self._stepped = True
+        written, self._written = self._written, {}
+        pending = [(p, m) for p, m in self.pairs if written.get(id(m)) != m._version] if written else self.pairs
         with torch.no_grad():
-            for group in _group((m, p) for p, m in self.pairs):
+            for group in _group((m, p) for p, m in pending):
                 multi_tensor_scale([m for m, _ in group], [p for _, p in group], 1.0)
-                # A copy behind autograd's back: the version counters move on as for
-                # torch's copy_, so a backward through the old half weights fails.
-                increment_version([p for _, p in group])
+            # Written behind autograd's back (here or in the step: Note [Half params
+            # written in the step]): the version counters move on as for torch's
+            # copy_, so a backward through the old half weights fails.
+            halves = [p for p, _ in self.pairs]
+            if halves:
+                increment_version(halves)
         # Under torch.compile the marks cannot be read: they stay as they were, and
         # the next eager backward compares every half param with its master once
         # (Note [Writes to O2 half params]: an unwritten element keeps its master).

@@ -120,7 +120,29 @@ class FusedAdam(FusedOptimizer):
             make["max_exp_avg_sq"] = self._state_zeros
         states, steps = self._state_lists(group, ps, **make)
         maxes = states[2] if group["amsgrad"] else []
+        halves = self._halves(ps)
+        if halves is not None:  # amp's masters with their grads, and the model's half params to write
+            return halves, [p.grad for p in ps], states[0], states[1], maxes, ps, steps
         return ps, [p.grad for p in ps], states[0], states[1], maxes, self._masters(ps), steps
+
+    def _halves(self, ps):
+        """The half params amp's O2 holds for the fp32 params ``ps`` (its masters), for
+        this step to write (Note [Half params written in the step] in amp_optimizer.py),
+        or None."""
+        amp = getattr(self, "_core_ops_amp", None)
+        if amp is None or self.master_weights or torch.compiler.is_compiling() or ps[0].dtype != torch.float32:
+            return None
+        halves = amp.halves_of(ps)
+        if halves is not None:
+            self.__dict__.setdefault("_routed", set()).update(map(id, ps))
+        return halves
+
+    def _wrote(self, ps):
+        super()._wrote(ps)
+        routed = getattr(self, "_routed", None)
+        if routed:
+            self._core_ops_amp.halves_written([p for p in ps if id(p) in routed])
+            routed.difference_update(map(id, ps))
 
     # ---- compact state (compact_state.py) ------------------------------------------
 

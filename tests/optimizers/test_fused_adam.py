@@ -306,6 +306,68 @@ def test_param_groups_lr_tensor_scheduler_and_zero_grad():
     assert opt.param_groups[-1]["betas"] == (0.9, 0.999)
 
 
+@pytest.mark.parametrize("layout", ["", "channels_last"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["", "grad_scale"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_master_grads_step_the_masters_and_write_the_half_params(dtype, scaled, layout):
+    """Note [Master grads]: float32 grads with master_params (amp O2's masters' grads,
+    contiguous where the params are channels_last: the kernel's copy in their layout).
+    The CPU kernel gives the reference's bits, which are the fp32 step of the masters
+    with those grads, then the masters rounded into the half params."""
+    g = torch.Generator().manual_seed(5)
+    shapes = [(1, 3, 5, 7), (2, 16, 33, 1), (5000,)]
+
+    def lay(t):
+        return t.contiguous(memory_format=torch.channels_last) if layout and t.dim() == 4 else t
+
+    masters = [lay(torch.randn(s, generator=g)) for s in shapes]
+    grads = [torch.randn(s, generator=g) for s in shapes]  # contiguous: another layout for channels_last
+    scale = torch.tensor([4.0]) if scaled else None
+    hyper = (1e-2, 0.9, 0.999, 1e-8, 0.01, True, True, False, False)
+
+    def lists(params, grad_list, master_list):
+        state = [[lay(torch.zeros(s)) for s in shapes] for _ in range(2)]
+        return [params, grad_list, *state, [], master_list, [torch.zeros(()) for _ in shapes]]
+
+    runs = {}
+    for name, kernel in (("native", op("fused_adam_")), ("reference", REF["fused_adam_"])):
+        ls = lists([m.to(dtype) for m in masters], [t.clone() for t in grads], [m.clone() for m in masters])
+        for _ in range(3):
+            kernel(*ls, *hyper, None, scale, None)
+        runs[name] = ls
+    fp32 = lists([m.clone() for m in masters], [t.clone() for t in grads], [])
+    for _ in range(3):
+        op("fused_adam_")(*fp32, *hyper, None, scale, None)
+    for i, key in enumerate(("params", "grads", "exp_avgs", "exp_avg_sqs")):
+        for a, b in zip(runs["native"][i], runs["reference"][i]):
+            assert a.dtype == b.dtype and torch.equal(a, b), key
+    for a, b, m in zip(runs["native"][0], runs["native"][5], fp32[0]):
+        assert torch.equal(b, m) and torch.equal(a, m.to(dtype))  # the masters and their rounding
+        assert a.stride() == m.to(dtype).stride()
+    for a, b in zip(runs["native"][1], fp32[1]):
+        assert torch.equal(a, b)  # unscaled grads written back as the fp32 step writes them
+
+
+@pytest.mark.gpu
+def test_master_grads_are_refused_on_cuda_by_name():
+    """Note [Master grads] is the CPU kernel's: the CUDA kernel says so, reading nothing."""
+    masters = [torch.randn(64, device="cuda")]
+    args = [[m.to(torch.bfloat16) for m in masters], [torch.ones(64, device="cuda")], [torch.zeros(64, device="cuda")],
+            [torch.zeros(64, device="cuda")], [], masters, [torch.zeros((), device="cuda")],
+            1e-3, 0.9, 0.999, 1e-8, 0.0, True, True, False, False, None, None, None]
+    with pytest.raises(TypeError, match="on CUDA, grads take the params' dtype"):
+        op("fused_adam_")(*args)
+
+
+def test_float32_grads_of_half_params_need_master_params():
+    params = [torch.zeros(8, dtype=torch.bfloat16)]
+    args = [params, [torch.ones(8)], [torch.zeros(8)], [torch.zeros(8)], [], [], [torch.zeros(())],
+            1e-3, 0.9, 0.999, 1e-8, 0.0, True, True, False, False, None, None, None]
+    for kernel in (op("fused_adam_"), REF["fused_adam_"]):
+        with pytest.raises(TypeError, match="float32 grads are taken with master_params"):
+            kernel(*args)
+
+
 def test_bad_input():
     p = torch.zeros(3, requires_grad=True)
     for kwargs, match in [(dict(lr=-1.0), "lr"), (dict(betas=(1.0, 0.9)), "betas"), (dict(eps=-1e-8), "eps"),

@@ -12,7 +12,10 @@ namespace {
 
 void adam_step(const AdamArgs& a) {
   if (flag_is_set(a.found_inf)) return;  // a skipped step changes nothing, steps included
-  const CpuStep st(a.params, a.grads, a.steps, a.lr, a.lr_tensor, a.grad_scale, a.maximize);
+  // float32 grads of half params: the masters' (Note [Master grads]), in their layout.
+  const bool master_grads = dtype_of(a.grads[0]) != dtype_of(a.params[0]);
+  const CpuStep st(a.params, a.grads, a.steps, a.lr, a.lr_tensor, a.grad_scale, a.maximize,
+                   master_grads ? a.master_params : TensorList());
   const auto coeffs = coeffs_per_tensor(a.params.size(), [&](auto acc, size_t i) {
     return adam_coeffs<decltype(acc)>(st.lr, a.beta1, a.beta2, a.eps, a.weight_decay, st.step[i], a.bias_correction);
   });
@@ -22,16 +25,18 @@ void adam_step(const AdamArgs& a) {
       // Grads divided by 1 are read as they are (step_chunk's kUnscale): bf16 params
       // leave the loop compute-bound, the division its costliest instruction.
       bool_switch(st.unscale.div() != 1.0, [&](auto divide) {
-        step_params<ams ? 3 : 2, divide>(
-            a.params, st, a.master_params, {a.exp_avgs, a.exp_avg_sqs, max_exp_avg_sqs}, coeffs,
-            [&](auto& x, auto g, auto& s, const auto& c, auto) {
-              if constexpr (decltype(ams)::value) {
-                adam_math<adamw, true>(x, g, s[0], s[1], s[2], c);
-              } else {
-                auto unused = g;
-                adam_math<adamw, false>(x, g, s[0], s[1], unused, c);
-              }
-            });
+        bool_switch(master_grads, [&](auto float_grads) {
+          step_params<ams ? 3 : 2, divide, float_grads>(
+              a.params, st, a.master_params, {a.exp_avgs, a.exp_avg_sqs, max_exp_avg_sqs}, coeffs,
+              [&](auto& x, auto g, auto& s, const auto& c, auto) {
+                if constexpr (decltype(ams)::value) {
+                  adam_math<adamw, true>(x, g, s[0], s[1], s[2], c);
+                } else {
+                  auto unused = g;
+                  adam_math<adamw, false>(x, g, s[0], s[1], unused, c);
+                }
+              });
+        });
       });
     });
   });

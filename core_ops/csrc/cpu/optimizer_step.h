@@ -103,10 +103,11 @@ struct CpuStep {
   const std::vector<double> step;       // the counts this step advanced to (steps[i] += 1)
   const std::vector<Tensor> grads;      // in their params' layout (grads_like_params)
 
+  // like: grads_like_params' (float32 grads of half params: the masters).
   CpuStep(TensorList params, TensorList grads_, TensorList steps, double lr_, const OptionalTensor& lr_tensor,
-          const OptionalTensor& grad_scale, bool maximize)
+          const OptionalTensor& grad_scale, bool maximize, TensorList like = {})
       : lr(value_or(lr_tensor, lr_)), unscale(grad_scale, maximize), step(advance_steps(steps)),
-        grads(grads_like_params(params, grads_)) {}
+        grads(grads_like_params(params, grads_, like)) {}
 
   // The caller's grads get the unscaled values the loop wrote into copies made for
   // their layout (Note [Grads written back unscaled]).
@@ -152,17 +153,18 @@ auto coeffs_per_tensor(size_t n, const Make& make) {
 // (float / half / bfloat16 params, two vectors a step), the tail loop with the state
 // type, so both run the same *_math.h template (Note [Math written once]).
 // kUnscale = false reads the grads as they are: for a step that divides by 1 (g / 1
-// == g exactly), where a vector division is the loop's costliest instruction.
-template <typename param_t, size_t kSlots>
+// == g exactly), where a vector division is the loop's costliest instruction. The
+// grads are of the params' type, or float32 (grad_t: Note [Master grads]).
+template <typename param_t, size_t kSlots, typename grad_t = param_t>
 struct StepPtrs {
   param_t* param;
-  param_t* grad;
+  grad_t* grad;
   state_t<param_t>* master;  // nullptr: no master weights
   std::array<state_t<param_t>*, kSlots> slots;
 };
 
-template <bool kMaster, bool kUnscale, typename param_t, size_t kSlots, typename Math>
-void step_chunk(const StepPtrs<param_t, kSlots>& t, int64_t begin, int64_t end,
+template <bool kMaster, bool kUnscale, typename param_t, size_t kSlots, typename grad_t, typename Math>
+void step_chunk(const StepPtrs<param_t, kSlots, grad_t>& t, int64_t begin, int64_t end,
                 const GradReader<state_t<param_t>>& grads, const Math& math) {
   using acc_t = state_t<param_t>;
   int64_t i = begin;
@@ -203,7 +205,8 @@ struct StepTypes {
 // step_chunk over every chunk of params, in parallel, with the grads st read (in the
 // params' layout) and each tensor's coefficients: math(x, g, slots, coeffs, StepTypes).
 // `slots` in math's order; an absent optional list passed empty is left out.
-template <size_t kSlots, bool kUnscale = true, typename Coeffs, typename Math>
+// kMasterGrads: the grads are float32, the masters' (Note [Master grads]).
+template <size_t kSlots, bool kUnscale = true, bool kMasterGrads = false, typename Coeffs, typename Math>
 void step_params(TensorList params, const CpuStep& st, TensorList masters, std::initializer_list<TensorList> slots,
                  const Coeffs& coeffs, const Math& math) {
   std::vector<TensorList> present;
@@ -214,10 +217,11 @@ void step_params(TensorList params, const CpuStep& st, TensorList masters, std::
   for_each_param_chunk(params, !masters.empty(), [&](auto tag, auto has_master, const Chunk& ch) {
     using param_t = decltype(tag);
     using acc_t = state_t<param_t>;
+    using grad_t = std::conditional_t<kMasterGrads, acc_t, param_t>;
     const int64_t t = ch.tensor;
-    StepPtrs<param_t, kSlots> ptrs{static_cast<param_t*>(params[t].data_ptr()),
-                                   static_cast<param_t*>(st.grads[t].data_ptr()),
-                                   has_master ? static_cast<acc_t*>(masters[t].data_ptr()) : nullptr, {}};
+    StepPtrs<param_t, kSlots, grad_t> ptrs{static_cast<param_t*>(params[t].data_ptr()),
+                                           static_cast<grad_t*>(st.grads[t].data_ptr()),
+                                           has_master ? static_cast<acc_t*>(masters[t].data_ptr()) : nullptr, {}};
     for (size_t j = 0; j < kSlots; ++j) ptrs.slots[j] = static_cast<acc_t*>(present[j][t].data_ptr());
     const auto& c = coeffs.template get<param_t>(t);
     const StepTypes<param_t, decltype(has_master)::value> types;

@@ -57,6 +57,10 @@ struct AdamPolicy {
 };
 
 void adam_step(const AdamArgs& a) {
+  CORE_OPS_CHECK_TYPE(dtype_of(a.grads[0]) == dtype_of(a.params[0]), "grads have dtype ",
+                      dtype_name(dtype_of(a.grads[0])), " but params have ", dtype_name(dtype_of(a.params[0])),
+                      ": on CUDA, grads take the params' dtype (float32 grads with master_params are read by "
+                      "the CPU kernel only, Note [Master grads])");
   OptimizerLaunch launch(a.params, a.grads, a.lr_tensor, a.grad_scale, a.found_inf, a.maximize);
   const AdamScalars s{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, launch.step(), a.bias_correction};
   bool_switch(a.adam_w_mode, [&](auto adamw) {

@@ -57,11 +57,13 @@ inline void check_layouts(TensorList params, std::initializer_list<std::pair<Ten
   }
 }
 
-inline std::vector<Tensor> grads_like_params(TensorList params, TensorList grads) {
+// `like`: where the grads' dtype is not the params' (Note [Master grads]), tensors of
+// the grads' dtype laid out as the params (the masters), for the copies.
+inline std::vector<Tensor> grads_like_params(TensorList params, TensorList grads, TensorList like = {}) {
   std::vector<Tensor> out(grads.begin(), grads.end());
   for (size_t i = 0; i < out.size(); ++i) {
     if (!same_layout(out[i], params[i])) {
-      out[i] = core_ops::empty_like(params[i]);
+      out[i] = core_ops::empty_like(like.empty() ? params[i] : like[i]);
       core_ops::copy_(out[i], grads[i]);
     }
   }
@@ -89,20 +91,30 @@ inline void copy_back_grads(TensorList grads, const std::vector<Tensor>& used) {
   }
 }
 
+// Note [Master grads]: an op declared with master_grads (fused_adam_) also takes
+// float32 grads where master_params are given: the masters' own grads, as amp's O2
+// keeps them (unscaled, clipped), so that one pass updates the masters and writes the
+// half params from them, instead of a second pass copying the masters into the model.
+// The update reads the same float32 values either way. CPU kernels only: a CUDA
+// kernel refuses them (fused_adam_'s CUDA step says so).
+
 // params / grads as one (device, dtype) group; steps one-element float32 tensors on
 // the params' device; found_inf, grad_scale and lr_tensor one-element on that device.
-// has_steps=false for optimizers that keep no step count (SGD).
+// has_steps=false for optimizers that keep no step count (SGD); master_grads: the op
+// takes float32 grads where master_params are given (has_masters; Note [Master grads]).
 inline bool check_optimizer_group(TensorList params, TensorList grads,
                                   TensorList steps,
                                   const OptionalTensor& lr_tensor,
                                   const OptionalTensor& grad_scale,
                                   const OptionalTensor& found_inf,
-                                  bool has_steps = true) {
+                                  bool has_steps = true, bool master_grads = false, bool has_masters = false) {
   if (!check_matching_lists(params, "params", grads, "grads")) return false;
   const auto device = params[0].device();
-  CORE_OPS_CHECK_TYPE(dtype_of(grads[0]) == dtype_of(params[0]), "grads have dtype ",
-                      dtype_name(dtype_of(grads[0])), " but params have ",
-                      dtype_name(dtype_of(params[0])));
+  CORE_OPS_CHECK_TYPE(dtype_of(grads[0]) == dtype_of(params[0]) ||
+                          (master_grads && has_masters && dtype_of(grads[0]) == ScalarType::Float),
+                      "grads have dtype ", dtype_name(dtype_of(grads[0])), " but params have ",
+                      dtype_name(dtype_of(params[0])),
+                      master_grads ? " (float32 grads are taken with master_params)" : "");
   if (has_steps) check_same_length(params, "params", steps, "steps");
   check_devices(steps, "steps", device);
   for (size_t i = 0; i < steps.size(); ++i) {

@@ -38,7 +38,7 @@ void fused_adam_(TensorList params, TensorList grads, TensorList exp_avgs, Tenso
       .writes(exp_avg_sqs, "exp_avg_sqs").writes(max_exp_avg_sqs, "max_exp_avg_sqs")
       .writes(master_params, "master_params").writes(steps, "steps").reads(lr_tensor, "lr_tensor")
       .reads(grad_scale, "grad_scale").reads(found_inf, "found_inf").check();
-  if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf, true)) return;
+  if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf, true, true, !master_params.empty())) return;
   check_state_list(params, exp_avgs, "exp_avgs", false);
   check_state_list(params, exp_avg_sqs, "exp_avg_sqs", false);
   check_state_list(params, max_exp_avg_sqs, "max_exp_avg_sqs", !static_cast<bool>(amsgrad));
@@ -102,7 +102,7 @@ void fused_sgd_(TensorList params, TensorList grads, TensorList momentum_buffers
   Operands(4 * params.size() + 3).writes(params, "params").writes(grads, "grads")
       .writes(momentum_buffers, "momentum_buffers").writes(master_params, "master_params")
       .reads(lr_tensor, "lr_tensor").reads(grad_scale, "grad_scale").reads(found_inf, "found_inf").check();
-  if (!check_optimizer_group(params, grads, {}, lr_tensor, grad_scale, found_inf, false)) return;
+  if (!check_optimizer_group(params, grads, {}, lr_tensor, grad_scale, found_inf, false, false, false)) return;
   check_state_list(params, momentum_buffers, "momentum_buffers", !static_cast<bool>(momentum));
   check_masters(params, master_params);
   check_layouts(params, {{momentum_buffers, "momentum_buffers"}, {master_params, "master_params"}});
@@ -131,7 +131,7 @@ void fused_adagrad_(TensorList params, TensorList grads, TensorList state_sums, 
   Operands(5 * params.size() + 3).writes(params, "params").writes(grads, "grads")
       .writes(state_sums, "state_sums").writes(master_params, "master_params").writes(steps, "steps")
       .reads(lr_tensor, "lr_tensor").reads(grad_scale, "grad_scale").reads(found_inf, "found_inf").check();
-  if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf, true)) return;
+  if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf, true, false, false)) return;
   check_state_list(params, state_sums, "state_sums", false);
   check_masters(params, master_params);
   check_layouts(params, {{state_sums, "state_sums"}, {master_params, "master_params"}});
@@ -159,7 +159,7 @@ void fused_lamb_stage1_(TensorList params, TensorList grads, TensorList exp_avgs
   Operands(7 * params.size() + 2).reads(params, "params").writes(grads, "grads").writes(exp_avgs, "exp_avgs")
       .writes(exp_avg_sqs, "exp_avg_sqs").reads(master_params, "master_params").writes(steps, "steps")
       .writes(updates, "updates").reads(grad_scale, "grad_scale").reads(found_inf, "found_inf").check();
-  if (!check_optimizer_group(params, grads, steps, std::nullopt, grad_scale, found_inf, true)) return;
+  if (!check_optimizer_group(params, grads, steps, std::nullopt, grad_scale, found_inf, true, false, false)) return;
   check_state_list(params, exp_avgs, "exp_avgs", false);
   check_state_list(params, exp_avg_sqs, "exp_avg_sqs", false);
   check_state_list(params, updates, "updates", false);
@@ -189,7 +189,7 @@ void fused_lamb_stage2_(TensorList params, TensorList master_params, TensorList 
   Operands(3 * params.size() + 4).writes(params, "params").writes(master_params, "master_params")
       .reads(updates, "updates").reads(param_norms, "param_norms").reads(update_norms, "update_norms")
       .reads(lr_tensor, "lr_tensor").reads(found_inf, "found_inf").check();
-  if (!check_optimizer_group(params, params, {}, lr_tensor, std::nullopt, found_inf, false)) return;
+  if (!check_optimizer_group(params, params, {}, lr_tensor, std::nullopt, found_inf, false, false, false)) return;
   check_state_list(params, updates, "updates", false);
   check_masters(params, master_params);
   check_layouts(params, {{updates, "updates"}, {master_params, "master_params"}});
@@ -224,7 +224,7 @@ void fused_novograd_(TensorList params, TensorList grads, TensorList exp_avgs, T
       .reads(grad_norms, "grad_norms").reads(lr_tensor, "lr_tensor").reads(grad_scale, "grad_scale")
       .reads(found_inf, "found_inf").check();
   CORE_OPS_CHECK_VALUE(norm_type == 2 || norm_type == 0, "norm_type must be 2 (L2) or 0 (infinity norm), got ", norm_type);
-  if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf, true)) return;
+  if (!check_optimizer_group(params, grads, steps, lr_tensor, grad_scale, found_inf, true, false, false)) return;
   check_state_list(params, exp_avgs, "exp_avgs", false);
   check_masters(params, master_params);
   check_layouts(params, {{exp_avgs, "exp_avgs"}, {master_params, "master_params"}});
