@@ -39,7 +39,9 @@ namespace {
 // (the codes are constant outside), so a table is ~23 KB and stays in L1.
 struct Quantizer {
   std::array<float, kMapSize> map, mid;
-  alignas(64) std::array<std::array<uint8_t, kMapSize>, 4> planes;  // byte k of each map value
+  // Byte k of each map value. Not over-aligned: an over-aligned member would make
+  // make_unique call C++17's aligned operator new (CXXABI_1.3.11, Note [glibc 2.28]'s floor).
+  std::array<std::array<uint8_t, kMapSize>, 4> planes;
   std::vector<int32_t> entry;  // [positive magnitudes, negative magnitudes], `range` each
   int32_t base = 0, range = 0;  // magnitude pattern of entry 0, entries per sign
   bool one_step = true;
@@ -146,7 +148,7 @@ __attribute__((target("avx512vbmi"))) void dequantize_planes(const Quantizer& q,
   const __m512i order = _mm512_load_si512(kUnpackOrder.data());
   __m512i plane[4][4];
   for (int k = 0; k < 4; ++k)
-    for (int j = 0; j < 4; ++j) plane[k][j] = _mm512_load_si512(q.planes[k].data() + 64 * j);
+    for (int j = 0; j < 4; ++j) plane[k][j] = _mm512_loadu_si512(q.planes[k].data() + 64 * j);
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t i = 0; i < kQuantBlock; i += 64) {
     const __m512i c = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(codes + i));
