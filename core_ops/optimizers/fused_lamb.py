@@ -38,28 +38,92 @@ class FusedLAMB(FusedOptimizer):
         return self.defaults["max_grad_norm"] or None, 0.0
 
     def _step_group(self, group, ps, device, grad_scale, found_inf):
-        beta1, beta2 = group["betas"]
         lr, lr_tensor = self._lr(group, device)
         (exp_avgs, exp_avg_sqs), steps = self._state_lists(
             group, ps, exp_avg=self._state_zeros, exp_avg_sq=self._state_zeros)
-        masters = self._masters(ps)
-        updates = [self._state_zeros(p) for p in ps]
-        # Sharded params (FSDP2): both stages are elementwise on the local shards; the
-        # trust ratio takes each whole tensor's norms (Note [Sharded params]), the
-        # weights' and the updates' reduced together.
-        elementwise(op("fused_lamb_stage1_"), ps)(
-            ps, [p.grad for p in ps], exp_avgs, exp_avg_sqs, masters, steps, updates, beta1, beta2,
-            group["eps"], group["weight_decay"], group["adam_w_mode"], group["bias_correction"],
-            group["grad_averaging"], group["maximize"], grad_scale, found_inf)
-        weights = masters or ps
-        _, param_norms = multi_tensor_l2norm(locals_of(weights), per_tensor=True)
-        _, update_norms = multi_tensor_l2norm(locals_of(updates), per_tensor=True)
-        if any(map(is_sharded, ps)):
-            param_norms, update_norms = whole_norms(
-                ps + ps, torch.cat([param_norms, update_norms.to(param_norms.dtype)])).split(len(ps))
-        elementwise(op("fused_lamb_stage2_"), ps)(
-            ps, masters, updates, param_norms.to(updates[0].dtype), update_norms, lr,
-            group["weight_decay"], group["use_nvlamb"], lr_tensor, found_inf)
+        args = (ps, [p.grad for p in ps], exp_avgs, exp_avg_sqs, self._masters(ps), steps)
+        if device.type != "cpu" or torch.compiler.is_compiling() or any(map(is_sharded, ps)):
+            # Sharded params (FSDP2): both stages are elementwise on the local shards;
+            # the trust ratio takes each whole tensor's norms (Note [Sharded params]),
+            # the weights' and the updates' reduced together.
+            updates = [self._state_zeros(p) for p in ps]
+            elementwise(op("fused_lamb_stage1_"), ps)(*args, updates, *self._stage1_options(group, grad_scale,
+                                                                                             found_inf))
+            _, param_norms = multi_tensor_l2norm(locals_of(args[4] or ps), per_tensor=True)
+            _, update_norms = multi_tensor_l2norm(locals_of(updates), per_tensor=True)
+            if any(map(is_sharded, ps)):
+                param_norms, update_norms = whole_norms(
+                    ps + ps, torch.cat([param_norms, update_norms.to(param_norms.dtype)])).split(len(ps))
+            elementwise(op("fused_lamb_stage2_"), ps)(ps, args[4], updates, param_norms.to(updates[0].dtype),
+                                                      update_norms, lr, group["weight_decay"], group["use_nvlamb"],
+                                                      lr_tensor, found_inf)
+            return
+        # Note [LAMB in batches on the CPU]
+        start, total = 0, 0
+        for i, p in enumerate(ps):
+            if total and total + p.numel() > _BATCH:
+                self._cpu_batch(group, [a[start:i] for a in args], lr, lr_tensor, grad_scale, found_inf)
+                start, total = i, 0
+            total += p.numel()
+        self._cpu_batch(group, [a[start:] for a in args] if start else args, lr, lr_tensor, grad_scale, found_inf)
+
+    @staticmethod
+    def _stage1_options(group, grad_scale, found_inf):
+        beta1, beta2 = group["betas"]
+        return (beta1, beta2, group["eps"], group["weight_decay"], group["adam_w_mode"], group["bias_correction"],
+                group["grad_averaging"], group["maximize"], grad_scale, found_inf)
+
+    def _cpu_batch(self, group, args, lr, lr_tensor, grad_scale, found_inf):
+        """Both stages over one batch of Note [LAMB in batches on the CPU]: ``args``
+        (params, grads, exp_avgs, exp_avg_sqs, masters, steps) of plain CPU tensors."""
+        ps, masters = args[0], args[4]
+        updates = self._updates(ps)
+        op("fused_lamb_stage1_")(*args, updates, *self._stage1_options(group, grad_scale, found_inf))
+        _, param_norms = op("multi_tensor_l2norm")(masters or ps, True)
+        _, update_norms = op("multi_tensor_l2norm")(updates, True)
+        op("fused_lamb_stage2_")(ps, masters, updates, param_norms.to(updates[0].dtype), update_norms, lr,
+                                 group["weight_decay"], group["use_nvlamb"], lr_tensor, found_inf)
+
+    def _updates(self, ps):
+        """Tensors laid out as ``ps`` for their updates (as empty_like would make them):
+        views of the optimizer's buffer, made once for each batch's shapes and strides,
+        or for a tensor larger than a batch, a buffer of its own."""
+        dtype = self._state_zeros(ps[0][:0]).dtype
+        sizes = [p.numel() for p in ps]
+        if sum(sizes) > _BATCH:
+            return [torch.empty_like(p, dtype=dtype) for p in ps]
+        key = (dtype, *((p.shape, p.stride()) for p in ps))
+        views = self.__dict__.setdefault("_update_views", {})
+        made = views.get(key)
+        if made is None:
+            buffer = self.__dict__.get("_update_buffer")
+            if buffer is None or buffer.dtype != dtype or buffer.numel() < sum(sizes):
+                buffer = self._update_buffer = torch.empty(sum(sizes), dtype=dtype)
+                views.clear()  # views of the buffer given up keep it alive
+            made = views[key] = [_laid_out_as(p, u) for u, p in zip(buffer[:sum(sizes)].split(sizes), ps)]
+        return made
+
+
+def _laid_out_as(p, flat):
+    """``flat`` (p.numel() elements) viewed with the shape and strides empty_like(p)
+    gives: p's own for a dense param (channels_last included), else contiguous."""
+    if p.is_contiguous():
+        return flat.view(p.shape)
+    return flat.as_strided(p.shape, torch.empty_like(p, device="meta").stride())
+
+
+# Note [LAMB in batches on the CPU]: the second stage scales each tensor's update by
+# its norm, so every update is held in memory between the stages. Made for all params
+# at once, the updates are a fresh allocation the size of the model every step, which
+# glibc maps anew from the kernel each time (page faults and zeroed pages: the step
+# took 2x as long, measured). On the CPU the tensors go through in batches of at most
+# _BATCH elements whose updates share one buffer the optimizer keeps (at most 4 MB
+# float32); a tensor larger than that is a batch of its own, with a buffer of its own. Each tensor's norms and
+# step are its own (the clipping norm was taken over all grads before), so batches
+# change no result, and a batch's weights and updates are still in cache when the norm
+# pass and stage 2 read them again. FSDP2's shards and compiled steps take one batch
+# (their norms reduce across ranks; dynamo would trace the loop), as does the GPU.
+_BATCH = 1 << 20
 
 
 class FusedMixedPrecisionLamb(FusedLAMB):

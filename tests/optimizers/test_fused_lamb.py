@@ -104,6 +104,37 @@ def test_fp32_matches_the_kernels_below(device, case, monkeypatch):
     assert all(opt.state[p]["step"].item() == steps for p in ours)
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["fp32", "bf16_masters"])
+def test_cpu_batches_change_no_result(mixed, monkeypatch):
+    # Note [LAMB in batches on the CPU]: batches of 300 elements (one tensor larger
+    # than a batch, a channels_last one, a step where a param has no grad so the
+    # batches change) give bit for bit the results of one batch, and keep no buffer
+    # larger than a batch.
+    shapes = [(7, 11), (257,), (40, 30), (5,), (2, 3, 4, 5), (33,)]
+    dtype = torch.bfloat16 if mixed else torch.float32
+    make = (lambda ps: FusedMixedPrecisionLamb(ps, lr=1e-2, reduced_precision_dtype=dtype)) if mixed else \
+        (lambda ps: FusedLAMB(ps, lr=1e-2))
+    runs = {}
+    for batch in (300, 1 << 20):
+        monkeypatch.setattr(core_ops.optimizers.fused_lamb, "_BATCH", batch)
+        g = torch.Generator().manual_seed(0)
+        ps = [torch.randn(s, generator=g).to(dtype).requires_grad_() for s in shapes]
+        ps[4].data = ps[4].data.contiguous(memory_format=torch.channels_last)
+        opt = make(ps)
+        for step in range(4):
+            for i, p in enumerate(ps):
+                p.grad = None if (step == 2 and i == 1) else torch.randn(p.shape, generator=g).to(dtype)
+            opt.step()
+        runs[batch] = ps, opt
+    (ps, opt), (whole, one) = runs[300], runs[1 << 20]
+    assert 0 < opt._update_buffer.numel() <= 300
+    for p, q in zip(ps, whole):
+        assert torch.equal(p, q)
+        for key in ("exp_avg", "exp_avg_sq", *(["master_param"] if mixed else [])):
+            assert torch.equal(opt.state[p][key], one.state[q][key]), key
+    assert ps[4].is_contiguous(memory_format=torch.channels_last)
+
+
 def test_mixed_precision_lamb_keeps_fp32_masters():
     ours = make_params(torch.bfloat16, sizes=(300, 17))
     fp32 = clone_params(ours, torch.float32)
