@@ -79,8 +79,12 @@ class FusedLAMB(FusedOptimizer):
         ps, masters = args[0], args[4]
         updates = self._updates(ps)
         op("fused_lamb_stage1_")(*args, updates, *self._stage1_options(group, grad_scale, found_inf))
-        _, param_norms = op("multi_tensor_l2norm")(masters or ps, True)
-        _, update_norms = op("multi_tensor_l2norm")(updates, True)
+        weights = masters or ps
+        if weights[0].dtype == updates[0].dtype:  # both norms in one call
+            param_norms, update_norms = op("multi_tensor_l2norm")(weights + updates, True)[1].split(len(ps))
+        else:
+            _, param_norms = op("multi_tensor_l2norm")(weights, True)
+            _, update_norms = op("multi_tensor_l2norm")(updates, True)
         op("fused_lamb_stage2_")(ps, masters, updates, param_norms.to(updates[0].dtype), update_norms, lr,
                                  group["weight_decay"], group["use_nvlamb"], lr_tensor, found_inf)
 
