@@ -152,15 +152,16 @@ class FusedOptimizer(Optimizer):
         kernels would check them (Note [Checks before updates])."""
         buckets = defaultdict(list)
         for i, p in enumerate(group["params"]):
-            if p.grad is None:
+            grad = p.grad  # read once: each read is a call into torch
+            if grad is None:
                 continue
-            if p.grad.is_sparse or p.grad.shape != p.shape:
+            if grad.is_sparse or grad.shape != p.shape:
                 where = self._param_name(group, i, p)
-                if p.grad.is_sparse:
+                if grad.is_sparse:
                     raise _validate.SparseGradError(
                         f"{type(self).__name__} does not support sparse gradients: {where} has one (an "
                         "nn.Embedding(sparse=True)? use sparse=False, or torch.optim.SparseAdam for those params)")
-                raise ValueError(f"{where}: its gradient has shape {tuple(p.grad.shape)}, the param "
+                raise ValueError(f"{where}: its gradient has shape {tuple(grad.shape)}, the param "
                                  f"{tuple(p.shape)}")
             buckets[(p.device, p.dtype)].append(p)
         for (device, _), ps in buckets.items():
@@ -192,6 +193,11 @@ class FusedOptimizer(Optimizer):
         ``ps`` (of ``group``), made by ``make[name](p)`` when missing (a first step, or
         amsgrad turned on later), and the step counters. State made for a step that
         is then skipped is the state a first step starts from (zeros, step unchanged)."""
+        states = [self.state[p] for p in ps]
+        try:  # every step but a first: one subscript a name a param
+            return [[state[name] for state in states] for name in make], [state["step"] for state in states]
+        except KeyError:
+            pass
         lists, steps = {name: [] for name in make}, []
         for p in ps:
             state = self.state[p]
