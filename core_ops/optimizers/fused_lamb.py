@@ -100,6 +100,8 @@ class FusedLAMB(FusedOptimizer):
         views = self.__dict__.setdefault("_update_views", {})
         made = views.get(key)
         if made is None:
+            if len(views) >= _KEPT_LAYOUTS:  # params whose grads come and go (MoE experts)
+                views.clear()
             buffer = self.__dict__.get("_update_buffer")
             if buffer is None or buffer.dtype != dtype or buffer.numel() < sum(sizes):
                 buffer = self._update_buffer = torch.empty(sum(sizes), dtype=dtype)
@@ -128,6 +130,7 @@ def _laid_out_as(p, flat):
 # pass and stage 2 read them again. FSDP2's shards and compiled steps take one batch
 # (their norms reduce across ranks; dynamo would trace the loop), as does the GPU.
 _BATCH = 1 << 20
+_KEPT_LAYOUTS = 64  # batches' views kept: one set a layout of params with grads seen
 
 
 class FusedMixedPrecisionLamb(FusedLAMB):

@@ -135,6 +135,18 @@ def test_cpu_batches_change_no_result(mixed, monkeypatch):
     assert ps[4].is_contiguous(memory_format=torch.channels_last)
 
 
+def test_cpu_batches_keep_a_bounded_set_of_views():
+    # Params whose grads come and go give a new batch layout most steps; the views
+    # kept for them stay bounded instead of growing with every layout seen.
+    ps = [torch.randn(i + 1, requires_grad=True) for i in range(12)]
+    opt = FusedLAMB(ps, lr=1e-2)
+    for step in range(100):  # step 0: every param (the buffer at its largest)
+        for i, p in enumerate(ps):
+            p.grad = torch.ones(i + 1) if (step >> (i % 7)) & 1 or i == 0 or step == 0 else None
+        opt.step()
+    assert 0 < len(opt._update_views) <= 64  # core_ops.optimizers.fused_lamb._KEPT_LAYOUTS; 100 unbounded
+
+
 def test_mixed_precision_lamb_keeps_fp32_masters():
     ours = make_params(torch.bfloat16, sizes=(300, 17))
     fp32 = clone_params(ours, torch.float32)
