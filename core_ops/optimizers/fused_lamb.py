@@ -90,23 +90,20 @@ class FusedLAMB(FusedOptimizer):
 
     def _updates(self, ps):
         """Tensors laid out as ``ps`` for their updates (as empty_like would make them):
-        views of the optimizer's buffer, made once for each batch's shapes and strides,
-        or for a tensor larger than a batch, a buffer of its own."""
+        views of the optimizer's buffer, made once for each batch's shapes and strides."""
         dtype = self._state_zeros(ps[0][:0]).dtype
         sizes = [p.numel() for p in ps]
-        if sum(sizes) > _BATCH:
-            return [torch.empty_like(p, dtype=dtype) for p in ps]
         key = (dtype, *((p.shape, p.stride()) for p in ps))
         views = self.__dict__.setdefault("_update_views", {})
         made = views.get(key)
         if made is None:
             if len(views) >= _KEPT_LAYOUTS:  # params whose grads come and go (MoE experts)
                 views.clear()
-            buffer = self.__dict__.get("_update_buffer")
-            if buffer is None or buffer.dtype != dtype or buffer.numel() < sum(sizes):
-                buffer = self._update_buffer = torch.empty(sum(sizes), dtype=dtype)
+            total, buffer = sum(sizes), self.__dict__.get("_update_buffer")
+            if buffer is None or buffer.dtype != dtype or buffer.numel() < total:
+                buffer = self._update_buffer = torch.empty(total, dtype=dtype)
                 views.clear()  # views of the buffer given up keep it alive
-            made = views[key] = [_laid_out_as(p, u) for u, p in zip(buffer[:sum(sizes)].split(sizes), ps)]
+            made = views[key] = [_laid_out_as(p, u) for u, p in zip(buffer[:total].split(sizes), ps)]
         return made
 
 
@@ -123,12 +120,14 @@ def _laid_out_as(p, flat):
 # at once, the updates are a fresh allocation the size of the model every step, which
 # glibc maps anew from the kernel each time (page faults and zeroed pages: the step
 # took 2x as long, measured). On the CPU the tensors go through in batches of at most
-# _BATCH elements whose updates share one buffer the optimizer keeps (at most 4 MB
-# float32); a tensor larger than that is a batch of its own, with a buffer of its own. Each tensor's norms and
-# step are its own (the clipping norm was taken over all grads before), so batches
-# change no result, and a batch's weights and updates are still in cache when the norm
-# pass and stage 2 read them again. FSDP2's shards and compiled steps take one batch
-# (their norms reduce across ranks; dynamo would trace the loop), as does the GPU.
+# _BATCH elements (a larger tensor is a batch of its own) whose updates share one
+# buffer the optimizer keeps: 2^20 elements, or the largest tensor's size where that is
+# larger, so a step's peak memory is never above the one buffer's of before. Each
+# tensor's norms and step are its own (the clipping norm was taken over all grads
+# before), so batches change no result, and a batch's weights and updates are still in
+# cache when the norm pass and stage 2 read them again. FSDP2's shards and compiled
+# steps take one batch (their norms reduce across ranks; dynamo would trace the loop),
+# as does the GPU.
 _BATCH = 1 << 20
 _KEPT_LAYOUTS = 64  # batches' views kept: one set a layout of params with grads seen
 
