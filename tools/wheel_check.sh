@@ -8,19 +8,21 @@
 #   bash tools/wheel_check.sh WHEEL [--torch SPEC] [-k EXPR]
 #
 # SPEC is the torch to install beside it (default torch==2.14.1); the venv and logs
-# stay in $DIR (default: a new temporary folder).
+# stay in $DIR (default: a new temporary folder, whose ~5.5 GB venv is removed once the
+# check passes: repeated runs filled this machine's disk).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 source "$repo/tools/without_compilers.sh"
 PYTHON=${PYTHON:-python3}
-DIR=${DIR:-$(mktemp -d -t core_ops_wheel_check.XXXXXX)}
+own_dir=0
+[ -n "${DIR:-}" ] || { DIR=$(mktemp -d -t core_ops_wheel_check.XXXXXX); own_dir=1; }
 wheel="" torch_spec="torch==2.14.1" subset=() build=0
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=1; shift ;;
     --torch) torch_spec=$2; shift 2 ;;
     -k) subset=(-k "$2"); shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) wheel=$1; shift ;;
   esac
 done
@@ -72,3 +74,5 @@ summary=$(grep -E "(passed|failed|error)" "$DIR/suite.log" | tail -n 1)
 cp -r "$repo/bench" "$DIR/src/" && run bench/bench_first_step.py --runs 3 | tail -n 1
 echo "wheel_check: $(basename "$wheel") on $("$py" -c 'import torch; print(torch.__version__)'), no compiler," \
   "empty cache: $(grep -m1 '^\[cpu\]' "$DIR/info.log" | cut -c1-60)...; $summary ($((SECONDS - start)) s)"
+[ "$own_dir" = 1 ] && rm -rf "$DIR/venv"
+exit 0
