@@ -95,6 +95,7 @@ class AmpOptimizer:
         self.state = state  # the AmpState of this optimizer's initialize (its scalers)
         self.pairs = []  # (half model param, fp32 master)
         self._half_of = {}  # id(master) -> its half param
+        self._handed = set()  # ids of masters whose half params a step's op was given
         self._written = {}  # id(master) -> its version once the step wrote its half param
         self.fp32_params = []
         for group in self.inner.param_groups:
@@ -182,10 +183,15 @@ class AmpOptimizer:
         dtype = halves[0].dtype
         if any(h.dtype != dtype or h.stride() != m.stride() for h, m in zip(halves, masters)):
             return None
+        self._handed.update(map(id, masters))
         return halves
 
     def halves_written(self, masters):
-        self._written.update((id(m), m._version) for m in masters)
+        """After an optimizer's op wrote ``masters``: those whose half params it was
+        given (halves_of) count as written, at their versions now."""
+        if self._handed:
+            self._written.update((id(m), m._version) for m in masters if id(m) in self._handed)
+            self._handed.difference_update(map(id, masters))
 
     def _patch_add_param_group(self):
         # Groups added after initialize (progressive unfreezing) are unscaled and, at

@@ -132,17 +132,13 @@ class FusedAdam(FusedOptimizer):
         amp = getattr(self, "_core_ops_amp", None)
         if amp is None or self.master_weights or torch.compiler.is_compiling() or ps[0].dtype != torch.float32:
             return None
-        halves = amp.halves_of(ps)
-        if halves is not None:
-            self.__dict__.setdefault("_routed", set()).update(map(id, ps))
-        return halves
+        return amp.halves_of(ps)
 
     def _wrote(self, ps):
         super()._wrote(ps)
-        routed = getattr(self, "_routed", None)
-        if routed:
-            self._core_ops_amp.halves_written([p for p in ps if id(p) in routed])
-            routed.difference_update(map(id, ps))
+        amp = getattr(self, "_core_ops_amp", None)
+        if amp is not None:
+            amp.halves_written(ps)
 
     # ---- compact state (compact_state.py) ------------------------------------------
 
