@@ -231,13 +231,14 @@ IPEX_ADAM_NOTE = ("Adam(decoupled_weight_decay=True) asks for AdamW; the decay p
 # tensor is read and written, the grad read; a param with a master is only written
 # (the master is read instead). fp32: param 8 + grad 4 + two moments 16 = 28;
 # bf16 + masters: param 2 + grad 2 + master 8 + moments 16 = 28; amp O2 steps the fp32
-# masters (28) and then copies them into the bf16 model (4 read + 2 written) = 34;
+# masters with their fp32 grads and writes the bf16 model in the same pass (Note [Half
+# params written in the step]): param 2 + grad 4 + master 8 + moments 16 = 30;
 # remainders: param 4 + remainder 4 + grad 2 + moments 16 = 26, with bf16 moments 18,
 # with 8-bit moments 14 (+ 2 block maxima of 4 bytes per 256 params, read and written:
 # 0.06). DeepSpeed's bf16 params without masters: 4 + 2 + 16 = 22, with bf16 moments 14.
 # A write that misses the cache also reads its line first (write-allocate); the model
 # leaves that out for every row alike.
-MOVED = {"fp32": 28.0, "masters": 28.0, "amp_o2": 34.0, "remainder": 26.0, "remainder_bf16": 18.0,
+MOVED = {"fp32": 28.0, "masters": 28.0, "amp_o2": 30.0, "remainder": 26.0, "remainder_bf16": 18.0,
          "remainder_8bit": 14.0 + 16 / 256, "bf16_no_masters": 22.0, "bf16_bf16_moments": 14.0}
 
 
